@@ -1,0 +1,32 @@
+"""evidential_ops: fused evidential (uncertainty-aware) cross-modal retrieval losses.
+
+    import evidential_ops as eo
+    loss = eo.evidential_loss(x, y, evidence="exp", tau=0.05, weights={"risk": 1.0, "kl": 0.1})
+
+See ../shared/SPEC.md for the mathematics and README.md for the backends and methods.
+"""
+
+from . import extension, reference
+from .backends import available_backends
+from .config import EVIDENCE_KINDS, TERMS
+from .extension import build_info
+from .losses import EvidentialLoss, evidential_loss, evidential_loss_from_similarity
+from .opinion import belief, opinion, opinion_from_similarity
+from .results import Opinion
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "EVIDENCE_KINDS",
+    "EvidentialLoss",
+    "Opinion",
+    "TERMS",
+    "available_backends",
+    "belief",
+    "build_info",
+    "evidential_loss",
+    "evidential_loss_from_similarity",
+    "opinion",
+    "opinion_from_similarity",
+    "reference",
+]

@@ -1,0 +1,167 @@
+"""Input validation of SPEC §5: every bad argument is a ValueError/TypeError that names it.
+
+Nothing is broadcast silently: shapes must match exactly, dtypes must agree, tensors must share
+a device. Checks that read tensor values (finiteness, target range) can be switched off with
+`check_finite=False` where a host sync is unwanted.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Mapping
+
+import torch
+from torch import Tensor
+
+from .config import (
+    DEFAULT_WEIGHTS,
+    DIRECTIONS,
+    EVIDENCE_KINDS,
+    MATMUL_PRECISIONS,
+    REDUCTIONS,
+    TERMS,
+    LossConfig,
+)
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def _real_number(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    return value
+
+
+def _choice(value, name: str, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a str, one of {choices}; got {type(value).__name__}")
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return value
+
+
+def tau_value(tau) -> float:
+    tau = _real_number(tau, "tau")
+    if tau <= 0.0:
+        raise ValueError(f"tau must be > 0, got {tau}")
+    return tau
+
+
+def evidence_kind(evidence) -> str:
+    return _choice(evidence, "evidence", EVIDENCE_KINDS)
+
+
+def weight_tuple(weights: Mapping[str, float] | None) -> tuple[float, float, float, float, float]:
+    if weights is None:
+        weights = DEFAULT_WEIGHTS
+    if not isinstance(weights, Mapping):
+        raise TypeError(f"weights must be a dict term -> float, got {type(weights).__name__}")
+    unknown = [key for key in weights if key not in TERMS]
+    if unknown:
+        raise ValueError(f"weights has unknown key(s) {unknown}; known terms are {TERMS}")
+    values = tuple(_real_number(weights.get(term, 0.0), f"weights[{term!r}]") for term in TERMS)
+    if not any(values):
+        raise ValueError(f"weights must give at least one term a non-zero weight, got {dict(weights)}")
+    return values  # type: ignore[return-value]
+
+
+def loss_config(
+    *,
+    evidence,
+    tau,
+    weights,
+    direction,
+    reduction,
+    check_finite=True,
+    matmul_precision="ieee",
+) -> LossConfig:
+    if not isinstance(check_finite, bool):
+        raise TypeError(f"check_finite must be a bool, got {type(check_finite).__name__}")
+    return LossConfig(
+        evidence=evidence_kind(evidence),
+        tau=tau_value(tau),
+        weights=weight_tuple(weights),
+        direction=_choice(direction, "direction", DIRECTIONS),
+        reduction=_choice(reduction, "reduction", REDUCTIONS),
+        check_finite=check_finite,
+        matmul_precision=_choice(matmul_precision, "matmul_precision", MATMUL_PRECISIONS),
+    )
+
+
+def float_matrix(t, name: str, check_finite: bool) -> Tensor:
+    """A 2-D floating tensor with at least 2 rows (K >= 2) and one column."""
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in FLOAT_DTYPES:
+        raise TypeError(
+            f"{name} must be float32, float16, bfloat16 or float64, got {t.dtype}"
+        )
+    if t.dim() != 2:
+        raise ValueError(f"{name} must be 2-D (K, D), got shape {tuple(t.shape)}")
+    if t.shape[0] < 2:
+        raise ValueError(f"{name} needs K >= 2 rows (a Dirichlet over >= 2 candidates), got K = {t.shape[0]}")
+    if t.shape[1] < 1:
+        raise ValueError(f"{name} has an empty second dimension: shape {tuple(t.shape)}")
+    if check_finite and not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{name} contains NaN or Inf (pass check_finite=False to skip this check)")
+    return t
+
+
+def same_kind(a: Tensor, b: Tensor, name_a: str, name_b: str) -> None:
+    if a.device != b.device:
+        raise ValueError(f"{name_b} is on {b.device} but {name_a} is on {a.device}")
+    if a.dtype != b.dtype:
+        raise TypeError(f"{name_b} has dtype {b.dtype} but {name_a} has {a.dtype}; cast one of them")
+
+
+def embedding_pair(x, y, check_finite: bool, *, square: bool = True) -> tuple[Tensor, Tensor]:
+    """x: (K, D) queries, y: (K, D) candidates; pair i = (x_i, y_i). With square=False the
+    candidate count may differ (opinions over a gallery)."""
+    x = float_matrix(x, "x", check_finite)
+    y = float_matrix(y, "y", check_finite)
+    same_kind(x, y, "x", "y")
+    if x.shape[1] != y.shape[1]:
+        raise ValueError(f"x and y must have the same embedding size D, got x {tuple(x.shape)} and y {tuple(y.shape)}")
+    if square and x.shape[0] != y.shape[0]:
+        raise ValueError(
+            f"x and y must have the same number of rows K (positives on the diagonal), "
+            f"got x {tuple(x.shape)} and y {tuple(y.shape)}"
+        )
+    return x, y
+
+
+def similarity_matrix(s, check_finite: bool, *, square: bool = True) -> Tensor:
+    s = float_matrix(s, "s", check_finite)
+    if s.shape[1] < 2:
+        raise ValueError(f"s needs >= 2 candidates per row, got shape {tuple(s.shape)}")
+    if square and s.shape[0] != s.shape[1]:
+        raise ValueError(f"s must be square (K, K) with positives on the diagonal, got {tuple(s.shape)}")
+    return s
+
+
+def target_scale_vector(target_scale, k: int, like: Tensor, check_values: bool) -> Tensor | None:
+    """c (K,) in [0, 1], or None for the plain one-hot target. Treated as a constant label."""
+    if target_scale is None:
+        return None
+    if not isinstance(target_scale, Tensor):
+        raise TypeError(f"target_scale must be a torch.Tensor of shape ({k},), got {type(target_scale).__name__}")
+    if not target_scale.is_floating_point() and target_scale.dtype != torch.bool:
+        raise TypeError(f"target_scale must be a floating or bool tensor, got {target_scale.dtype}")
+    if target_scale.shape != (k,):
+        raise ValueError(f"target_scale must have shape ({k},), got {tuple(target_scale.shape)}")
+    if target_scale.device != like.device:
+        raise ValueError(f"target_scale is on {target_scale.device} but the inputs are on {like.device}")
+    target_scale = target_scale.detach()
+    if check_values and target_scale.dtype != torch.bool:
+        if not bool(((target_scale >= 0) & (target_scale <= 1)).all()):
+            raise ValueError("target_scale must lie in [0, 1] (and contain no NaN)")
+    return target_scale
+
+
+def output_dtype(input_dtype: torch.dtype) -> torch.dtype:
+    """Losses are float32, or float64 for float64 inputs (SPEC §5)."""
+    return torch.float64 if input_dtype == torch.float64 else torch.float32

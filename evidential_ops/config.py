@@ -1,0 +1,69 @@
+"""The validated, immutable description of one evidential loss call (shared by every backend)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+EVIDENCE_KINDS = ("exp", "relu", "softplus", "exp_tanh")  # SPEC §1
+TERMS = ("risk", "kl", "mse", "fmse", "logdet")  # SPEC §2, in this order everywhere
+DIRECTIONS = ("rows", "cols", "both")
+REDUCTIONS = ("mean", "sum", "none")
+MATMUL_PRECISIONS = ("ieee", "tf32")
+DEFAULT_WEIGHTS = {"risk": 1.0, "kl": 0.1}
+
+__all__ = [
+    "DEFAULT_WEIGHTS",
+    "DIRECTIONS",
+    "EVIDENCE_KINDS",
+    "LossConfig",
+    "MATMUL_PRECISIONS",
+    "REDUCTIONS",
+    "TERMS",
+]
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Keyword arguments of `evidential_loss`, checked (see `checks.loss_config`).
+
+    weights: one float per entry of TERMS (risk, kl, mse, fmse, logdet), zero when disabled.
+    """
+
+    evidence: str
+    tau: float
+    weights: tuple[float, float, float, float, float]
+    direction: str
+    reduction: str
+    check_finite: bool
+    matmul_precision: str
+
+    @property
+    def weight_dict(self) -> dict[str, float]:
+        return {term: w for term, w in zip(TERMS, self.weights) if w != 0.0}
+
+    @property
+    def rows(self) -> bool:
+        return self.direction in ("rows", "both")
+
+    @property
+    def cols(self) -> bool:
+        return self.direction in ("cols", "both")
+
+    def reduce(self, rows: Tensor, cols: Tensor) -> Tensor | tuple[Tensor, Tensor]:
+        """Apply `reduction` to per-row and per-column losses (either may be empty).
+
+        "mean": mean(rows) + mean(cols); "sum": sum of both; "none": (rows, cols) unchanged.
+        """
+        if self.reduction == "none":
+            return rows, cols
+        total = None
+        for part, present in ((rows, self.rows), (cols, self.cols)):
+            if not present:
+                continue
+            value = part.mean() if self.reduction == "mean" else part.sum()
+            total = value if total is None else total + value
+        assert total is not None  # direction always enables rows or cols
+        return total

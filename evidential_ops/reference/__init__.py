@@ -1,0 +1,43 @@
+"""The executable SPEC: every quantity of ../shared/SPEC.md in plain PyTorch, float64-capable.
+
+Fused backends are tested against these functions evaluated in float64 on the same inputs.
+"""
+
+from .evidence import evidence, log_alpha
+from .losses import (
+    belief,
+    check_no_overflow,
+    evidential_loss,
+    evidential_loss_from_similarity,
+    loss_terms,
+    opinion,
+    opinion_from_similarity,
+    similarity,
+)
+from .special import (
+    digamma_difference,
+    inverse_trigamma_remainder,
+    kl_h,
+    log_trigamma,
+    trigamma,
+)
+from .terms import row_terms
+
+__all__ = [
+    "belief",
+    "check_no_overflow",
+    "digamma_difference",
+    "evidence",
+    "evidential_loss",
+    "evidential_loss_from_similarity",
+    "inverse_trigamma_remainder",
+    "kl_h",
+    "log_alpha",
+    "log_trigamma",
+    "loss_terms",
+    "opinion",
+    "opinion_from_similarity",
+    "row_terms",
+    "similarity",
+    "trigamma",
+]

@@ -1,0 +1,50 @@
+"""Evidence maps e = g(s/τ) and Dirichlet parameters α = e + 1 (SPEC §1)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from ..config import EVIDENCE_KINDS
+
+
+def evidence(s: Tensor, kind: str, tau: float) -> Tensor:
+    """e = g(s/τ), elementwise, any shape (SPEC §1 table).
+
+    exp: exp(s/τ) (TCL); relu: max(s/τ, 0) (DUQ, TCL option); softplus: ln(1 + exp(s/τ))
+    (TCL supplement, I-EDL); exp_tanh: exp(tanh(s/τ)) (UML).
+    """
+    x = s / tau
+    if kind == "exp":
+        return torch.exp(x)
+    if kind == "relu":
+        return torch.relu(x)
+    if kind == "softplus":
+        # max(x, 0) + log1p(exp(−|x|)) is exact for every x; torch's softplus returns x
+        # itself above 20, an error of e^-20 ≈ 2e-9 that the float64 reference cannot afford.
+        return torch.relu(x) + torch.log1p(torch.exp(-x.abs()))
+    if kind == "exp_tanh":
+        return torch.exp(torch.tanh(x))
+    raise ValueError(f"evidence must be one of {EVIDENCE_KINDS}, got {kind!r}")
+
+
+def log_alpha(s: Tensor, kind: str, tau: float) -> Tensor:
+    """ln α = ln(g(s/τ) + 1), finite even where α itself overflows (exp evidence, small τ)."""
+    if kind == "exp":
+        x = s / tau
+        return torch.relu(x) + torch.log1p(torch.exp(-x.abs()))
+    return torch.log1p(evidence(s, kind, tau))
+
+
+def max_log_alpha(kind: str, tau: float, max_abs_similarity: float) -> float:
+    """An upper bound of ln α over |s| <= max_abs_similarity, used to detect overflow up front."""
+    x = max_abs_similarity / tau
+    if kind == "exp":
+        return x + math.log1p(math.exp(-x))
+    if kind == "relu":
+        return math.log1p(x)
+    if kind == "softplus":
+        return math.log1p(x + math.log1p(math.exp(-x)))
+    return math.log1p(math.e)

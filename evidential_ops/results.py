@@ -1,0 +1,46 @@
+"""Result types shared by every backend."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Opinion:
+    """Subjective opinions of every query in both directions (SPEC §1).
+
+    Row i is query x_i over the N_g candidates y; column j is query y_j over the N_q candidates x.
+    Strengths are kept as logarithms because exp evidence at small τ exceeds float32 (e^100 at
+    τ = 0.01); `uncertainty = N / S` is formed from them without overflow.
+
+    Shapes: row_log_strength, row_uncertainty: (N_q,); col_log_strength, col_uncertainty: (N_g,).
+    """
+
+    row_log_strength: Tensor
+    row_uncertainty: Tensor
+    col_log_strength: Tensor
+    col_uncertainty: Tensor
+
+    @property
+    def row_strength(self) -> Tensor:
+        """S_i = Σ_j α_ij (inf only where S exceeds the dtype's range; prefer the log)."""
+        return self.row_log_strength.exp()
+
+    @property
+    def col_strength(self) -> Tensor:
+        return self.col_log_strength.exp()
+
+    @staticmethod
+    def from_log_strengths(row_log_strength: Tensor, col_log_strength: Tensor) -> "Opinion":
+        n_candidates_of_row = col_log_strength.shape[0]
+        n_candidates_of_col = row_log_strength.shape[0]
+        return Opinion(
+            row_log_strength=row_log_strength,
+            row_uncertainty=torch.exp(math.log(n_candidates_of_row) - row_log_strength),
+            col_log_strength=col_log_strength,
+            col_uncertainty=torch.exp(math.log(n_candidates_of_col) - col_log_strength),
+        )
