@@ -35,16 +35,17 @@ def trigamma(x: Tensor) -> Tensor:
     """ψ1(x) for x >= 1, accurate to ~1e-15 relative in float64.
 
     torch.polygamma(1, ·) truncates its series at x = 6 and is only good to ~1e-8, which is
-    not enough for the Fisher terms (SPEC §2.4-2.5). Recurrence ψ1(x) = ψ1(x+1) + 1/x² shifts
-    small arguments by a fixed 10 steps (vectorises, no data-dependent loop), then the
+    not enough for the Fisher terms (SPEC §2.4-2.5). Recurrence ψ1(x) = ψ1(x+10) + Σ_k 1/(x+k)²
+    shifts small arguments by a fixed 10 steps (no data-dependent loop), then the
     asymptotic series in 1/x with Bernoulli coefficients up to B14.
     """
-    small = x < _SERIES_FROM
-    shift_sum = torch.zeros_like(x)
-    z = x
-    for _ in range(int(_SERIES_FROM)):
-        shift_sum = shift_sum + torch.where(small, 1.0 / (z * z), torch.zeros_like(z))
-        z = torch.where(small, z + 1.0, z)
+    large, _, x_small = _split(x, _SERIES_FROM)
+    small = ~large
+    steps = int(_SERIES_FROM)
+    # Written flat (no z fed back through `where`): a chain of nested selects makes the
+    # expression tree torch.compile has to simplify grow with every step.
+    shift_sum = sum(1.0 / (x_small + k) ** 2 for k in range(steps))
+    z = torch.where(small, x_small + steps, x)
     u = 1.0 / z
     u2 = u * u
     # 1/z + 1/(2z²) + 1/(6z³) − 1/(30z⁵) + 1/(42z⁷) − 1/(30z⁹) + 5/(66z¹¹) − 691/(2730z¹³) + 7/(6z¹⁵)
@@ -53,7 +54,7 @@ def trigamma(x: Tensor) -> Tensor:
         + u2 * (1.0 / 42 + u2 * (-1.0 / 30 + u2 * (5.0 / 66 + u2 * (-691.0 / 2730 + u2 * (7.0 / 6)))))
     )
     series = u * (1.0 + u * 0.5 + u2 * tail)
-    return series + shift_sum
+    return series + torch.where(small, shift_sum, torch.zeros_like(shift_sum))
 
 
 def log_trigamma(x: Tensor) -> Tensor:
