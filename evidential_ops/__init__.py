@@ -25,6 +25,7 @@ __all__ = [
     "belief",
     "build_info",
     "evidential_loss",
+    "extension",
     "evidential_loss_from_similarity",
     "opinion",
     "opinion_from_similarity",

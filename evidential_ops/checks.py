@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor
@@ -27,12 +27,46 @@ from .config import (
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
-def _real_number(value, name: str) -> float:
+def real_number(
+    value,
+    name: str,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    min_inclusive: bool = True,
+) -> float:
+    """A finite Python real in [minimum, maximum] (or (minimum, ...] with min_inclusive=False)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
     value = float(value)
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value}")
+    if minimum is not None:
+        if min_inclusive and value < minimum:
+            raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        if not min_inclusive and value <= minimum:
+            raise ValueError(f"{name} must be > {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
+    return value
+
+
+def positive_number(value, name: str) -> float:
+    return real_number(value, name, minimum=0.0, min_inclusive=False)
+
+
+def integer(value, name: str, *, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    value = int(value)
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def flag(value, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
     return value
 
 
@@ -45,10 +79,7 @@ def _choice(value, name: str, choices: tuple[str, ...]) -> str:
 
 
 def tau_value(tau) -> float:
-    tau = _real_number(tau, "tau")
-    if tau <= 0.0:
-        raise ValueError(f"tau must be > 0, got {tau}")
-    return tau
+    return positive_number(tau, "tau")
 
 
 def evidence_kind(evidence) -> str:
@@ -63,7 +94,7 @@ def weight_tuple(weights: Mapping[str, float] | None) -> tuple[float, float, flo
     unknown = [key for key in weights if key not in TERMS]
     if unknown:
         raise ValueError(f"weights has unknown key(s) {unknown}; known terms are {TERMS}")
-    values = tuple(_real_number(weights.get(term, 0.0), f"weights[{term!r}]") for term in TERMS)
+    values = tuple(real_number(weights.get(term, 0.0), f"weights[{term!r}]") for term in TERMS)
     if not any(values):
         raise ValueError(f"weights must give at least one term a non-zero weight, got {dict(weights)}")
     return values  # type: ignore[return-value]
@@ -79,8 +110,7 @@ def loss_config(
     check_finite=True,
     matmul_precision="ieee",
 ) -> LossConfig:
-    if not isinstance(check_finite, bool):
-        raise TypeError(f"check_finite must be a bool, got {type(check_finite).__name__}")
+    flag(check_finite, "check_finite")
     return LossConfig(
         evidence=evidence_kind(evidence),
         tau=tau_value(tau),
@@ -156,9 +186,12 @@ def target_scale_vector(target_scale, k: int, like: Tensor, check_values: bool) 
     if target_scale.device != like.device:
         raise ValueError(f"target_scale is on {target_scale.device} but the inputs are on {like.device}")
     target_scale = target_scale.detach()
-    if check_values and target_scale.dtype != torch.bool:
-        if not bool(((target_scale >= 0) & (target_scale <= 1)).all()):
-            raise ValueError("target_scale must lie in [0, 1] (and contain no NaN)")
+    if (
+        check_values
+        and target_scale.dtype != torch.bool
+        and not bool(((target_scale >= 0) & (target_scale <= 1)).all())
+    ):
+        raise ValueError("target_scale must lie in [0, 1] (and contain no NaN)")
     return target_scale
 
 

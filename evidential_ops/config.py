@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 EVIDENCE_KINDS = ("exp", "relu", "softplus", "exp_tanh")  # SPEC §1

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -59,8 +58,7 @@ def evidential_loss(
         check_finite=check_finite, matmul_precision=matmul_precision,
     )
     x, y = checks.embedding_pair(x, y, check_finite)
-    if not isinstance(normalize, bool):
-        raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
+    checks.flag(normalize, "normalize")
     c = checks.target_scale_vector(target_scale, x.shape[0], x, check_finite)
     impl = backends.resolve(backend, x.device)
     if normalize:
@@ -124,8 +122,8 @@ class EvidentialLoss(nn.Module):
             evidence=evidence, tau=tau, weights=weights, direction=direction, reduction=reduction,
             check_finite=check_finite, matmul_precision=matmul_precision,
         )
-        if not isinstance(normalize, bool):
-            raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
+        checks.flag(normalize, "normalize")
+        checks.flag(from_similarity, "from_similarity")
         backends.check_name(backend)
         self.evidence = evidence
         self.tau = tau

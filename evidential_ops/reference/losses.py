@@ -7,7 +7,7 @@ float32, the plain-PyTorch baseline of the benchmarks. Gradients come from autog
 from __future__ import annotations
 
 import math
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -144,8 +144,7 @@ def evidential_loss(
 ):
     """Reference of `evidential_ops.evidential_loss`: s = x·yᵀ (x, y: (K, D)) then the loss."""
     checks.embedding_pair(x, y, check_finite)
-    if not isinstance(normalize, bool):
-        raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
+    checks.flag(normalize, "normalize")
     dtype = _compute_dtype(x.dtype, compute_dtype)
     s = similarity(x, y, normalize=normalize, dtype=dtype)
     return evidential_loss_from_similarity(

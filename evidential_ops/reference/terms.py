@@ -9,7 +9,7 @@ off-diagonal mass `rest = Σ_{j≠i} α_ij` is summed directly and never recover
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 from torch import Tensor

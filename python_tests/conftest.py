@@ -1,0 +1,40 @@
+"""Shared fixtures: input generators for the regimes every backend is tested in (DEVELOPERS.md)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+
+def random_pairs(k: int, d: int, *, dtype=torch.float32, generator=None, positive_cos: float | None = None):
+    """Unit-norm x, y (K, D). With positive_cos, y_i is tilted towards x_i so x_i·y_i ≈ positive_cos."""
+    x = F.normalize(torch.randn(k, d, dtype=torch.float64, generator=generator), dim=1)
+    y = F.normalize(torch.randn(k, d, dtype=torch.float64, generator=generator), dim=1)
+    if positive_cos is not None:
+        # Remove x's component from y, then mix: cos(x, y') = positive_cos exactly before rounding.
+        y = F.normalize(y - (y * x).sum(1, keepdim=True) * x, dim=1)
+        y = positive_cos * x + (1.0 - positive_cos**2) ** 0.5 * y
+    return x.to(dtype), y.to(dtype)
+
+
+def hard_pairs(k: int, d: int, *, dtype=torch.float32, generator=None, group: int = 4, cos: float = 0.99):
+    """The hard regime (DESIGN "Numerics"): positives at cosine ≈ `cos` AND hard negatives.
+
+    Items come in groups of `group` near-duplicates (like the 5 captions of one COCO image in a
+    batch), so every row has a positive with e = exp(0.99/τ) ≈ 4e8 at τ = 0.05 and several
+    negatives almost as strong. This is where the textbook formulas lose all their digits.
+    """
+    n_groups = (k + group - 1) // group
+    base = F.normalize(torch.randn(n_groups, d, dtype=torch.float64, generator=generator), dim=1)
+    centers = base.repeat_interleave(group, dim=0)[:k]
+    spread = (1.0 - cos) ** 0.5  # keeps within-group cosines near `cos`
+    x = F.normalize(centers + spread * F.normalize(torch.randn(k, d, dtype=torch.float64, generator=generator), dim=1), dim=1)
+    y = F.normalize(centers + spread * F.normalize(torch.randn(k, d, dtype=torch.float64, generator=generator), dim=1), dim=1)
+    return x.to(dtype), y.to(dtype)
+
+
+@pytest.fixture
+def gen():
+    """A fresh, seeded generator per test (fresh inputs, reproducible failures)."""
+    return torch.Generator().manual_seed(20261122)

@@ -1,0 +1,166 @@
+"""The public API on every available backend: reductions, directions, options, dtypes, opinions.
+
+Backends are compared with the float64 reference evaluated on the same inputs (SPEC §5).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import evidential_ops as eo
+from conftest import hard_pairs, random_pairs
+
+ALL_WEIGHTS = {"risk": 1.0, "kl": 0.1, "mse": 0.5, "fmse": 0.7, "logdet": -0.01}
+
+
+def test_available_backends_lists_reference_first():
+    names = eo.available_backends()
+    assert names[0] == "reference"
+    assert set(names) <= {"reference", "cpu", "triton", "cuda"}
+    assert "extension not loaded" not in eo.build_info()
+
+
+@pytest.mark.parametrize("direction", ["rows", "cols", "both"])
+def test_reductions_are_consistent(gen, direction):
+    x, y = random_pairs(9, 16, generator=gen)
+    kwargs = dict(weights=ALL_WEIGHTS, direction=direction, backend="reference")
+    rows, cols = eo.evidential_loss(x, y, reduction="none", **kwargs)
+    assert rows.shape == ((9,) if direction != "cols" else (0,))
+    assert cols.shape == ((9,) if direction != "rows" else (0,))
+    mean = eo.evidential_loss(x, y, reduction="mean", **kwargs)
+    total = eo.evidential_loss(x, y, reduction="sum", **kwargs)
+    expected_mean = sum(part.mean() for part in (rows, cols) if part.numel())
+    torch.testing.assert_close(mean, expected_mean)
+    torch.testing.assert_close(total, rows.sum() + cols.sum())
+    assert mean.dtype == torch.float32 and mean.dim() == 0
+
+
+def test_columns_are_rows_of_the_transpose(gen):
+    x, y = random_pairs(7, 5, generator=gen)
+    rows, cols = eo.evidential_loss(x, y, weights=ALL_WEIGHTS, reduction="none")
+    rows_t, cols_t = eo.evidential_loss(y, x, weights=ALL_WEIGHTS, reduction="none")
+    torch.testing.assert_close(cols, rows_t)
+    torch.testing.assert_close(rows, cols_t)
+
+
+def test_weights_combine_terms_linearly(gen):
+    x, y = random_pairs(8, 6, generator=gen)
+    per_term = {t: eo.evidential_loss(x, y, weights={t: 1.0}, reduction="sum") for t in eo.TERMS}
+    combined = eo.evidential_loss(x, y, weights=ALL_WEIGHTS, reduction="sum")
+    torch.testing.assert_close(combined, sum(w * per_term[t] for t, w in ALL_WEIGHTS.items()))
+
+
+def test_default_weights_are_tcl_with_lambda_0_1(gen):
+    x, y = random_pairs(8, 6, generator=gen)
+    torch.testing.assert_close(
+        eo.evidential_loss(x, y), eo.evidential_loss(x, y, weights={"risk": 1.0, "kl": 0.1})
+    )
+
+
+def test_from_similarity_equals_from_embeddings(gen):
+    x, y = random_pairs(10, 12, generator=gen, dtype=torch.float64)
+    a = eo.evidential_loss(x, y, weights=ALL_WEIGHTS, reduction="none")
+    b = eo.evidential_loss_from_similarity(x @ y.T, weights=ALL_WEIGHTS, reduction="none")
+    torch.testing.assert_close(a, b)
+
+
+def test_normalize_equals_normalizing_first(gen):
+    x = torch.randn(6, 10, generator=gen, dtype=torch.float64)
+    y = torch.randn(6, 10, generator=gen, dtype=torch.float64)
+    a = eo.evidential_loss(x, y, normalize=True)
+    b = eo.evidential_loss(F.normalize(x, dim=1), F.normalize(y, dim=1))
+    torch.testing.assert_close(a, b)
+
+
+def test_target_scale_zero_removes_target_terms_and_one_is_default(gen):
+    x, y = random_pairs(6, 10, generator=gen)
+    default = eo.evidential_loss(x, y, weights=ALL_WEIGHTS, reduction="none")
+    ones = eo.evidential_loss(x, y, weights=ALL_WEIGHTS, reduction="none", target_scale=torch.ones(6))
+    torch.testing.assert_close(default, ones)
+    risk_rows, _ = eo.evidential_loss(x, y, weights={"risk": 1.0}, reduction="none", target_scale=torch.zeros(6))
+    assert torch.all(risk_rows == 0)
+    as_bool = eo.evidential_loss(x, y, weights=ALL_WEIGHTS, target_scale=torch.tensor([1, 0, 1, 1, 0, 1], dtype=torch.bool))
+    as_float = eo.evidential_loss(x, y, weights=ALL_WEIGHTS, target_scale=torch.tensor([1.0, 0, 1, 1, 0, 1]))
+    torch.testing.assert_close(as_bool, as_float)
+
+
+def test_target_scale_gets_no_gradient(gen):
+    x, y = random_pairs(5, 4, generator=gen)
+    c = torch.full((5,), 0.5, requires_grad=True)
+    eo.evidential_loss(x.requires_grad_(), y, target_scale=c).backward()
+    assert c.grad is None and x.grad is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_inputs_within_1e_2_of_float64_reference(gen, dtype):
+    x, y = random_pairs(113, 203, generator=gen, positive_cos=0.9)
+    x, y = x.to(dtype).requires_grad_(), y.to(dtype).requires_grad_()
+    loss = eo.evidential_loss(x, y, weights=ALL_WEIGHTS)
+    loss.backward()
+    assert loss.dtype == torch.float32
+    assert x.grad.dtype == dtype and y.grad.dtype == dtype
+    expected = eo.reference.evidential_loss(x.detach(), y.detach(), weights=ALL_WEIGHTS)
+    assert abs(loss.double() - expected) <= 1e-2 * abs(expected)
+
+
+def test_float64_inputs_give_float64_loss(gen):
+    x, y = random_pairs(5, 4, generator=gen, dtype=torch.float64)
+    assert eo.evidential_loss(x, y).dtype == torch.float64
+
+
+def test_hard_regime_float32_finite(gen):
+    x, y = hard_pairs(64, 32, generator=gen)
+    x.requires_grad_()
+    loss = eo.evidential_loss(x, y, weights=ALL_WEIGHTS)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(x.grad).all()
+
+
+def test_module_matches_function_and_anneals(gen):
+    x, y = random_pairs(8, 6, generator=gen)
+    module = eo.EvidentialLoss(weights={"risk": 1.0, "kl": 0.0})
+    torch.testing.assert_close(module(x, y), eo.evidential_loss(x, y, weights={"risk": 1.0}))
+    module.weights = {"risk": 1.0, "kl": 0.5}
+    torch.testing.assert_close(module(x, y), eo.evidential_loss(x, y, weights={"risk": 1.0, "kl": 0.5}))
+    sim_module = eo.EvidentialLoss(from_similarity=True, reduction="sum")
+    torch.testing.assert_close(sim_module(x @ y.T), eo.evidential_loss(x, y, reduction="sum"))
+    with pytest.raises(ValueError, match="y is required"):
+        module(x)
+    assert "tau=0.05" in repr(module)
+
+
+def test_opinion_rectangular_gallery(gen):
+    x, y = random_pairs(7, 12, generator=gen, dtype=torch.float64)
+    y = torch.cat([y, F.normalize(torch.randn(4, 12, generator=gen, dtype=torch.float64), dim=1)])
+    op = eo.opinion(x, y, evidence="exp", tau=0.1)
+    alpha = torch.exp(x @ y.T / 0.1) + 1
+    torch.testing.assert_close(op.row_strength, alpha.sum(1))
+    torch.testing.assert_close(op.col_strength, alpha.sum(0))
+    torch.testing.assert_close(op.row_uncertainty, 11 / alpha.sum(1))
+    torch.testing.assert_close(op.col_uncertainty, 7 / alpha.sum(0))
+    beliefs = eo.belief(x @ y.T, op.row_log_strength, evidence="exp", tau=0.1)
+    # Σ_j b_ij + u_i = 1 (SPEC §1)
+    torch.testing.assert_close(beliefs.sum(1) + op.row_uncertainty, torch.ones(7, dtype=torch.float64))
+    col_beliefs = eo.belief(x @ y.T, op.col_log_strength, evidence="exp", tau=0.1, dim=0)
+    torch.testing.assert_close(col_beliefs.sum(0) + op.col_uncertainty, torch.ones(11, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("evidence", eo.EVIDENCE_KINDS)
+def test_opinion_from_similarity_every_evidence(gen, evidence):
+    s = torch.rand(5, 8, generator=gen, dtype=torch.float64) * 2 - 1
+    op = eo.opinion_from_similarity(s, evidence=evidence, tau=0.2)
+    alpha = eo.reference.evidence(s, evidence, 0.2) + 1
+    torch.testing.assert_close(op.row_log_strength, alpha.sum(1).log())
+    b = eo.belief(s, op.row_log_strength, evidence=evidence, tau=0.2)
+    torch.testing.assert_close(b.sum(1) + op.row_uncertainty, torch.ones(5, dtype=torch.float64))
+
+
+def test_opinion_does_not_overflow_at_small_tau(gen):
+    x, y = random_pairs(6, 8, generator=gen, positive_cos=0.999)
+    op = eo.opinion(x, y, tau=0.005)  # e up to e^200: beyond float32, not beyond its log
+    assert torch.isfinite(op.row_log_strength).all() and torch.isfinite(op.row_uncertainty).all()
+    assert float(op.row_log_strength.max()) > math.log(torch.finfo(torch.float32).max)

@@ -1,0 +1,170 @@
+"""SPEC §5: every bad input is a ValueError/TypeError that names the offending argument."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import evidential_ops as eo
+from conftest import random_pairs
+
+
+@pytest.fixture
+def xy(gen):
+    return random_pairs(6, 8, generator=gen)
+
+
+def raises(exc, name):
+    return pytest.raises(exc, match=re.escape(name))
+
+
+@pytest.mark.parametrize(
+    "kwargs,exc,name",
+    [
+        ({"tau": 0.0}, ValueError, "tau"),
+        ({"tau": -0.1}, ValueError, "tau"),
+        ({"tau": float("nan")}, ValueError, "tau"),
+        ({"tau": "0.05"}, TypeError, "tau"),
+        ({"tau": True}, TypeError, "tau"),
+        ({"evidence": "sigmoid"}, ValueError, "evidence"),
+        ({"evidence": None}, TypeError, "evidence"),
+        ({"weights": {"risk": 1.0, "klx": 0.1}}, ValueError, "weights"),
+        ({"weights": {"risk": "1"}}, TypeError, "weights['risk']"),
+        ({"weights": {"risk": float("inf")}}, ValueError, "weights['risk']"),
+        ({"weights": {"risk": 0.0}}, ValueError, "weights"),
+        ({"weights": [("risk", 1.0)]}, TypeError, "weights"),
+        ({"direction": "row"}, ValueError, "direction"),
+        ({"reduction": "avg"}, ValueError, "reduction"),
+        ({"backend": "gpu"}, ValueError, "backend"),
+        ({"backend": 3}, TypeError, "backend"),
+        ({"normalize": 1}, TypeError, "normalize"),
+        ({"check_finite": "yes"}, TypeError, "check_finite"),
+        ({"matmul_precision": "fast"}, ValueError, "matmul_precision"),
+    ],
+)
+def test_bad_keyword(xy, kwargs, exc, name):
+    x, y = xy
+    with raises(exc, name):
+        eo.evidential_loss(x, y, **kwargs)
+
+
+def test_bad_shapes_and_sizes(xy):
+    x, y = xy
+    with raises(ValueError, "x and y must have the same number of rows"):
+        eo.evidential_loss(x, y[:5])
+    with raises(ValueError, "embedding size D"):
+        eo.evidential_loss(x, y[:, :7])
+    with raises(ValueError, "x must be 2-D"):
+        eo.evidential_loss(x[0], y[0])
+    with raises(ValueError, "y must be 2-D"):
+        eo.evidential_loss(x, y[None])
+    with raises(ValueError, "K >= 2"):
+        eo.evidential_loss(x[:1], y[:1])
+    with raises(TypeError, "x must be a torch.Tensor"):
+        eo.evidential_loss(x.numpy(), y)
+
+
+def test_bad_dtypes(xy):
+    x, y = xy
+    with raises(TypeError, "x must be float32"):
+        eo.evidential_loss(x.to(torch.int64), y.to(torch.int64))
+    with raises(TypeError, "y has dtype torch.float64 but x has torch.float32"):
+        eo.evidential_loss(x, y.double())
+    with raises(TypeError, "s must be float32"):
+        eo.evidential_loss_from_similarity(torch.ones(3, 3, dtype=torch.int32))
+
+
+def test_non_finite_inputs(xy):
+    x, y = xy
+    x_nan = x.clone()
+    x_nan[2, 3] = float("nan")
+    with raises(ValueError, "x contains NaN or Inf"):
+        eo.evidential_loss(x_nan, y)
+    y_inf = y.clone()
+    y_inf[0, 0] = float("inf")
+    with raises(ValueError, "y contains NaN or Inf"):
+        eo.evidential_loss(x, y_inf)
+    s = x @ y.T
+    s[1, 1] = float("nan")
+    with raises(ValueError, "s contains NaN or Inf"):
+        eo.evidential_loss_from_similarity(s)
+
+
+def test_check_finite_false_skips_the_value_check(xy):
+    x, y = xy
+    x_nan = x.clone()
+    x_nan[0, 0] = float("nan")
+    loss = eo.evidential_loss(x_nan, y, check_finite=False)
+    assert torch.isnan(loss)  # garbage in, garbage out, but no exception and no host sync
+
+
+def test_bad_similarity_shape(xy):
+    x, y = xy
+    with raises(ValueError, "s must be square"):
+        eo.evidential_loss_from_similarity((x @ y.T)[:, :5])
+
+
+def test_bad_target_scale(xy):
+    x, y = xy
+    with raises(ValueError, "target_scale must have shape (6,)"):
+        eo.evidential_loss(x, y, target_scale=torch.ones(5))
+    with raises(ValueError, "target_scale must have shape (6,)"):
+        eo.evidential_loss(x, y, target_scale=torch.ones(6, 1))
+    with raises(ValueError, "target_scale must lie in [0, 1]"):
+        eo.evidential_loss(x, y, target_scale=torch.full((6,), 1.5))
+    with raises(ValueError, "target_scale must lie in [0, 1]"):
+        eo.evidential_loss(x, y, target_scale=torch.full((6,), float("nan")))
+    with raises(TypeError, "target_scale must be a floating or bool tensor"):
+        eo.evidential_loss(x, y, target_scale=torch.ones(6, dtype=torch.int64))
+    with raises(TypeError, "target_scale must be a torch.Tensor"):
+        eo.evidential_loss(x, y, target_scale=[1.0] * 6)
+
+
+def test_device_mismatch_is_named(xy):
+    x, y = xy
+    meta_y = y.to("meta")
+    with raises(ValueError, "y is on meta but x is on cpu"):
+        eo.evidential_loss(x, meta_y, check_finite=False)
+    with raises(ValueError, "target_scale is on meta"):
+        eo.evidential_loss(x, y, target_scale=torch.ones(6, device="meta"))
+
+
+def test_unavailable_backend_is_named(xy):
+    x, y = xy
+    missing = [b for b in ("triton", "cuda") if b not in eo.available_backends()]
+    for name in missing:
+        with raises(ValueError, f"backend={name!r} is not available"):
+            eo.evidential_loss(x, y, backend=name)
+
+
+def test_reference_overflow_names_tau(gen):
+    """The materialised float32 reference cannot hold e^100 (τ = 0.01): it must say so, not NaN."""
+    x, y = random_pairs(6, 8, generator=gen, positive_cos=0.99)
+    with raises(ValueError, "tau=0.01 is too small"):
+        eo.evidential_loss(x, y, tau=0.01, backend="reference")
+    loss64 = eo.reference.evidential_loss(x, y, tau=0.01)  # float64 holds it
+    assert torch.isfinite(loss64)
+
+
+def test_module_validates_at_construction():
+    with raises(ValueError, "tau"):
+        eo.EvidentialLoss(tau=-1.0)
+    with raises(ValueError, "weights"):
+        eo.EvidentialLoss(weights={"nope": 1.0})
+    with raises(ValueError, "backend"):
+        eo.EvidentialLoss(backend="tpu")
+
+
+def test_opinion_and_belief_validation(xy):
+    x, y = xy
+    with raises(ValueError, "embedding size D"):
+        eo.opinion(x, y[:, :3])
+    with raises(ValueError, "tau"):
+        eo.opinion(x, y, tau=0)
+    op = eo.opinion(x, y[:4])
+    with raises(ValueError, "log_strength must have shape"):
+        eo.belief(x @ y.T, op.row_log_strength[:3])
+    with raises(ValueError, "dim must be 0 or 1"):
+        eo.belief(x @ y.T, op.row_log_strength, dim=2)
