@@ -3,6 +3,7 @@
 Fused backends are tested against these functions evaluated in float64 on the same inputs.
 """
 
+from . import methods
 from .evidence import evidence, log_alpha
 from .losses import (
     belief,
@@ -34,6 +35,7 @@ __all__ = [
     "kl_h",
     "log_alpha",
     "log_trigamma",
+    "methods",
     "loss_terms",
     "opinion",
     "opinion_from_similarity",

@@ -1,0 +1,295 @@
+"""UML method pieces (SPEC §3 "UML"; UML paper 002 §3.2-3.4, eq. 1-20).
+
+Three views per triplet i: visual v_i, English caption s_i, non-English (machine-translated)
+caption t_i. Three K×K similarity matrices are used, always with the first-named view on rows:
+
+    s_vt[i, j] = Sim(v_i, t_j)   rows: v2t queries, columns: t2v queries
+    s_vs[i, j] = Sim(v_i, s_j)   rows: v2s queries, columns: s2v queries
+    s_st[i, j] = Sim(s_i, t_j)   rows: s2t queries, columns: t2s queries
+
+`uml_similarities` builds them from embeddings. Evidence is exp(tanh(Sim/τ)) with τ = 0.1
+(UML eq. 1); the K×K terms fmse and logdet come from `evidential_ops.reference.loss_terms`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ... import checks
+from ..evidence import evidence as evidence_map
+from ..losses import NORMALIZE_EPS, check_no_overflow, loss_terms
+from . import _common
+
+DEFAULT_EVIDENCE = "exp_tanh"
+DEFAULT_TAU = 0.1  # UML eq. 1
+DEFAULT_PHI = 0.01  # UML eq. 6
+DEFAULT_GAMMA = 0.2  # UML §4.1, Multi30K / Multi-MSCOCO (VATEX: 0.25)
+DEFAULT_LAMBDA_S = 4.0  # UML §4.1, Multi30K / Multi-MSCOCO (VATEX: 3)
+DEFAULT_BETA = 0.6  # UML §4.1, image-text (VATEX video: 0.4)
+DEFAULT_AML_TAU = 0.1  # SPEC §3 [choice]: the paper does not give the softmax temperature
+_LN2 = math.log(2.0)
+
+
+def uml_similarities(
+    v: Tensor, s: Tensor, t: Tensor, *, normalize: bool = False
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The three similarity matrices of a UML batch (UML §3.2.1, eq. 1 "Sim"; §3.3).
+
+    Args:
+        v, s, t: (K, D) visual, English and non-English embeddings, triplet i = (v_i, s_i, t_i).
+        normalize: L2-normalise the rows first (eps 1e-12), making Sim the cosine similarity;
+            otherwise the caller's embeddings are taken as already normalised.
+    Returns:
+        (s_vt, s_vs, s_st), each (K, K): s_vt[i, j] = <v_i, t_j>, s_vs[i, j] = <v_i, s_j>,
+        s_st[i, j] = <s_i, t_j>.
+    """
+    v = _common.float_tensor(v, "v", dim=2, check_finite=False)
+    s = _common.float_tensor(s, "s", dim=2, check_finite=False)
+    t = _common.float_tensor(t, "t", dim=2, check_finite=False)
+    _common.same_shape(v, s, "v", "s")
+    _common.same_shape(v, t, "v", "t")
+    if v.shape[0] < 2:
+        raise ValueError(f"v needs K >= 2 triplets, got K = {v.shape[0]}")
+    normalize = checks.flag(normalize, "normalize")
+    if normalize:
+        v, s, t = (F.normalize(x, dim=1, eps=NORMALIZE_EPS) for x in (v, s, t))
+    return v @ t.T, v @ s.T, s @ t.T
+
+
+def uml_clean_labels(
+    s: Tensor, *, evidence: str = DEFAULT_EVIDENCE, tau: float = DEFAULT_TAU, check_finite: bool = True
+) -> Tensor:
+    """Clean/noisy pair labels of UML eq. 4 (SPEC §3 "UML"), without gradient.
+
+    l_i = 1 iff i = argmax_j (e_ij + e_ji): the pair's combined bidirectional evidence
+    (row i = i2j queries, column i = j2i queries) is the largest of its row of e + eᵀ.
+
+    [choice] Ties count as clean: l_i = 1 iff e_ii + e_ii >= max_j (e_ij + e_ji). argmax's
+    first-index tie-break would make the label depend on batch order, and ties are real:
+    in float32 tanh(s/0.1) rounds to exactly 1 for s > 0.9, so exp_tanh evidence saturates.
+    For exp evidence the comparison is made on ln(e_ij + e_ji) = logaddexp(s_ij/τ, s_ji/τ),
+    which cannot overflow.
+
+    Args:
+        s: (K, K) similarities of one view (s_vt or s_vs), positives on the diagonal.
+    Returns:
+        (K,) bool tensor, True = clean.
+    """
+    s = _common.square_matrix(s, "s", check_finite=check_finite)
+    evidence = checks.evidence_kind(evidence)
+    tau = checks.positive_number(tau, "tau")
+    with torch.no_grad():
+        if evidence == "exp":
+            x = s / tau
+            pair = torch.logaddexp(x, x.T)
+        else:
+            e = evidence_map(s, evidence, tau)
+            pair = e + e.T
+        return pair.diagonal() >= pair.amax(dim=1)
+
+
+def uml_sigma(
+    epoch, total_epochs, *, gamma: float = DEFAULT_GAMMA, lambda_s: float = DEFAULT_LAMBDA_S
+) -> float:
+    """Dual-view schedule σ(t) = max(γ, 1 − λ_s·t/E) of UML eq. 11 (SPEC §3 "UML").
+
+    σ weighs the vision-English view, 1 − σ the vision-non-English view; it starts at 1 and
+    decays linearly to γ. `epoch` is used as given (the paper counts from 1, a 0-based caller
+    gets σ = 1 on its first epoch).
+
+    Args:
+        epoch: t >= 0 (int or real).
+        total_epochs: E > 0.
+        gamma: floor γ in [0, 1]; lambda_s: decay speed λ_s >= 0.
+    Returns:
+        σ(t), a Python float in [γ, 1].
+    """
+    epoch = checks.real_number(epoch, "epoch", minimum=0.0)
+    total_epochs = checks.positive_number(total_epochs, "total_epochs")
+    gamma = checks.real_number(gamma, "gamma", minimum=0.0, maximum=1.0)
+    lambda_s = checks.real_number(lambda_s, "lambda_s", minimum=0.0)
+    return max(gamma, 1.0 - lambda_s * epoch / total_epochs)
+
+
+def uml_evidential_loss(
+    s: Tensor,
+    labels: Tensor,
+    *,
+    phi: float = DEFAULT_PHI,
+    evidence: str = DEFAULT_EVIDENCE,
+    tau: float = DEFAULT_TAU,
+    check_finite: bool = True,
+) -> Tensor:
+    """Per-pair uncertainty loss of one view, UML eq. 6-10 (SPEC §3 "UML").
+
+    L_u,i = L^e(row i of α) + L^e(column i of α), L^e = fmse − φ·logdet (SPEC §2.4-2.5),
+    α = exp(tanh(s/τ)) + 1.
+    [choice] (SPEC) target of row i and of column i: t_i = l_i·one-hot(i), so a pair judged
+    noisy (l_i = 0) has an all-zero target; the Fisher weighting of eq. 5 enters through
+    fmse's ψ1(α) factors, the label only through t_i.
+
+    Args:
+        s: (K, K) similarities of the view (s_vt or s_vs).
+        labels: (K,) clean labels of the view (bool or 0/1), treated as constants.
+    Returns:
+        (K,) per-pair losses in s's dtype.
+    """
+    s = _common.square_matrix(s, "s", check_finite=check_finite)
+    clean = _common.binary_labels(labels, s.shape[0], s, "labels")
+    phi = checks.real_number(phi, "phi", minimum=0.0)
+    evidence = checks.evidence_kind(evidence)
+    tau = checks.positive_number(tau, "tau")
+    check_no_overflow(s, evidence, tau, s.dtype)
+    rows, cols = loss_terms(
+        s, evidence=evidence, tau=tau, target_scale=clean.to(s.dtype), direction="both",
+        terms=("fmse", "logdet"),
+    )
+    return (rows["fmse"] - phi * rows["logdet"]) + (cols["fmse"] - phi * cols["logdet"])
+
+
+def uml_dual_view_loss(
+    s_vt: Tensor,
+    s_vs: Tensor,
+    labels_vt: Tensor,
+    labels_vs: Tensor,
+    *,
+    sigma: float,
+    phi: float = DEFAULT_PHI,
+    evidence: str = DEFAULT_EVIDENCE,
+    tau: float = DEFAULT_TAU,
+    check_finite: bool = True,
+) -> Tensor:
+    """Dual-view uncertainty-aware loss L_u of UML eq. 11 (SPEC §3 "UML"), per triplet.
+
+    L_u,i = σ·L_u^{vs}_i + (1 − σ)·L_u^{vt}_i with L_u^{view} from `uml_evidential_loss`.
+
+    Args:
+        s_vt, s_vs: (K, K) vision-non-English and vision-English similarities.
+        labels_vt, labels_vs: (K,) clean labels of each view (`uml_clean_labels`).
+        sigma: σ(t) in [0, 1], usually `uml_sigma(epoch, total_epochs)`.
+    Returns:
+        (K,) in the input dtype.
+    """
+    s_vt = _common.square_matrix(s_vt, "s_vt", check_finite=check_finite)
+    s_vs = _common.square_matrix(s_vs, "s_vs", check_finite=check_finite)
+    _common.same_shape(s_vt, s_vs, "s_vt", "s_vs")
+    sigma = checks.real_number(sigma, "sigma", minimum=0.0, maximum=1.0)
+    kwargs = dict(phi=phi, evidence=evidence, tau=tau, check_finite=False)
+    loss_vs = uml_evidential_loss(s_vs, _named_labels(labels_vs, "labels_vs", s_vs), **kwargs)
+    loss_vt = uml_evidential_loss(s_vt, _named_labels(labels_vt, "labels_vt", s_vt), **kwargs)
+    return sigma * loss_vs + (1.0 - sigma) * loss_vt
+
+
+def _named_labels(labels, name: str, s: Tensor) -> Tensor:
+    return _common.binary_labels(labels, s.shape[0], s, name)
+
+
+def _kl_rows(log_p: Tensor, log_q: Tensor) -> Tensor:
+    """Σ_j p_j (ln p_j − ln q_j) per row, with 0·ln 0 = 0: where p_j underflows to 0 the term is
+    0, and torch.where hands the unselected (possibly −inf − (−inf) = NaN) log-ratio a zero
+    gradient, so the backward stays finite too."""
+    p = log_p.exp()
+    log_ratio = torch.where(p > 0, log_p - log_q, torch.zeros_like(log_p))
+    return (p * log_ratio).sum(dim=1)
+
+
+def _js_rows(log_p: Tensor, log_q: Tensor) -> Tensor:
+    """Jensen-Shannon divergence ½KL(p‖m) + ½KL(q‖m), m = (p + q)/2, per row (natural log)."""
+    log_m = torch.logaddexp(log_p, log_q) - _LN2
+    return 0.5 * (_kl_rows(log_p, log_m) + _kl_rows(log_q, log_m))
+
+
+def uml_aml_loss(
+    s_vt: Tensor,
+    s_vs: Tensor,
+    s_st: Tensor,
+    labels_vt: Tensor,
+    *,
+    aml_tau: float = DEFAULT_AML_TAU,
+    check_finite: bool = True,
+) -> Tensor:
+    """Adaptive mutual learning loss L_aml of UML eq. 14, 18, 19 (SPEC §3 "UML"), per triplet.
+
+    q^{a2b}_i = softmax_j(Sim(a_i, b_j) / aml_tau), the a-query's distribution over the
+    batch's b items (UML §3.3.1: "softmax-normalized similarity"). With the matrices of
+    this module: q^{v2t}_i = row i of s_vt, q^{t2v}_i = column i of s_vt, q^{v2s}_i = row i of
+    s_vs, q^{s2v}_i = column i of s_vs, q^{s2t}_i = row i of s_st, q^{t2s}_i = column i of s_st.
+
+        L_c,i = ½[JS(q^{v2t}_i ‖ q^{v2s}_i) + JS(q^{t2v}_i ‖ q^{s2v}_i)]   (eq. 14, clean)
+        L_n,i = ½[KL(q^{v2s}_i ‖ q^{s2t}_i) + KL(q^{s2v}_i ‖ q^{t2s}_i)]   (eq. 18, noisy)
+        L_aml,i = l_i·L_c,i − (1 − l_i)·L_n,i                             (eq. 19)
+
+    [choice] (SPEC) aml_tau defaults to 0.1; the paper gives no temperature. Natural logs.
+    Every q carries gradient (the paper's mutual learning detaches nothing).
+
+    Args:
+        s_vt, s_vs, s_st: (K, K) similarities as laid out in the module docstring.
+        labels_vt: (K,) clean labels of the vision-non-English view, constants.
+    Returns:
+        (K,) in the input dtype.
+    """
+    s_vt = _common.square_matrix(s_vt, "s_vt", check_finite=check_finite)
+    s_vs = _common.square_matrix(s_vs, "s_vs", check_finite=check_finite)
+    s_st = _common.square_matrix(s_st, "s_st", check_finite=check_finite)
+    _common.same_shape(s_vt, s_vs, "s_vt", "s_vs")
+    _common.same_shape(s_vt, s_st, "s_vt", "s_st")
+    clean = _named_labels(labels_vt, "labels_vt", s_vt).to(s_vt.dtype)
+    aml_tau = checks.positive_number(aml_tau, "aml_tau")
+
+    def rows(m: Tensor) -> Tensor:
+        return torch.log_softmax(m / aml_tau, dim=1)
+
+    def cols(m: Tensor) -> Tensor:
+        return torch.log_softmax(m.T / aml_tau, dim=1)
+
+    consistency = 0.5 * (_js_rows(rows(s_vt), rows(s_vs)) + _js_rows(cols(s_vt), cols(s_vs)))
+    disentangle = 0.5 * (_kl_rows(rows(s_vs), rows(s_st)) + _kl_rows(cols(s_vs), cols(s_st)))
+    return clean * consistency - (1.0 - clean) * disentangle
+
+
+def uml_total_loss(
+    s_vt: Tensor,
+    s_vs: Tensor,
+    s_st: Tensor,
+    *,
+    epoch,
+    total_epochs,
+    gamma: float = DEFAULT_GAMMA,
+    lambda_s: float = DEFAULT_LAMBDA_S,
+    beta: float = DEFAULT_BETA,
+    phi: float = DEFAULT_PHI,
+    evidence: str = DEFAULT_EVIDENCE,
+    tau: float = DEFAULT_TAU,
+    aml_tau: float = DEFAULT_AML_TAU,
+    check_finite: bool = True,
+) -> Tensor:
+    """UML training objective, eq. 20 (SPEC §3 "UML"): mean_i(L_u,i + β·L_aml,i).
+
+    Labels l^{vt}, l^{vs} are recomputed from the current evidence (`uml_clean_labels`, eq. 4,
+    no gradient); σ = `uml_sigma(epoch, total_epochs, gamma, lambda_s)`. Defaults are the
+    image-text settings (γ 0.2, λ_s 4, β 0.6); VATEX uses 0.25, 3, 0.4.
+
+    Args:
+        s_vt, s_vs, s_st: (K, K) similarities (module docstring).
+    Returns:
+        Scalar in the input dtype.
+    """
+    s_vt = _common.square_matrix(s_vt, "s_vt", check_finite=check_finite)
+    s_vs = _common.square_matrix(s_vs, "s_vs", check_finite=check_finite)
+    s_st = _common.square_matrix(s_st, "s_st", check_finite=check_finite)
+    _common.same_shape(s_vt, s_vs, "s_vt", "s_vs")
+    _common.same_shape(s_vt, s_st, "s_vt", "s_st")
+    beta = checks.real_number(beta, "beta", minimum=0.0)
+    sigma = uml_sigma(epoch, total_epochs, gamma=gamma, lambda_s=lambda_s)
+    labels_vt = uml_clean_labels(s_vt, evidence=evidence, tau=tau, check_finite=False)
+    labels_vs = uml_clean_labels(s_vs, evidence=evidence, tau=tau, check_finite=False)
+    uncertainty = uml_dual_view_loss(
+        s_vt, s_vs, labels_vt, labels_vs, sigma=sigma, phi=phi, evidence=evidence, tau=tau,
+        check_finite=False,
+    )
+    mutual = uml_aml_loss(s_vt, s_vs, s_st, labels_vt, aml_tau=aml_tau, check_finite=False)
+    return (uncertainty + beta * mutual).mean()

@@ -1,0 +1,328 @@
+"""DUQ method references (SPEC §3 "DUQ") against independent oracles.
+
+Oracles: torch.nn.functional.cross_entropy for InfoNCE, explicit loops over indices for the
+ISUM / distance / re-ranking formulas, torch.distributions for the Gaussian KL and sampling
+statistics, gradcheck in float64.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.distributions import Normal, kl_divergence
+
+from evidential_ops.reference.methods import (
+    duq_distance_loss,
+    duq_distance_matrix,
+    duq_distance_uncertainty_loss,
+    duq_gaussian_kl,
+    duq_isum_loss,
+    duq_probabilistic_embeddings,
+    duq_rerank,
+    duq_similarity_loss,
+    duq_total_loss,
+)
+
+
+def _similarity(b: int, seed: int, dtype=torch.float64, n: int | None = None) -> torch.Tensor:
+    n = b if n is None else n
+    g = torch.Generator().manual_seed(seed)
+    t = F.normalize(torch.randn(b, 24, generator=g, dtype=torch.float64), dim=1)
+    v = torch.randn(n, 24, generator=g, dtype=torch.float64)
+    v[: min(b, n)] += 1.2 * t[: min(b, n)]
+    return (t @ F.normalize(v, dim=1).T).to(dtype)
+
+
+def _gaussians(b: int, d: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    mu = torch.randn(b, d, generator=g, dtype=torch.float64)
+    log_sigma = 0.3 * torch.randn(b, d, generator=g, dtype=torch.float64) - 1.0
+    return mu, log_sigma
+
+
+def _sensoy_mse_rows(alpha: np.ndarray, target: np.ndarray) -> np.ndarray:
+    out = []
+    for i in range(alpha.shape[0]):
+        strength = sum(alpha[i])
+        acc = 0.0
+        for j in range(alpha.shape[1]):
+            p = alpha[i][j] / strength
+            acc += (target[i][j] - p) ** 2 + p * (1 - p) / (strength + 1)
+        out.append(acc)
+    return np.array(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# L_S and ISUM
+
+
+@pytest.mark.parametrize("b, scale", [(7, 100.0), (113, 14.3)])
+def test_similarity_loss_is_symmetric_cross_entropy(b, scale):
+    s = _similarity(b, seed=b)
+    target = torch.arange(b)
+    want = 0.5 * (F.cross_entropy(scale * s, target) + F.cross_entropy(scale * s.T, target))
+    assert duq_similarity_loss(s, logit_scale=scale).item() == pytest.approx(want.item(), rel=1e-13)
+
+
+def test_similarity_loss_learned_scale_gets_gradient():
+    s = _similarity(6, seed=1)
+    scale = torch.tensor(20.0, dtype=torch.float64, requires_grad=True)
+    duq_similarity_loss(s, logit_scale=scale).backward()
+    h = 1e-5
+    fd = (duq_similarity_loss(s, logit_scale=20.0 + h) - duq_similarity_loss(s, logit_scale=20.0 - h)) / (2 * h)
+    assert scale.grad.item() == pytest.approx(fd.item(), rel=1e-7)
+
+
+@pytest.mark.parametrize("b", [7, 113])
+def test_isum_loss_matches_loop(b):
+    s = _similarity(b, seed=b + 1)
+    alpha = np.maximum(s.numpy(), 0.0) + 1.0
+    eye = np.eye(b)
+    want = (_sensoy_mse_rows(alpha, eye).sum() + _sensoy_mse_rows(alpha.T, eye).sum()) / b
+    assert duq_isum_loss(s).item() == pytest.approx(want, rel=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# Probabilistic embeddings and distances
+
+
+def test_probabilistic_embeddings_formula_and_reproducibility():
+    mu, log_sigma = _gaussians(4, 5, seed=2)
+    noise = torch.randn(4, 3, 5, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    z = duq_probabilistic_embeddings(mu, log_sigma, noise=noise)
+    assert z.shape == (4, 3, 5)
+    for i in range(4):
+        for k in range(3):
+            for d in range(5):
+                want = mu[i, d].item() + math.exp(log_sigma[i, d].item()) * noise[i, k, d].item()
+                assert z[i, k, d].item() == pytest.approx(want, rel=1e-15, abs=1e-15)
+    a = duq_probabilistic_embeddings(mu, log_sigma, generator=torch.Generator().manual_seed(9))
+    b = duq_probabilistic_embeddings(mu, log_sigma, generator=torch.Generator().manual_seed(9))
+    c = duq_probabilistic_embeddings(mu, log_sigma, generator=torch.Generator().manual_seed(10))
+    assert a.shape == (4, 7, 5) and torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_probabilistic_embeddings_statistics():
+    mu = torch.tensor([[0.5, -2.0, 0.0]], dtype=torch.float64)
+    log_sigma = torch.tensor([[-1.0, 0.0, 0.7]], dtype=torch.float64)
+    n = 8000
+    z = duq_probabilistic_embeddings(mu, log_sigma, num_samples=n, generator=torch.Generator().manual_seed(4))[0]
+    sigma = log_sigma.exp()[0]
+    # 5-sigma bands on the sample mean and standard deviation of N(μ, e^{2σ})
+    assert ((z.mean(0) - mu[0]).abs() < 5 * sigma / math.sqrt(n)).all()
+    assert ((z.std(0) - sigma).abs() < 5 * sigma / math.sqrt(2 * n)).all()
+    # and the gradient is the reparameterisation's: d z / d log_sigma = exp(σ)·ε
+    ls = log_sigma.clone().requires_grad_()
+    noise = torch.randn(1, 2, 3, dtype=torch.float64)
+    duq_probabilistic_embeddings(mu, ls, noise=noise).sum().backward()
+    torch.testing.assert_close(ls.grad, (sigma * noise.sum(1))[None, 0], rtol=1e-14, atol=0)
+
+
+def _distance_oracle(zt: np.ndarray, zv: np.ndarray, diagonal_min: bool) -> np.ndarray:
+    bt, bv = zt.shape[0], zv.shape[0]
+    out = np.zeros((bt, bv))
+    for i in range(bt):
+        for j in range(bv):
+            ds = []
+            for m in range(zt.shape[1]):
+                for n in range(zv.shape[1]):
+                    a, b = zt[i, m], zv[j, n]
+                    ds.append(1.0 - float(np.dot(a, b)) / (np.linalg.norm(a) * np.linalg.norm(b)))
+            out[i, j] = min(ds) if (diagonal_min and i == j) else max(ds)
+    return out
+
+
+def test_distance_matrix_matches_loop_and_indexes_video_j():
+    mu_t, ls_t = _gaussians(6, 8, seed=5)
+    mu_v, ls_v = _gaussians(6, 8, seed=6)
+    gen = torch.Generator().manual_seed(7)
+    zt = duq_probabilistic_embeddings(mu_t, ls_t, num_samples=3, generator=gen)
+    zv = duq_probabilistic_embeddings(mu_v, ls_v, num_samples=4, generator=gen)
+    got = duq_distance_matrix(zt, zv)
+    want = _distance_oracle(zt.numpy(), zv.numpy(), True)
+    torch.testing.assert_close(got, torch.from_numpy(want), rtol=1e-13, atol=1e-14)
+    # The released code's bug (video i for every column) would give a different matrix.
+    buggy = np.array([[_distance_oracle(zt[i:i + 1].numpy(), zv[i:i + 1].numpy(), i == j)[0, 0]
+                       for j in range(6)] for i in range(6)])
+    assert np.abs(buggy - want).max() > 1e-3
+
+
+def test_distance_matrix_all_max_rectangular():
+    gen = torch.Generator().manual_seed(8)
+    zt = torch.randn(5, 3, 6, generator=gen, dtype=torch.float64)
+    zv = torch.randn(9, 2, 6, generator=gen, dtype=torch.float64)
+    got = duq_distance_matrix(zt, zv, diagonal_min=False)
+    torch.testing.assert_close(got, torch.from_numpy(_distance_oracle(zt.numpy(), zv.numpy(), False)), rtol=1e-13, atol=1e-14)
+    with pytest.raises(ValueError, match="diagonal_min"):
+        duq_distance_matrix(zt, zv)
+
+
+# ---------------------------------------------------------------------------------------------
+# L_D, L_D^U, KL
+
+
+def _distance_loss_oracle(d: np.ndarray, scale: float) -> float:
+    b = d.shape[0]
+    rows = sum(scale * d[i, i] - math.log(sum(math.exp(scale * d[i, j]) for j in range(b))) for i in range(b)) / b
+    cols = sum(scale * d[i, i] - math.log(sum(math.exp(scale * d[j, i]) for j in range(b))) for i in range(b)) / b
+    return 0.5 * (rows + cols)
+
+
+def _example_distances(b: int, seed: int) -> torch.Tensor:
+    mu_t, ls_t = _gaussians(b, 8, seed=seed)
+    mu_v, ls_v = mu_t + 0.3 * _gaussians(b, 8, seed=seed + 1)[0], ls_t
+    gen = torch.Generator().manual_seed(seed + 2)
+    zt = duq_probabilistic_embeddings(mu_t, ls_t, num_samples=3, generator=gen)
+    zv = duq_probabilistic_embeddings(mu_v, ls_v, num_samples=3, generator=gen)
+    return duq_distance_matrix(zt, zv)
+
+
+@pytest.mark.parametrize("b, scale", [(7, 10.0), (33, 100.0)])
+def test_distance_loss_as_printed(b, scale):
+    d = _example_distances(b, seed=b)
+    got = duq_distance_loss(d, logit_scale=scale)
+    assert got.item() == pytest.approx(_distance_loss_oracle(d.numpy(), scale), rel=1e-12)
+    assert got.item() <= 0.0
+    # Sign of eq. 12: a batch whose positives are nearer than its negatives scores lower.
+    good = torch.full((b, b), 1.0, dtype=torch.float64).fill_diagonal_(0.1)
+    bad = torch.full((b, b), 0.1, dtype=torch.float64).fill_diagonal_(1.0)
+    assert duq_distance_loss(good, logit_scale=scale) < duq_distance_loss(bad, logit_scale=scale)
+
+
+@pytest.mark.parametrize("b", [2, 7, 113])
+def test_distance_uncertainty_loss_matches_loop(b):
+    d = torch.rand(b, b, generator=torch.Generator().manual_seed(b), dtype=torch.float64) * 2.0
+    d.fill_diagonal_(0.05)
+    alpha = np.maximum(d.numpy(), 0.0) + 1.0
+    target = 1.0 - np.eye(b)
+    want = (_sensoy_mse_rows(alpha, target).sum() + _sensoy_mse_rows(alpha.T, target).sum()) / b
+    assert duq_distance_uncertainty_loss(d).item() == pytest.approx(want, rel=1e-13)
+
+
+def test_gaussian_kl_matches_torch_distributions():
+    mu, log_sigma = _gaussians(9, 11, seed=12)
+    want = kl_divergence(Normal(mu, log_sigma.exp()), Normal(torch.zeros_like(mu), torch.ones_like(mu))).sum(1).mean()
+    assert duq_gaussian_kl(mu, log_sigma).item() == pytest.approx(want.item(), rel=1e-13)
+    zero = torch.zeros(3, 4, dtype=torch.float64)
+    assert duq_gaussian_kl(zero, zero).item() == 0.0
+    # σ = 1e-9: KL = ½(e^{2σ} − 1 − 2σ) ≈ σ² = 1e-18, digits the naive exp(2σ) − 1 − 2σ loses
+    tiny = torch.full((1, 1), 1e-9, dtype=torch.float64)
+    assert duq_gaussian_kl(torch.zeros(1, 1, dtype=torch.float64), tiny).item() == pytest.approx(1e-18, rel=1e-6, abs=0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Total loss and re-ranking
+
+
+def test_total_loss_from_independent_pieces():
+    b = 9
+    s = _similarity(b, seed=20)
+    mu_t, ls_t = _gaussians(b, 6, seed=21)
+    mu_v, ls_v = _gaussians(b, 6, seed=22)
+    d = _example_distances(b, seed=23)
+    scale, alpha, beta = 50.0, 0.1, 1e-2
+    got = duq_total_loss(s, d, mu_t, ls_t, mu_v, ls_v, logit_scale=scale, alpha=alpha, beta=beta)
+    target = torch.arange(b)
+    l_s = 0.5 * (F.cross_entropy(scale * s, target) + F.cross_entropy(scale * s.T, target)).item()
+    a_s = np.maximum(s.numpy(), 0) + 1
+    l_su = (_sensoy_mse_rows(a_s, np.eye(b)).sum() + _sensoy_mse_rows(a_s.T, np.eye(b)).sum()) / b
+    a_d = np.maximum(d.numpy(), 0) + 1
+    l_du = (_sensoy_mse_rows(a_d, 1 - np.eye(b)).sum() + _sensoy_mse_rows(a_d.T, 1 - np.eye(b)).sum()) / b
+    l_d = _distance_loss_oracle(d.numpy(), scale)
+    std = lambda m: Normal(torch.zeros_like(m), torch.ones_like(m))
+    l_kl = (kl_divergence(Normal(mu_t, ls_t.exp()), std(mu_t)).sum(1).mean()
+            + kl_divergence(Normal(mu_v, ls_v.exp()), std(mu_v)).sum(1).mean()).item()
+    assert got.item() == pytest.approx(l_s + l_su + alpha * (l_d + l_du) + beta * l_kl, rel=1e-12)
+
+
+def test_total_loss_gradcheck_through_embeddings():
+    b, dim = 4, 5
+    s0 = _similarity(b, seed=30)
+    mu_t, ls_t = _gaussians(b, dim, seed=31)
+    mu_v, ls_v = _gaussians(b, dim, seed=32)
+    gen = torch.Generator().manual_seed(33)
+    noise_t = torch.randn(b, 3, dim, generator=gen, dtype=torch.float64)
+    noise_v = torch.randn(b, 3, dim, generator=gen, dtype=torch.float64)
+
+    def total(s, mt, lt, mv, lv):
+        zt = duq_probabilistic_embeddings(mt, lt, noise=noise_t)
+        zv = duq_probabilistic_embeddings(mv, lv, noise=noise_v)
+        d = duq_distance_matrix(zt, zv)
+        return duq_total_loss(s, d, mt, lt, mv, lv, logit_scale=5.0, beta=0.1)
+
+    leaves = tuple(x.clone().requires_grad_() for x in (s0, mu_t, ls_t, mu_v, ls_v))
+    assert torch.autograd.gradcheck(total, leaves, eps=1e-6, atol=1e-6, fast_mode=True)
+
+
+def test_total_loss_float32_close_to_float64():
+    b = 32
+    s = _similarity(b, seed=40, dtype=torch.float32)
+    mu_t, ls_t = (x.float() for x in _gaussians(b, 16, seed=41))
+    mu_v, ls_v = (x.float() for x in _gaussians(b, 16, seed=42))
+    d = _example_distances(b, seed=43).float()
+    got = duq_total_loss(s, d, mu_t, ls_t, mu_v, ls_v)
+    ref = duq_total_loss(*(x.double() for x in (s, d, mu_t, ls_t, mu_v, ls_v)))
+    assert got.dtype == torch.float32
+    assert got.item() == pytest.approx(ref.item(), rel=1e-5)
+
+
+def test_rerank_matches_loop():
+    nq, ng = 5, 8
+    s = _similarity(nq, seed=50, n=ng)
+    d = torch.rand(nq, ng, generator=torch.Generator().manual_seed(51), dtype=torch.float64) * 2
+    out = duq_rerank(s, d, gamma1=0.3, gamma2=0.7)
+    sl, dl = s.tolist(), d.tolist()
+    for i in range(nq):
+        u_s = ng / sum(max(x, 0.0) + 1 for x in sl[i])
+        u_d = ng / sum(max(x, 0.0) + 1 for x in dl[i])
+        assert out.similarity_uncertainty[i].item() == pytest.approx(u_s, rel=1e-14)
+        assert out.distance_uncertainty[i].item() == pytest.approx(u_d, rel=1e-14)
+        for j in range(ng):
+            want = math.exp(-0.3 * u_d) * (1 - dl[i][j]) * math.exp(-0.7 * u_s) * sl[i][j]
+            assert out.similarity[i, j].item() == pytest.approx(want, rel=1e-13, abs=1e-15)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation
+
+
+def test_duq_rejects_bad_inputs():
+    s = _similarity(5, seed=60)
+    mu, ls = _gaussians(5, 4, seed=61)
+    with pytest.raises(ValueError, match="logit_scale"):
+        duq_similarity_loss(s, logit_scale=0.0)
+    with pytest.raises(ValueError, match="logit_scale"):
+        duq_distance_loss(s, logit_scale=torch.tensor(-1.0, dtype=torch.float64))
+    with pytest.raises(TypeError, match="logit_scale"):
+        duq_similarity_loss(s, logit_scale=torch.ones(2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="d"):
+        duq_total_loss(s, s[:4, :4], mu, ls, mu, ls)
+    with pytest.raises(ValueError, match="mu_video"):
+        duq_total_loss(s, s, mu, ls, mu[:3], ls[:3])
+    with pytest.raises(TypeError, match="log_sigma_text"):
+        duq_total_loss(s, s, mu, ls.float(), mu, ls)
+    with pytest.raises(ValueError, match="alpha"):
+        duq_total_loss(s, s, mu, ls, mu, ls, alpha=-1)
+    with pytest.raises(ValueError, match="log_sigma"):
+        duq_gaussian_kl(mu, ls[:, :3])
+    with pytest.raises(ValueError, match="noise"):
+        duq_probabilistic_embeddings(mu, ls, noise=torch.randn(5, 3, 2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="noise"):
+        duq_probabilistic_embeddings(mu, ls, noise=torch.randn(5, 3, 4, dtype=torch.float64),
+                                     generator=torch.Generator())
+    with pytest.raises(ValueError, match="num_samples"):
+        duq_probabilistic_embeddings(mu, ls, num_samples=0)
+    with pytest.raises(ValueError, match="z_video"):
+        duq_distance_matrix(torch.randn(5, 2, 4, dtype=torch.float64), torch.randn(5, 2, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="gamma1"):
+        duq_rerank(s, s, gamma1=-0.1)
+    with pytest.raises(ValueError, match="d"):
+        duq_rerank(s, s[:, :4])
+    bad = s.clone()
+    bad[1, 1] = float("nan")
+    with pytest.raises(ValueError, match="s"):
+        duq_isum_loss(bad)
