@@ -1,0 +1,35 @@
+"""Data for evidential cross-modal retrieval (DESIGN "Public API": `evidential_ops.data`).
+
+- `make_synthetic_benchmark` / `SyntheticConfig`: a deterministic synthetic benchmark exposing
+  every protocol of the five papers (5 captions per image, class labels, two languages with noisy
+  correspondence, corruption ratio, out-of-distribution samples, region or frame features).
+- `load_precomputed` / `save_precomputed`: the `{split}_ims.npy` + `{split}_caps.txt` layout of the
+  papers' released features (SCAN / VSE++ / TCL), with a vocabulary built from training captions.
+- `CrossModalPairs`, `collate_pairs`, `pad_sequences`, `eval_batches`: torch Dataset/collate
+  helpers for any training loop.
+Both sources return the same `CrossModalBenchmark` of `CrossModalSplit`s.
+"""
+
+from .precomputed import load_precomputed, save_precomputed
+from .synthetic import SyntheticConfig, corrupt_split, make_synthetic_benchmark
+from .torch_data import CrossModalPairs, collate_pairs, eval_batches, pad_sequences
+from .types import MASK_ID, PAD_ID, SPECIALS, UNK_ID, CrossModalBenchmark, CrossModalSplit, Vocabulary
+
+__all__ = [
+    "MASK_ID",
+    "PAD_ID",
+    "SPECIALS",
+    "UNK_ID",
+    "CrossModalBenchmark",
+    "CrossModalPairs",
+    "CrossModalSplit",
+    "SyntheticConfig",
+    "Vocabulary",
+    "collate_pairs",
+    "corrupt_split",
+    "eval_batches",
+    "load_precomputed",
+    "make_synthetic_benchmark",
+    "pad_sequences",
+    "save_precomputed",
+]
