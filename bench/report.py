@@ -1,0 +1,47 @@
+"""Turn a pytest-benchmark JSON (bench/test_bench_loss.py) into the README's markdown table.
+
+    python bench/report.py bench/results/cpu.json [--out bench/results/cpu.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+from evidential_ops.benchmark import format_table
+
+
+def results_from_json(path: pathlib.Path) -> list[dict]:
+    data = json.loads(path.read_text())
+    rows = []
+    for bench in data["benchmarks"]:
+        info = bench.get("extra_info", {})
+        if "impl" not in info:
+            continue
+        rows.append({"case": info["case"], "k": info["k"], "impl": info["impl"], "seconds": bench["stats"]["median"]})
+    return sorted(rows, key=lambda r: (r["k"], r["case"]))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("json", type=pathlib.Path)
+    parser.add_argument("--out", type=pathlib.Path, help="also write the table to this file")
+    args = parser.parse_args(argv)
+    data = json.loads(args.json.read_text())
+    machine = data.get("machine_info", {})
+    header = (
+        f"Machine: {machine.get('cpu', {}).get('brand_raw', machine.get('processor', '?'))}, "
+        f"{machine.get('cpu', {}).get('count', '?')} cores; median seconds of forward + backward, D = 512.\n\n"
+    )
+    table = header + format_table(results_from_json(args.json))
+    print(table)
+    if args.out:
+        args.out.write_text(table + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

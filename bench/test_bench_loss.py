@@ -1,0 +1,34 @@
+"""pytest-benchmark suite: forward + backward of each method's loss, per implementation.
+
+    pytest bench/ --benchmark-json=bench/results/cpu.json            # K = 256 only
+    pytest bench/ --run-slow --benchmark-json=bench/results/cpu.json # K = 256, 1024, 4096
+    python bench/report.py bench/results/cpu.json                    # markdown table
+
+All implementations of one run are timed in the same process, so their ratios are comparable;
+numbers from different runs or machines are not.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from evidential_ops import available_backends
+from evidential_ops.benchmark import BASELINES, LOSS_CASES, make_inputs, step_function
+
+D = 512
+SIZES = [256, pytest.param(1024, marks=pytest.mark.slow), pytest.param(4096, marks=pytest.mark.slow)]
+IMPLS = [b for b in available_backends() if b != "reference"] + list(BASELINES)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("case", list(LOSS_CASES))
+@pytest.mark.parametrize("k", SIZES)
+def test_loss_forward_backward(benchmark, k, case, impl):
+    torch.manual_seed(0)
+    x, y = make_inputs(k, D)
+    step = step_function(impl, LOSS_CASES[case])
+    benchmark.group = f"{case} K={k}"
+    benchmark.extra_info.update({"case": case, "k": k, "d": D, "impl": impl, "threads": torch.get_num_threads()})
+    rounds = 3 if k >= 4096 else 5
+    benchmark.pedantic(step, args=(x, y), rounds=rounds, iterations=1, warmup_rounds=1)
