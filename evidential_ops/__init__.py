@@ -7,6 +7,7 @@ See ../shared/SPEC.md for the mathematics and README.md for the backends and met
 """
 
 from . import extension, reference
+from . import cpu_backend  # noqa: F401  (registers the fused CPU backend when the extension loaded)
 from .backends import available_backends
 from .config import EVIDENCE_KINDS, TERMS
 from .extension import build_info

@@ -1,0 +1,68 @@
+// What one element α_ij contributes: to its row's and its column's statistics (forward), and
+// α·∂L/∂α from both lines' constants (backward). The same value serves the row and the column:
+// one evaluation of the special functions per element, not two.
+#pragma once
+
+#include "line_terms.h"
+
+namespace evidential_ops {
+namespace EO_ISA {
+
+// Contributions of α to the statistics of line_terms.h (rest and α² need no special function).
+struct ElementForward {
+  double kl_h;          // h(α)
+  double fisher;        // α(α + 1)ψ1(α)
+  double log_trigamma;  // ln ψ1(α)
+  double remainder;     // r(α)
+};
+
+template <bool kKl, bool kFmse, bool kLogdet>
+EO_HOST_DEVICE ElementForward element_forward(double alpha) {
+  ElementForward out = {0.0, 0.0, 0.0, 0.0};
+  if constexpr (kKl || kFmse || kLogdet) {
+    const Polygammas g = polygammas(alpha);
+    if constexpr (kKl) out.kl_h = kl_h(alpha, g);
+    // (α + 1)·(αψ1(α)): αψ1 → 1, while α(α + 1) alone overflows for huge evidence.
+    if constexpr (kFmse) out.fisher = (alpha + 1.0) * (alpha * g.trigamma);
+    if constexpr (kLogdet) {
+      out.log_trigamma = log_d(g.trigamma);
+      out.remainder = fisher_remainder(alpha, g).r;
+    }
+  }
+  return out;
+}
+
+// The per-element factors of LineGradient's coefficients.
+struct ElementBackward {
+  double kl_v;            // α·v(α)
+  double fisher_slope;    // f'(α) = (2α + 1)ψ1(α) + α(α + 1)ψ2(α)
+  double logdet_ratio;    // αψ2(α)/ψ1(α)
+  double logdet_r_prime;  // α·r'(α)
+};
+
+template <bool kKl, bool kFmse, bool kLogdet>
+EO_HOST_DEVICE ElementBackward element_backward(double alpha) {
+  ElementBackward out = {0.0, 0.0, 0.0, 0.0};
+  if constexpr (kKl || kFmse || kLogdet) {
+    const Polygammas g = polygammas(alpha);
+    if constexpr (kKl) out.kl_v = alpha * kl_v(alpha, g);
+    if constexpr (kFmse) out.fisher_slope = (2.0 * alpha + 1.0) * g.trigamma + (alpha + 1.0) * (alpha * g.tetragamma);
+    if constexpr (kLogdet) {
+      out.logdet_ratio = alpha * g.tetragamma / g.trigamma;
+      out.logdet_r_prime = alpha * fisher_remainder(alpha, g).r_prime;
+    }
+  }
+  return out;
+}
+
+// One line's share of α·∂L/∂α at this element (see LineGradient).
+EO_HOST_DEVICE double line_share(double alpha, double off, double on_target, const ElementBackward& f,
+                                 const LineGradient& line) {
+  const double p = alpha * line.inv_strength;
+  return p * (line.all + off * (line.off + line.square * p + line.fisher * f.fisher_slope)) +
+         off * line.kl_v * f.kl_v + line.logdet_ratio * f.logdet_ratio +
+         line.logdet_remainder * f.logdet_r_prime + on_target * line.target;
+}
+
+}  // namespace EO_ISA
+}  // namespace evidential_ops

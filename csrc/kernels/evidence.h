@@ -1,0 +1,52 @@
+// Evidence maps e = g(x), x = s/τ, of SPEC §1, in double: α = e + 1 and ρ = g'(x)/α.
+//
+// The backward works with α·∂L/∂α (bounded even when α is huge) and multiplies by
+// ρ = g'(x)/α ∈ [0, 1] to get ∂L/∂x; for exp evidence ρ = e/(e+1), never e itself, which
+// overflows long before the loss does.
+#pragma once
+
+#include "elementary.h"
+
+namespace evidential_ops {
+namespace EO_ISA {
+
+// Same order as evidential_ops.config.EVIDENCE_KINDS.
+enum class EvidenceKind : int { kExp = 0, kRelu = 1, kSoftplus = 2, kExpTanh = 3 };
+
+struct EvidenceValue {
+  double alpha;  // g(x) + 1
+  double rho;    // g'(x) / α
+};
+
+template <EvidenceKind kKind>
+EO_HOST_DEVICE EvidenceValue evidence_value(double x) {
+  EvidenceValue out;
+  if constexpr (kKind == EvidenceKind::kExp) {
+    const double e = exp_d(x);
+    out.alpha = e + 1.0;
+    out.rho = e / out.alpha;
+  } else if constexpr (kKind == EvidenceKind::kRelu) {
+    const bool positive = x > 0.0;
+    out.alpha = select(positive, x, 0.0) + 1.0;
+    out.rho = select(positive, 1.0 / out.alpha, 0.0);
+  } else if constexpr (kKind == EvidenceKind::kSoftplus) {
+    // softplus(x) = max(x, 0) + ln(1 + e^-|x|), exact for every x; g' = sigmoid(x).
+    const double small = exp_d(-(x < 0.0 ? -x : x));
+    const double softplus = select(x > 0.0, x, 0.0) + log1p_d(small);
+    const double sigmoid = select(x > 0.0, 1.0, small) / (1.0 + small);
+    out.alpha = softplus + 1.0;
+    out.rho = sigmoid / out.alpha;
+  } else {
+    // tanh(x) = 1 − 2/(e^{2x} + 1): absolute error ~1e-16, all exp(tanh) needs. Clamped so
+    // e^{2x} stays finite (tanh(±20) is ±1 in double).
+    const double xc = min_of(max_of(x, -20.0), 20.0);
+    const double t = 1.0 - 2.0 / (exp_d(2.0 * xc) + 1.0);
+    const double e = exp_d(t);
+    out.alpha = e + 1.0;
+    out.rho = e * (1.0 - t * t) / out.alpha;
+  }
+  return out;
+}
+
+}  // namespace EO_ISA
+}  // namespace evidential_ops
