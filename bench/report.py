@@ -19,10 +19,27 @@ def results_from_json(path: pathlib.Path) -> list[dict]:
     rows = []
     for bench in data["benchmarks"]:
         info = bench.get("extra_info", {})
-        if "impl" not in info:
+        if "impl" not in info or "extra_peak_mib" in info:
             continue
         rows.append({"case": info["case"], "k": info["k"], "impl": info["impl"], "seconds": bench["stats"]["median"]})
     return sorted(rows, key=lambda r: (r["k"], r["case"]))
+
+
+def memory_table(path: pathlib.Path) -> str:
+    """Markdown table of the extra peak memory (MiB) entries of bench/test_bench_memory.py."""
+    data = json.loads(path.read_text())
+    cells: dict[tuple, dict[str, float]] = {}
+    for bench in data["benchmarks"]:
+        info = bench.get("extra_info", {})
+        if "extra_peak_mib" in info:
+            cells.setdefault((info["case"], info["k"]), {})[info["impl"]] = info["extra_peak_mib"]
+    if not cells:
+        return ""
+    impls = sorted({impl for row in cells.values() for impl in row})
+    lines = ["| loss | K | " + " | ".join(f"{i} MiB" for i in impls) + " |", "|" + "---|" * (len(impls) + 2)]
+    for (case, k), row in sorted(cells.items(), key=lambda item: (item[0][1], item[0][0])):
+        lines.append(f"| {case} | {k} | " + " | ".join(f"{row[i]:.1f}" if i in row else "" for i in impls) + " |")
+    return "\n\nExtra peak memory of forward + backward (fresh process, see bench/memory_probe.py):\n\n" + "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -36,7 +53,8 @@ def main(argv=None) -> int:
         f"Machine: {machine.get('cpu', {}).get('brand_raw', machine.get('processor', '?'))}, "
         f"{machine.get('cpu', {}).get('count', '?')} cores; median seconds of forward + backward, D = 512.\n\n"
     )
-    table = header + format_table(results_from_json(args.json))
+    speed = results_from_json(args.json)
+    table = header + (format_table(speed) if speed else "(no speed entries)") + memory_table(args.json)
     print(table)
     if args.out:
         args.out.write_text(table + "\n")
