@@ -22,9 +22,8 @@ import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
 
-from evidential_ops.benchmark import LOSS_CASES, make_inputs, step_function  # noqa: E402
+from evidential_ops.benchmark import LOSS_CASES, make_inputs, step_function
 
 
 def status_kib(field: str) -> int:
