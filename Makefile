@@ -18,13 +18,19 @@ install:
 demo: install
 	$(PYTHON) -m evidential_ops demo --method $(METHOD) --out $(OUT)
 
-test: install
+test: install ctest
 	$(PYTHON) -m pytest python_tests -q $(PYTEST_ARGS)
 	$(PYTHON) -m pytest bench -q --benchmark-disable
 
 bench: install
 	$(PYTHON) -m pytest bench --run-slow --benchmark-json=bench/results/cpu.json
 	$(PYTHON) bench/report.py bench/results/cpu.json --out bench/results/cpu.md
+
+# Torch-free C++ unit tests of csrc/kernels/ (CMakeLists.txt), one binary per instruction set.
+ctest:
+	cmake -S . -B build/ctest
+	cmake --build build/ctest -j2
+	ctest --test-dir build/ctest --output-on-failure
 
 clean:
 	rm -rf build *.egg-info evidential_ops/*.so .pytest_cache .benchmarks

@@ -207,6 +207,13 @@ def test_overflow_beyond_double_is_an_error_naming_tau():
         eo.evidential_loss_from_similarity(s, tau=0.01, backend="cpu")
 
 
+def test_nan_input_with_check_finite_false_gives_nan_not_a_plausible_loss(gen):
+    x, y = random_pairs(40, 8, generator=gen)
+    x[3, 2] = float("nan")
+    loss = eo.evidential_loss(x, y, weights=ALL_WEIGHTS, backend="cpu", check_finite=False)
+    assert torch.isnan(loss)
+
+
 # ---------------------------------------------------------------- determinism, threads, autograd plumbing
 
 

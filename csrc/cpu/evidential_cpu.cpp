@@ -179,11 +179,12 @@ Tensor accumulate_stats(const TileSource& source, int evidence, double tau, bool
 }
 
 void check_finite_strengths(const Tensor& stats, bool rows, bool cols, double tau, const std::string& evidence) {
-  // Σα overflowed double: only exp evidence at |s|/τ beyond ~700 can do that.
+  // Σα overflowed double: only exp evidence at |s|/τ beyond ~700 can do that. (A NaN strength
+  // comes from a NaN input passed with check_finite=False and is left to propagate.)
   for (int d = 0; d < 2; ++d) {
     if ((d == 0 && !rows) || (d == 1 && !cols)) continue;
     const Tensor strength = stats[d][generic::kRest] + stats[d][generic::kTargetAlpha];
-    TORCH_CHECK_VALUE(at::isfinite(strength).all().item<bool>(), "tau=", tau, " is too small for evidence='",
+    TORCH_CHECK_VALUE(!at::isinf(strength).any().item<bool>(), "tau=", tau, " is too small for evidence='",
                       evidence, "': exp(s/tau) overflows double precision (|s|/tau > 709). Use a larger tau.");
   }
 }

@@ -70,20 +70,25 @@ void forward_tile_impl(const cpu::ForwardTile& t) {
 #pragma omp simd reduction(+ : rest, squares, kl, fisher, log_trig, remainder)
     for (std::int64_t j = 0; j < cols; ++j) {
       const double a = alpha[j];
-      const double off = j == target ? 0.0 : 1.0;
+      // A select, not a multiplication by a 0/1 mask: 0·∞ would turn an overflowed target
+      // into NaN and hide the overflow the forward must report.
+      const bool off = j != target;
       const ElementForward f = element_forward<kKl, kFmse, kLogdet>(a);
-      const double c_rest = off * a, c_sq = off * a * a;
+      const double scaled = a * kSquareScale;
+      const double c_rest = off ? a : 0.0, c_sq = off ? scaled * scaled : 0.0;
       rest += c_rest;
       squares += c_sq;
       col_rest[j] += c_rest;
       col_sq[j] += c_sq;
       if constexpr (kKl) {
-        kl += off * f.kl_h;
-        col_kl[j] += off * f.kl_h;
+        const double c_kl = off ? f.kl_h : 0.0;
+        kl += c_kl;
+        col_kl[j] += c_kl;
       }
       if constexpr (kFmse) {
-        fisher += off * f.fisher;
-        col_fisher[j] += off * f.fisher;
+        const double c_fisher = off ? f.fisher : 0.0;
+        fisher += c_fisher;
+        col_fisher[j] += c_fisher;
       }
       if constexpr (kLogdet) {
         log_trig += f.log_trigamma;

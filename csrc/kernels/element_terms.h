@@ -23,9 +23,9 @@ EO_HOST_DEVICE ElementForward element_forward(double alpha) {
     const Polygammas g = polygammas(alpha);
     if constexpr (kKl) out.kl_h = kl_h(alpha, g);
     // (α + 1)·(αψ1(α)): αψ1 → 1, while α(α + 1) alone overflows for huge evidence.
-    if constexpr (kFmse) out.fisher = (alpha + 1.0) * (alpha * g.trigamma);
+    if constexpr (kFmse) out.fisher = (alpha + 1.0) * g.x_trigamma;
     if constexpr (kLogdet) {
-      out.log_trigamma = log_d(g.trigamma);
+      out.log_trigamma = log_trigamma(alpha, g);
       out.remainder = fisher_remainder(alpha, g).r;
     }
   }
@@ -46,10 +46,13 @@ EO_HOST_DEVICE ElementBackward element_backward(double alpha) {
   if constexpr (kKl || kFmse || kLogdet) {
     const Polygammas g = polygammas(alpha);
     if constexpr (kKl) out.kl_v = alpha * kl_v(alpha, g);
-    if constexpr (kFmse) out.fisher_slope = (2.0 * alpha + 1.0) * g.trigamma + (alpha + 1.0) * (alpha * g.tetragamma);
+    // (2α + 1)ψ1 + α(α + 1)ψ2 from the scaled αψ1 and α²ψ2 (ψ2 underflows beyond α ≈ 1e154)
+    if constexpr (kFmse) {
+      out.fisher_slope = 2.0 * g.x_trigamma + g.trigamma + g.x2_tetragamma + alpha * g.tetragamma;
+    }
     if constexpr (kLogdet) {
-      out.logdet_ratio = alpha * g.tetragamma / g.trigamma;
-      out.logdet_r_prime = alpha * fisher_remainder(alpha, g).r_prime;
+      out.logdet_ratio = g.x2_tetragamma / g.x_trigamma;
+      out.logdet_r_prime = fisher_remainder(alpha, g).x_r_prime;
     }
   }
   return out;

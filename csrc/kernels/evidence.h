@@ -37,14 +37,20 @@ EO_HOST_DEVICE EvidenceValue evidence_value(double x) {
     out.alpha = softplus + 1.0;
     out.rho = sigmoid / out.alpha;
   } else {
-    // tanh(x) = 1 − 2/(e^{2x} + 1): absolute error ~1e-16, all exp(tanh) needs. Clamped so
-    // e^{2x} stays finite (tanh(±20) is ±1 in double).
-    const double xc = min_of(max_of(x, -20.0), 20.0);
-    const double t = 1.0 - 2.0 / (exp_d(2.0 * xc) + 1.0);
+    // With q = e^{-2|x|} <= 1: tanh = ±(1 − q)/(1 + q) and 1 − tanh² = 4q/(1 + q)², the latter
+    // without the cancellation of 1 − t·t (which loses all relative accuracy for |x| > 10).
+    const double q = exp_d(-2.0 * (x < 0.0 ? -x : x));
+    const double inv = 1.0 / (1.0 + q);
+    const double magnitude = (1.0 - q) * inv;
+    const double t = select(x < 0.0, -magnitude, magnitude);
     const double e = exp_d(t);
     out.alpha = e + 1.0;
-    out.rho = e * (1.0 - t * t) / out.alpha;
+    out.rho = e * (4.0 * q * inv * inv) / out.alpha;
   }
+  // A NaN similarity (only with check_finite=False) stays NaN instead of being clamped to a
+  // plausible evidence: garbage in, visible garbage out, as in the reference.
+  out.alpha = select(x == x, out.alpha, x);
+  out.rho = select(x == x, out.rho, x);
   return out;
 }
 

@@ -6,7 +6,8 @@
 //   target_alpha  α_y
 //   rest          R  = Σ_{j≠y} α_j            (never recovered as S − α_y: that cancels)
 //   kl_h          Σ_{j≠y} h(α_j)              (KL)
-//   squares       Σ_{j≠y} α_j²                (mse)
+//   squares       Σ_{j≠y} (α_j·2^-511)²       (mse; scaled by an exact power of two so that
+//                                              it neither overflows nor leaves the normal range)
 //   fisher        Σ_{j≠y} α_j(α_j + 1)ψ1(α_j) (fmse)
 //   log_trigamma  Σ_j ln ψ1(α_j)              (logdet, every j)
 //   remainder     Σ_j r(α_j)                  (logdet, every j)
@@ -28,6 +29,15 @@ enum LineStat : int {
   kNumLineStats
 };
 
+constexpr double kSquareScale = 0x1p-511;  // (α·kSquareScale)² is normal for 1 <= α < 9e307
+constexpr double kSquareUnscale = 0x1p511;
+
+// Σ_{j≠y} p_j² = squares·(2^511/S)², formed so no intermediate overflows.
+EO_HOST_DEVICE double off_target_p_squared(double squares, double strength) {
+  const double t = kSquareUnscale / strength;
+  return (squares * t) * t;
+}
+
 // Same order as evidential_ops.config.TERMS.
 enum Term : int { kRisk = 0, kKl, kMse, kFmse, kLogdet, kNumTerms };
 
@@ -39,7 +49,8 @@ struct LineInput {
 
 struct LineTerms {
   double value[kNumTerms];
-  bool finite;  // false when a strength overflowed double (exp evidence at absurd s/τ)
+  bool finite;  // false when the strength overflowed double (exp evidence at |s|/τ beyond ~700);
+                // a NaN strength (NaN input with check_finite=False) stays "finite" and yields NaN
 };
 
 EO_HOST_DEVICE LineTerms line_terms(const LineInput& in, const bool enabled[kNumTerms]) {
@@ -47,7 +58,7 @@ EO_HOST_DEVICE LineTerms line_terms(const LineInput& in, const bool enabled[kNum
   const double strength = a + rest;
   LineTerms out;
   for (int t = 0; t < kNumTerms; ++t) out.value[t] = 0.0;
-  out.finite = strength < 1.7e308;  // also false for NaN
+  out.finite = !(strength > 1.7976931348623157e308);
   if (!out.finite) return out;
   const double q = rest / strength;  // 1 − p_target, exactly
   const double p_target = a / strength;
@@ -59,7 +70,7 @@ EO_HOST_DEVICE LineTerms line_terms(const LineInput& in, const bool enabled[kNum
     out.value[kKl] = in.stats[kKlH] + kl_h(a_tilde) - kl_h(s_tilde) + (n - 1.0) * digamma(s_tilde) - lgamma_ge1(n);
   }
   if (enabled[kMse]) {
-    const double off_sq = in.stats[kSquares] / strength / strength;  // Σ_{j≠y} p_j²
+    const double off_sq = off_target_p_squared(in.stats[kSquares], strength);
     out.value[kMse] = target_error_sq + off_sq + (q * (1.0 + p_target) - off_sq) / (strength + 1.0);
   }
   if (enabled[kFmse]) {
@@ -70,7 +81,7 @@ EO_HOST_DEVICE LineTerms line_terms(const LineInput& in, const bool enabled[kNum
     const Polygammas g = polygammas(strength);
     const FisherRemainder fr = fisher_remainder(strength, g);
     const double m = 0.5 * (n - 1.0) + fr.r - in.stats[kRemainder];
-    out.value[kLogdet] = in.stats[kLogTrigamma] + log_d(g.trigamma) + log_d(m);
+    out.value[kLogdet] = in.stats[kLogTrigamma] + log_trigamma(strength, g) + log_d(m);
   }
   return out;
 }
@@ -103,15 +114,15 @@ EO_HOST_DEVICE LineGradient line_gradient(const LineInput& in, const double weig
 
   if (weight[kRisk] != 0.0) {  // risk = c(ψ(S) − ψ(α_y))
     const double w = weight[kRisk] * c;
-    off += w * strength * trigamma(strength);
+    off += w * polygammas(strength).x_trigamma;
     target += w * a * trigamma_difference(a, rest);
   }
   if (weight[kKl] != 0.0) {  // ∂kl/∂α̃_j = v(S̃) + (N−1)ψ1(S̃) − v(α̃_j)
     const double w = weight[kKl];
     const double a_tilde = c + (1.0 - c) * a;
     const double s_tilde = rest + a_tilde;
-    const double trig_s = trigamma(s_tilde);
-    const double per_p_tilde = s_tilde * kl_v(s_tilde) + (n - 1.0) * s_tilde * trig_s;
+    const Polygammas g = polygammas(s_tilde);
+    const double per_p_tilde = s_tilde * kl_v(s_tilde, g) + (n - 1.0) * g.x_trigamma;
     off += w * (strength / s_tilde) * per_p_tilde;
     out.kl_v = -w;
     // target: (1 − c)·α_y·[...] with (1 − c)α_y = α̃_y − c
@@ -119,7 +130,7 @@ EO_HOST_DEVICE LineGradient line_gradient(const LineInput& in, const double weig
   }
   if (weight[kMse] != 0.0) {  // mse = c² − 2cα_y/S + Σα²/(S(S+1)) + 1/(S+1)
     const double w = weight[kMse];
-    const double off_sq = in.stats[kSquares] / strength / strength;  // Q = Σ_{j≠y} p_j²
+    const double off_sq = off_target_p_squared(in.stats[kSquares], strength);  // Q
     const double all_sq = p_target * p_target + off_sq;                // P2 = Σ_j p_j²
     const double t = strength / s1;
     off += w * (2.0 * c * p_target - all_sq * t * (2.0 * strength + 1.0) / s1 - t / s1);
@@ -134,7 +145,7 @@ EO_HOST_DEVICE LineGradient line_gradient(const LineInput& in, const double weig
     const double miss = c - 1.0 + q;  // c − p_target
     const Polygammas g = polygammas(a);
     const double y_value = miss * miss + p_target * q / s1;
-    const double fisher_sum_part = -fisher * (2.0 * strength + 1.0) / (strength * s1 * s1);
+    const double fisher_sum_part = -(fisher / strength) * ((2.0 * strength + 1.0) / s1) / s1;
     // α_j·∂Y/∂α_j = p_j·S·∂Y/∂α_j for j ≠ y
     const double dy_off = 2.0 * miss * p_target - (1.0 - 2.0 * p_target) * p_target / s1 -
                           strength * p_target * q / (s1 * s1);
@@ -149,7 +160,7 @@ EO_HOST_DEVICE LineGradient line_gradient(const LineInput& in, const double weig
     const Polygammas g = polygammas(strength);
     const FisherRemainder fr = fisher_remainder(strength, g);
     const double m = 0.5 * (n - 1.0) + fr.r - in.stats[kRemainder];
-    all += w * strength * (g.tetragamma / g.trigamma + fr.r_prime / m);
+    all += w * (g.x2_tetragamma / g.x_trigamma + fr.x_r_prime / m);
     out.logdet_ratio = w;
     out.logdet_remainder = -w / m;
   }

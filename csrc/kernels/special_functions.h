@@ -5,7 +5,7 @@
 // are shifted by a fixed 8 steps of the recurrence (no data-dependent loop, so it vectorises);
 // the 8 reciprocals are folded into one division through the product P(x) = x(x+1)…(x+7) and its
 // derivatives: Σ 1/(x+k)^m are the log-derivatives of P. Large arguments use the asymptotic
-// series. Accuracy ~1e-14 relative or better (tests: csrc/tests/test_special_functions.cpp).
+// series. Accuracy ~1e-14 relative or better (tests: csrc/tests/test_kernels.cpp).
 #pragma once
 
 #include "elementary.h"
@@ -53,18 +53,26 @@ EO_HOST_DEVICE double digamma_series(double z, double log_z, double u) {
   return log_z - 0.5 * u - tail;
 }
 
-EO_HOST_DEVICE double trigamma_series(double u) {
+// z·ψ1(z) = 1 + 1/(2z) + Σ B_2k / z^2k (k <= 9): the scaled form never underflows.
+EO_HOST_DEVICE double scaled_trigamma_series(double u) {
   const double w = u * u;
   const double tail =
-      1.0 / 6 - w * (1.0 / 30 - w * (1.0 / 42 - w * (1.0 / 30 - w * (5.0 / 66 - w * (691.0 / 2730 - w * (7.0 / 6))))));
-  return u + 0.5 * w + u * w * tail;
+      1.0 / 6 -
+      w * (1.0 / 30 -
+           w * (1.0 / 42 -
+                w * (1.0 / 30 - w * (5.0 / 66 - w * (691.0 / 2730 - w * (7.0 / 6 - w * (3617.0 / 510 - w * (43867.0 / 798))))))));
+  return 1.0 + 0.5 * u + w * tail;
 }
 
-EO_HOST_DEVICE double tetragamma_series(double u) {
+// z²·ψ2(z) = −1 − 1/z − Σ (2k+1) B_2k / z^2k (k <= 9).
+EO_HOST_DEVICE double scaled_tetragamma_series(double u) {
   const double w = u * u;
   const double tail =
-      0.5 - w * (1.0 / 6 - w * (1.0 / 6 - w * (3.0 / 10 - w * (5.0 / 6 - w * (691.0 / 210 - w * (35.0 / 2))))));
-  return -w - u * w - w * w * tail;
+      0.5 -
+      w * (1.0 / 6 -
+           w * (1.0 / 6 -
+                w * (3.0 / 10 - w * (5.0 / 6 - w * (691.0 / 210 - w * (35.0 / 2 - w * (3617.0 / 30 - w * (43867.0 / 42))))))));
+  return -1.0 - u - w * tail;
 }
 
 EO_HOST_DEVICE double lgamma_series(double z, double log_z, double u) {
@@ -81,6 +89,8 @@ struct Polygammas {
   double trigamma;
   double tetragamma;
   double lgamma;
+  double x_trigamma;     // x·ψ1(x) ∈ [1, 1.65]: what huge arguments need (ψ1 itself underflows)
+  double x2_tetragamma;  // x²·ψ2(x) ∈ [−2.41, −1]
   double log_z;  // ln z and 1/z of the series argument z: ln x and 1/x whenever x >= 8, which
   double inv_z;  // lets the large-x series of h, v and r reuse them instead of a second log/division
 };
@@ -93,14 +103,26 @@ EO_HOST_DEVICE Polygammas polygammas(double x) {
   const double u = 1.0 / z;
   const double log_z = log_d(z);
   const double keep = select(small, 1.0, 0.0);
+  const double z_trig = scaled_trigamma_series(u);     // z·ψ1(z)
+  const double z2_tetra = scaled_tetragamma_series(u);  // z²·ψ2(z)
   Polygammas out;
   out.digamma = digamma_series(z, log_z, u) - keep * sums.h1;
-  out.trigamma = trigamma_series(u) + keep * sums.h2;
-  out.tetragamma = tetragamma_series(u) - keep * 2.0 * sums.h3;
+  out.trigamma = z_trig * u + keep * sums.h2;
+  out.tetragamma = z2_tetra * u * u - keep * 2.0 * sums.h3;
+  // z = x on the series branch; below 8 the plain products cannot under- or overflow.
+  out.x_trigamma = select(small, x * out.trigamma, z_trig);
+  out.x2_tetragamma = select(small, x * x * out.tetragamma, z2_tetra);
   out.lgamma = lgamma_series(z, log_z, u) - keep * sums.log_p;
   out.log_z = log_z;
   out.inv_z = u;
   return out;
+}
+
+// ln ψ1(x) from one log: ln(xψ1) − ln x on the series branch, where ψ1 alone turns subnormal
+// for x > 4.5e307.
+EO_HOST_DEVICE double log_trigamma(double x, const Polygammas& g) {
+  const bool large = x >= kShiftFrom;
+  return log_d(select(large, g.x_trigamma, g.trigamma)) - select(large, g.log_z, 0.0);
 }
 
 EO_HOST_DEVICE double digamma(double x) { return polygammas(x).digamma; }
@@ -182,8 +204,9 @@ constexpr double kRCoeffs[kRTerms] = {
 };
 
 struct FisherRemainder {
-  double r;        // r(x)
-  double r_prime;  // r'(x)
+  double r;          // r(x)
+  double r_prime;    // r'(x)
+  double x_r_prime;  // x·r'(x), formed before the last 1/x so it cannot underflow
 };
 
 EO_HOST_DEVICE FisherRemainder fisher_remainder(double x, const Polygammas& g) {
@@ -194,43 +217,68 @@ EO_HOST_DEVICE FisherRemainder fisher_remainder(double x, const Polygammas& g) {
     r = (r + kRCoeffs[k - 1]) * u;
     dr = (dr - k * kRCoeffs[k - 1]) * u;
   }
-  dr *= u;
+  // dr = Σ −k c_k u^k = x·r'(x) on the series branch.
   const double inv_trigamma = 1.0 / g.trigamma;
+  const double r_prime_direct = -g.tetragamma * inv_trigamma * inv_trigamma - 1.0;
   FisherRemainder out;
   out.r = select(large, r, inv_trigamma - x + 0.5);
-  out.r_prime = select(large, dr, -g.tetragamma * inv_trigamma * inv_trigamma - 1.0);
+  out.r_prime = select(large, dr * u, r_prime_direct);
+  out.x_r_prime = select(large, dr, x * r_prime_direct);
   return out;
 }
 
-// ψ(a + r) − ψ(a) for a >= 1, r >= 0 without cancellation (risk term, SPEC §2.1): for large a the
-// series terms are differenced as (1/a − 1/S)(...) with 1/a − 1/S = r/(aS) formed exactly.
-EO_HOST_DEVICE double digamma_difference(double a, double r) {
+// ψ(a + r) − ψ(a) for a >= 1, r >= 0 without cancellation (risk term, SPEC §2.1). For large a
+// the series terms are differenced as (1/a − 1/S)(...) with 1/a − 1/S = r/(aS) formed exactly
+// (as (r/S)/a: a·S overflows for huge evidence); small a is first shifted by 10, the shift
+// adding Σ_k r/((a+k)(a+k+r)), a sum of positive terms.
+EO_HOST_DEVICE double digamma_difference_series(double a, double r) {
   const double s = a + r;
-  if (a < 10.0) return digamma(s) - digamma(a);
   const double ia = 1.0 / a, is = 1.0 / s;
-  const double d1 = r / (a * s);
+  const double d1 = (r * is) * ia;
+  const double a2 = ia * ia, s2 = is * is;
   const double d2 = d1 * (ia + is);
-  const double d4 = d2 * (ia * ia + is * is);
-  const double d6 = d2 * (ia * ia * ia * ia + ia * ia * is * is + is * is * is * is);
-  const double d8 = d4 * (ia * ia * ia * ia + is * is * is * is);
-  return log1p_d(r / a) + 0.5 * d1 + d2 / 12.0 - d4 / 120.0 + d6 / 252.0 - d8 / 240.0;
+  const double d4 = d2 * (a2 + s2);
+  const double d6 = d2 * (a2 * a2 + a2 * s2 + s2 * s2);
+  const double d8 = d4 * (a2 * a2 + s2 * s2);
+  const double d10 = d2 * (a2 * a2 * a2 * a2 + a2 * a2 * a2 * s2 + a2 * a2 * s2 * s2 + a2 * s2 * s2 * s2 + s2 * s2 * s2 * s2);
+  const double d12 = d6 * (a2 * a2 * a2 + s2 * s2 * s2);
+  return log1p_d(r * ia) + 0.5 * d1 + d2 / 12.0 - d4 / 120.0 + d6 / 252.0 - d8 / 240.0 + d10 / 132.0 -
+         691.0 * d12 / 32760.0;
+}
+
+EO_HOST_DEVICE double digamma_difference(double a, double r) {
+  if (a >= 10.0) return digamma_difference_series(a, r);
+  double shift = 0.0;
+  for (int k = 0; k < 10; ++k) shift += r / ((a + k) * (a + k + r));
+  return digamma_difference_series(a + 10.0, r) + shift;
 }
 
 // ψ1(a + r) − ψ1(a) for a >= 1, r >= 0 (gradient of the risk at its target), same idea: every
 // power difference S^-k − a^-k = (1/S − 1/a)·G_k with G_{k+1} = G_k/a + S^-k, no subtraction.
-EO_HOST_DEVICE double trigamma_difference(double a, double r) {
+EO_HOST_DEVICE double trigamma_difference_series(double a, double r) {
   const double s = a + r;
-  if (a < 20.0) return trigamma(s) - trigamma(a);
   const double ia = 1.0 / a, is = 1.0 / s;
-  const double d1 = -r / (a * s);  // 1/S − 1/a
+  const double d1 = -(r * is) * ia;  // 1/S − 1/a
   double g = 1.0, s_pow = 1.0;
-  double diff[10];
-  for (int k = 1; k <= 9; ++k) {  // diff[k] = S^-k − a^-k
+  double diff[14];
+  for (int k = 1; k <= 13; ++k) {  // diff[k] = S^-k − a^-k
     diff[k] = d1 * g;
     s_pow *= is;
     g = g * ia + s_pow;
   }
-  return diff[1] + 0.5 * diff[2] + diff[3] / 6.0 - diff[5] / 30.0 + diff[7] / 42.0 - diff[9] / 30.0;
+  return diff[1] + 0.5 * diff[2] + diff[3] / 6.0 - diff[5] / 30.0 + diff[7] / 42.0 - diff[9] / 30.0 +
+         5.0 * diff[11] / 66.0 - 691.0 * diff[13] / 2730.0;
+}
+
+EO_HOST_DEVICE double trigamma_difference(double a, double r) {
+  if (a >= 20.0) return trigamma_difference_series(a, r);
+  // 1/(b+r)² − 1/b² = −r(2b + r)/(b²(b+r)²), negative terms only
+  double shift = 0.0;
+  for (int k = 0; k < 20; ++k) {
+    const double b = a + k, br = b + r;
+    shift -= (r / br) * ((2.0 * b + r) / br) / (b * b);
+  }
+  return trigamma_difference_series(a + 20.0, r) + shift;
 }
 
 }  // namespace EO_ISA
