@@ -44,20 +44,21 @@ TORCH_LIBRARY(evidential_ops, m) {
   m.def("build_info() -> str", &evidential_ops::build_info);
   m.def("cpu_isa(str request='') -> str", &evidential_ops::cpu::cpu_isa);
   // The fused loss family (SPEC §2). Rows (x queries y) and columns (y queries x) of s = x·yᵀ;
-  // `weights` in the order risk, kl, mse, fmse, logdet; `stats` are the (2, 7, K) float64 line
+  // `weights`: a float64 CPU tensor (risk, kl, mse, fmse, logdet) — a tensor, not float[], so
+  // that torch.compile does not recompile for every new value of an annealed weight; `stats` are the (2, 7, K) float64 line
   // statistics the backward needs (csrc/kernels/line_terms.h), never a K×K buffer.
   m.def(
-      "loss_forward(Tensor x, Tensor y, Tensor? target_scale, str evidence, float tau, float[] weights, "
+      "loss_forward(Tensor x, Tensor y, Tensor? target_scale, str evidence, float tau, Tensor weights, "
       "bool rows, bool cols) -> (Tensor row_losses, Tensor col_losses, Tensor stats)");
   m.def(
       "loss_backward(Tensor grad_rows, Tensor grad_cols, Tensor x, Tensor y, Tensor? target_scale, Tensor stats, "
-      "str evidence, float tau, float[] weights, bool rows, bool cols, bool[2] output_mask) -> (Tensor dx, Tensor dy)");
+      "str evidence, float tau, Tensor weights, bool rows, bool cols, bool[2] output_mask) -> (Tensor dx, Tensor dy)");
   m.def(
-      "loss_forward_from_similarity(Tensor s, Tensor? target_scale, str evidence, float tau, float[] weights, "
+      "loss_forward_from_similarity(Tensor s, Tensor? target_scale, str evidence, float tau, Tensor weights, "
       "bool rows, bool cols) -> (Tensor row_losses, Tensor col_losses, Tensor stats)");
   m.def(
       "loss_backward_from_similarity(Tensor grad_rows, Tensor grad_cols, Tensor s, Tensor? target_scale, "
-      "Tensor stats, str evidence, float tau, float[] weights, bool rows, bool cols) -> Tensor ds");
+      "Tensor stats, str evidence, float tau, Tensor weights, bool rows, bool cols) -> Tensor ds");
   // Log-strengths ln S of every row (N_q) and column (N_g) of a rectangular s (SPEC §1).
   m.def("opinion(Tensor x, Tensor y, str evidence, float tau) -> (Tensor row_log_strength, Tensor col_log_strength)");
   m.def("opinion_from_similarity(Tensor s, str evidence, float tau) -> (Tensor row_log_strength, Tensor col_log_strength)");

@@ -36,6 +36,10 @@ def real_number(
     min_inclusive: bool = True,
 ) -> float:
     """A finite Python real in [minimum, maximum] (or (minimum, ...] with min_inclusive=False)."""
+    if torch.compiler.is_compiling():
+        # Under torch.compile a float argument (e.g. TCL's annealed λ) is symbolic so that a new
+        # value does not recompile; reading its value would guard on it. Eager calls check it.
+        return value
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
     value = float(value)
@@ -95,7 +99,7 @@ def weight_tuple(weights: Mapping[str, float] | None) -> tuple[float, float, flo
     if unknown:
         raise ValueError(f"weights has unknown key(s) {unknown}; known terms are {TERMS}")
     values = tuple(real_number(weights.get(term, 0.0), f"weights[{term!r}]") for term in TERMS)
-    if not any(values):
+    if not torch.compiler.is_compiling() and not any(values):  # reading symbolic λ would guard
         raise ValueError(f"weights must give at least one term a non-zero weight, got {dict(weights)}")
     return values  # type: ignore[return-value]
 

@@ -108,6 +108,12 @@ def _register_autograd() -> None:
     )
 
 
+def _weights(config: LossConfig) -> Tensor:
+    # A tensor, not a float list: under torch.compile an annealed weight (TCL's λ) then changes
+    # without a recompile (float arguments of an op are specialised on their value).
+    return torch.tensor(config.weights, dtype=torch.float64)
+
+
 def _target(target_scale: Tensor | None) -> Tensor | None:
     # The kernels read c as float64; bool labels (UML's clean/noisy) become 0/1.
     return None if target_scale is None else target_scale.to(torch.float64)
@@ -127,13 +133,13 @@ class CpuBackend:
 
     def losses(self, x, y, target_scale, config: LossConfig):
         rows, cols, _ = ops.loss_forward(
-            x, y, _target(target_scale), config.evidence, config.tau, list(config.weights), config.rows, config.cols
+            x, y, _target(target_scale), config.evidence, config.tau, _weights(config), config.rows, config.cols
         )
         return self._pick(rows, cols, config)
 
     def losses_from_similarity(self, s, target_scale, config: LossConfig):
         rows, cols, _ = ops.loss_forward_from_similarity(
-            s, _target(target_scale), config.evidence, config.tau, list(config.weights), config.rows, config.cols
+            s, _target(target_scale), config.evidence, config.tau, _weights(config), config.rows, config.cols
         )
         return self._pick(rows, cols, config)
 

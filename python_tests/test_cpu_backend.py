@@ -269,7 +269,7 @@ def test_auto_picks_cpu_for_cpu_tensors(gen):
 def test_opcheck(gen):
     x, y = random_pairs(70, 12, generator=gen)
     c = torch.rand(70, generator=gen, dtype=torch.float64)
-    w = list(ALL_WEIGHTS.values())
+    w = torch.tensor(list(ALL_WEIGHTS.values()), dtype=torch.float64)
     ops = torch.ops.evidential_ops
     torch.library.opcheck(ops.loss_forward, (x.requires_grad_(), y.requires_grad_(), c, "exp", 0.05, w, True, True))
     s = (x @ y.T).detach().requires_grad_()
@@ -294,6 +294,24 @@ def test_torch_compile_fullgraph(gen):
     torch.testing.assert_close(result, eager)
     torch.testing.assert_close(xc.grad, xe.grad)
     torch.testing.assert_close(yc.grad, ye.grad)
+
+
+def test_torch_compile_does_not_recompile_for_each_annealed_weight(gen):
+    """TCL anneals λ every epoch: a new λ must not cost a new graph (weights reach the op as a
+    tensor). At most two frames: dynamo specialises a first value of 0.0."""
+    from torch._dynamo.testing import CompileCounter
+
+    x, y = random_pairs(48, 16, generator=gen)
+    counter = CompileCounter()
+
+    @torch.compile(backend=counter, fullgraph=True)
+    def step(x, y, lam):
+        return eo.evidential_loss(x, y, weights={"risk": 1.0, "kl": lam}, backend="cpu", check_finite=False)
+
+    for epoch in range(10):
+        lam = min(1.0, 0.005 * epoch)
+        torch.testing.assert_close(step(x, y, lam), eo.evidential_loss(x, y, weights={"risk": 1.0, "kl": lam}))
+    assert counter.frame_count <= 2
 
 
 # ---------------------------------------------------------------- opinions

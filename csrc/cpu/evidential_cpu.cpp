@@ -66,12 +66,15 @@ struct TermSelection {
   TermFlags flags;
 };
 
-TermSelection select_terms(at::ArrayRef<double> weights) {
-  TORCH_CHECK_VALUE(weights.size() == kNumTerms, "weights must have ", kNumTerms, " entries (risk, kl, mse, fmse, logdet)");
+TermSelection select_terms(const Tensor& weights) {
+  TORCH_CHECK_VALUE(weights.dim() == 1 && weights.numel() == kNumTerms && weights.device().is_cpu(),
+                    "weights must be a CPU tensor of ", kNumTerms, " entries (risk, kl, mse, fmse, logdet)");
+  const Tensor w = weights.to(at::kDouble).contiguous();
+  const double* values = w.const_data_ptr<double>();
   TermSelection t{};
   for (int k = 0; k < kNumTerms; ++k) {
-    t.weight[k] = weights[k];
-    t.enabled[k] = weights[k] != 0.0;
+    t.weight[k] = values[k];
+    t.enabled[k] = values[k] != 0.0;
   }
   t.flags = TermFlags{t.enabled[generic::kKl], t.enabled[generic::kFmse], t.enabled[generic::kLogdet]};
   return t;
@@ -257,7 +260,7 @@ void check_square(std::int64_t rows, std::int64_t cols) {
 }
 
 std::tuple<Tensor, Tensor, Tensor> forward_impl(const TileSource& source, const c10::optional<Tensor>& target_scale,
-                                                const std::string& evidence, double tau, at::ArrayRef<double> weights,
+                                                const std::string& evidence, double tau, const Tensor& weights,
                                                 bool rows, bool cols, at::ScalarType out_type) {
   check_square(source.rows(), source.cols());
   TORCH_CHECK_VALUE(tau > 0.0, "tau must be > 0, got ", tau);
@@ -308,7 +311,7 @@ void for_each_gradient_tile(const TileSource& source, const std::string& evidenc
 
 std::tuple<Tensor, Tensor, Tensor> loss_forward(const Tensor& x, const Tensor& y,
                                                 const c10::optional<Tensor>& target_scale, const std::string& evidence,
-                                                double tau, at::ArrayRef<double> weights, bool rows, bool cols) {
+                                                double tau, const Tensor& weights, bool rows, bool cols) {
   const at::ScalarType type = compute_type(x);
   TileSource source(x.to(type).contiguous(), y.to(type).contiguous());
   return forward_impl(source, target_scale, evidence, tau, weights, rows, cols, loss_type(x.scalar_type()));
@@ -317,7 +320,7 @@ std::tuple<Tensor, Tensor, Tensor> loss_forward(const Tensor& x, const Tensor& y
 std::tuple<Tensor, Tensor, Tensor> loss_forward_from_similarity(const Tensor& s,
                                                                 const c10::optional<Tensor>& target_scale,
                                                                 const std::string& evidence, double tau,
-                                                                at::ArrayRef<double> weights, bool rows, bool cols) {
+                                                                const Tensor& weights, bool rows, bool cols) {
   TileSource source(s);
   return forward_impl(source, target_scale, evidence, tau, weights, rows, cols, loss_type(s.scalar_type()));
 }
@@ -325,7 +328,7 @@ std::tuple<Tensor, Tensor, Tensor> loss_forward_from_similarity(const Tensor& s,
 std::tuple<Tensor, Tensor> loss_backward(const Tensor& grad_rows, const Tensor& grad_cols, const Tensor& x,
                                          const Tensor& y, const c10::optional<Tensor>& target_scale,
                                          const Tensor& stats, const std::string& evidence, double tau,
-                                         at::ArrayRef<double> weights, bool rows, bool cols,
+                                         const Tensor& weights, bool rows, bool cols,
                                          std::array<bool, 2> output_mask) {
   const at::ScalarType type = compute_type(x);
   TileSource source(x.to(type).contiguous(), y.to(type).contiguous());
@@ -355,7 +358,7 @@ std::tuple<Tensor, Tensor> loss_backward(const Tensor& grad_rows, const Tensor& 
 
 Tensor loss_backward_from_similarity(const Tensor& grad_rows, const Tensor& grad_cols, const Tensor& s,
                                      const c10::optional<Tensor>& target_scale, const Tensor& stats,
-                                     const std::string& evidence, double tau, at::ArrayRef<double> weights, bool rows,
+                                     const std::string& evidence, double tau, const Tensor& weights, bool rows,
                                      bool cols) {
   TileSource source(s);
   const std::int64_t k = source.rows();
