@@ -1,8 +1,12 @@
-"""Command line: python -m evidential_ops {bench,demo} ...
+"""Command line: python -m evidential_ops {bench,train,eval,demo} ...
 
 bench  times forward + backward of each method's loss for every available backend against
        plain PyTorch (eager and torch.compile) and the matrix-product floor, in one run.
-demo   the README's main job.
+train  trains a method (--method tcl|tcvse|uml|fume|duq) on the built-in data or on precomputed
+       features (--data DIR); writes checkpoint.pt, metrics.json and PNG plots to --out.
+eval   evaluates a checkpoint (--checkpoint PATH) on its data's test split.
+demo   the README's main job: train --method M (or all) on the built-in data with the fused
+       loss, evaluate, plot, and time the fused loss against plain PyTorch.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import torch
 
 from . import available_backends, build_info
 from .benchmark import LOSS_CASES, compare, format_table
+from .pipelines.cli import add_subcommands
 
 
 def _bench(args) -> int:
@@ -27,15 +32,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m evidential_ops", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in ("bench", "demo"):
-        p = sub.add_parser(name, help="speed of the fused losses against plain PyTorch")
-        p.add_argument("--sizes", type=int, nargs="+", default=[1024], help="batch sizes K")
-        p.add_argument("--dim", type=int, default=512, help="embedding size D")
-        p.add_argument("--cases", nargs="+", default=list(LOSS_CASES), choices=list(LOSS_CASES))
-        p.add_argument("--repeats", type=int, default=3)
-        p.add_argument("--method", default="tcl", help=argparse.SUPPRESS)
-        p.add_argument("--out", default=None, help=argparse.SUPPRESS)
-        p.set_defaults(run=_bench)
+    p = sub.add_parser("bench", help="speed of the fused losses against plain PyTorch")
+    p.add_argument("--sizes", type=int, nargs="+", default=[1024], help="batch sizes K")
+    p.add_argument("--dim", type=int, default=512, help="embedding size D")
+    p.add_argument("--cases", nargs="+", default=list(LOSS_CASES), choices=list(LOSS_CASES))
+    p.add_argument("--repeats", type=int, default=3)
+    p.set_defaults(run=_bench)
+    add_subcommands(sub)
     args = parser.parse_args(argv)
     return args.run(args)
 

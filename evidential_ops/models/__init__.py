@@ -1,0 +1,46 @@
+"""Method pipelines around user-replaceable encoders (SPEC §3; DESIGN "Public API").
+
+One file per method, each with a `training_step(batch, epoch, optimizer)` usable in any loop and
+an inference/evaluation function over a `data.CrossModalSplit`:
+
+- `TCL` (paper 000) and `TcVSE` (paper 001): two query models, step-1 L_u with λ annealing,
+  T_max consistency rounds with the owner side detached, ensemble inference with opinions;
+- `UML` (paper 002): three views, clean/noisy split, dual-view L_u with σ(t), AML;
+- `FUME` (paper 003): fixed orthogonal W, L_fml + α·L_cl, decision and cross-modal uncertainty,
+  threshold retrieval;
+- `DUQ` (paper 004): ISUM, IDUM with K_p probabilistic embeddings, L_D, L_D^U, KL, re-ranking.
+
+Every K×K evidential term (TCL's L_u, UML's L^e, DUQ's ISUM) goes through the fused public op
+(`evidential_loss` / `evidential_loss_from_similarity`); the method-level pieces come from
+`evidential_ops.reference.methods`. Default small encoders are in `models.encoders`.
+"""
+
+from .dual_encoder import DualEncoder, embed_split
+from .duq import DUQ, DUQForward, DUQOutput
+from .encoders import AttentionPoolEncoder, BagOfWordsEncoder, GRUTextEncoder, MaxPoolEncoder, MLPEncoder
+from .fume import FUME, FUMEOutput
+from .tcl import TCL, TCLOutput, default_tcl_encoder
+from .tcvse import TcVSE, default_vse_encoder
+from .uml import UML, UMLStep
+
+__all__ = [
+    "DUQ",
+    "FUME",
+    "TCL",
+    "UML",
+    "AttentionPoolEncoder",
+    "BagOfWordsEncoder",
+    "DUQForward",
+    "DUQOutput",
+    "DualEncoder",
+    "FUMEOutput",
+    "GRUTextEncoder",
+    "MLPEncoder",
+    "MaxPoolEncoder",
+    "TCLOutput",
+    "TcVSE",
+    "UMLStep",
+    "default_tcl_encoder",
+    "default_vse_encoder",
+    "embed_split",
+]

@@ -1,0 +1,53 @@
+"""Plumbing shared by the methods' `training_step`s: device placement and one optimiser update."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+import torch
+from torch import Tensor, nn
+
+from .. import checks
+
+
+def module_device(module: nn.Module) -> torch.device:
+    """The device of a module's first parameter (CPU for a parameterless module)."""
+    for p in module.parameters():
+        return p.device
+    return torch.device("cpu")
+
+
+def move_batch(batch, device: torch.device) -> dict:
+    """A shallow copy of a batch dict with every tensor on `device` (non-blocking copies)."""
+    if not isinstance(batch, Mapping):
+        raise TypeError(f"batch must be a dict (see data.collate_pairs), got {type(batch).__name__}")
+    return {k: (v.to(device, non_blocking=True) if isinstance(v, Tensor) else v) for k, v in batch.items()}
+
+
+def check_optimizer(optimizer) -> torch.optim.Optimizer:
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    return optimizer
+
+
+def check_grad_clip(grad_clip) -> float | None:
+    """None (no clipping) or a positive max gradient norm."""
+    return None if grad_clip is None else checks.positive_number(grad_clip, "grad_clip")
+
+
+def apply_step(loss: Tensor, optimizer: torch.optim.Optimizer, parameters: Iterable[Tensor],
+               grad_clip: float | None) -> float:
+    """zero_grad, backward, optional norm clipping, step; returns the loss as a float.
+
+    A non-finite loss is an error rather than a silent update that would poison the weights.
+    """
+    value = float(loss.detach())
+    if not math.isfinite(value):
+        raise FloatingPointError(f"the training loss is {value}; stopping before the update")
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip is not None:
+        torch.nn.utils.clip_grad_norm_(list(parameters), grad_clip)
+    optimizer.step()
+    return value

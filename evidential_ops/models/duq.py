@@ -1,0 +1,248 @@
+"""DUQ: dual uncertainty quantification for text-video retrieval (SPEC §3 "DUQ"; DUQ paper 004
+§3, eq. 1-16).
+
+Layout as in the paper and `reference.methods.duq`: rows are texts, columns videos,
+s[i, j] = cos(text_i, video_j), positives on the diagonal.
+
+- Feature extraction: a text encoder and a video encoder (attention pooling over frames fused
+  with the global mean, the paper's local feature aggregation) give z_t, z_v; s = cos(z_t, z_v).
+- ISUM (eq. 4-7): L_S^U = (1/B)(Σ_i mse_i(rows) + Σ_j mse_j(cols)), relu evidence, τ = 1,
+  computed by the fused `evidential_loss_from_similarity` (weights {mse: 1}, reduction "sum").
+- IDUM (eq. 8-13): linear heads give (μ, σ) per modality, K_p probabilistic embeddings
+  z^k = μ + e^σ·ε_k, the distance matrix D with the max (i ≠ j) / min (i = j) rule, L_D and L_D^U
+  (`reference.methods`; L_D^U's dense target 1 − I is outside the fused op's c·one-hot targets).
+- L_total = L_S + L_S^U + α(L_D + L_D^U) + β·L_KL (eq. 15), λ a learned logit scale (CLIP-style,
+  clamped at 100).
+- Inference: s, D over the whole gallery (max rule: positives unknown), and the re-ranking of
+  eq. 16 (`reference.methods.duq_rerank`) per query direction.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from .. import checks
+from ..backends import check_name
+from ..data.types import CrossModalSplit
+from ..losses import evidential_loss_from_similarity
+from ..metrics import retrieval_metrics
+from ..reference.methods import (
+    duq_distance_loss,
+    duq_distance_matrix,
+    duq_distance_uncertainty_loss,
+    duq_gaussian_kl,
+    duq_probabilistic_embeddings,
+    duq_rerank,
+    duq_similarity_loss,
+)
+from ..reference.methods.duq import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GAMMA, DEFAULT_NUM_SAMPLES
+from ._steps import apply_step, check_grad_clip, check_optimizer, module_device, move_batch
+from .dual_encoder import DualEncoder, embed_split
+from .encoders import AttentionPoolEncoder, GRUTextEncoder
+
+__all__ = ["DUQ", "DUQForward", "DUQOutput"]
+
+MAX_LOGIT_SCALE = 100.0  # CLIP clamps its learned scale here
+INITIAL_LOGIT_SCALE = 1.0 / 0.07  # CLIP's initial temperature
+
+
+@dataclass(frozen=True)
+class DUQForward:
+    """One batch through DUQ. s, d: (B, B) text × video similarities and distances; mu_text,
+    log_sigma_text, mu_video, log_sigma_video: (B, D_p) Gaussian parameters; logit_scale: 0-D λ."""
+
+    s: Tensor
+    d: Tensor
+    mu_text: Tensor
+    log_sigma_text: Tensor
+    mu_video: Tensor
+    log_sigma_video: Tensor
+    logit_scale: Tensor
+
+
+@dataclass(frozen=True)
+class DUQOutput:
+    """DUQ at test time (SPEC §3 "DUQ", eq. 16), in the images × captions layout of
+    `metrics.retrieval_metrics` (videos × texts).
+
+    similarity: (N_v, N_t) plain s. distance: (N_v, N_t) D (max rule).
+    reranked_v2t: (N_v, N_t) s' with the video queries' u_s, u_d (rows);
+    reranked_t2v: (N_v, N_t) s' with the text queries' u_s, u_d (columns).
+    uncertainty_*: (N,) u_s = N/S over the ISUM evidence relu(s) + 1 and u_d over relu(D) + 1.
+    """
+
+    similarity: Tensor
+    distance: Tensor
+    reranked_v2t: Tensor
+    reranked_t2v: Tensor
+    similarity_uncertainty_v2t: Tensor
+    distance_uncertainty_v2t: Tensor
+    similarity_uncertainty_t2v: Tensor
+    distance_uncertainty_t2v: Tensor
+
+
+class DUQ(nn.Module):
+    """DUQ around a video and a text encoder (SPEC §3 "DUQ"; paper 004).
+
+    Args:
+        model: `DualEncoder` (image_encoder = video encoder over frames) with output size D.
+        embed_dim: D. prob_dim: D_p of the probabilistic embeddings (default D).
+        num_samples: K_p (7). alpha, beta: loss weights (0.1, 1e-4). gamma1, gamma2: re-ranking (0.1).
+        logit_scale: initial λ (1/0.07); learn_logit_scale: train λ (clamped at 100).
+        initial_log_sigma: [choice] initial log-std of the probabilistic embeddings. The μ heads
+            start as the identity (μ = z, when D_p = D) and the log-σ heads as this constant:
+            with the default PyTorch init (σ ≈ 1) the K_p samples of a unit-norm z in R^128 are
+            almost pure noise, D ≈ 1.3 for every pair and the max/min rule carries no signal.
+        grad_clip: max gradient norm or None. backend: fused-op backend ("auto").
+    """
+
+    def __init__(self, model: DualEncoder, embed_dim: int, *, prob_dim: int | None = None,
+                 num_samples: int = DEFAULT_NUM_SAMPLES, alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_BETA,
+                 gamma1: float = DEFAULT_GAMMA, gamma2: float = DEFAULT_GAMMA,
+                 logit_scale: float = INITIAL_LOGIT_SCALE, learn_logit_scale: bool = True,
+                 initial_log_sigma: float = -4.0, grad_clip: float | None = 2.0, backend: str = "auto"):
+        super().__init__()
+        if not isinstance(model, DualEncoder):
+            raise TypeError(f"model must be a DualEncoder, got {type(model).__name__}")
+        self.model = model
+        embed_dim = checks.integer(embed_dim, "embed_dim", minimum=1)
+        prob_dim = embed_dim if prob_dim is None else checks.integer(prob_dim, "prob_dim", minimum=1)
+        self.text_mu, self.text_log_sigma = nn.Linear(embed_dim, prob_dim), nn.Linear(embed_dim, prob_dim)
+        self.video_mu, self.video_log_sigma = nn.Linear(embed_dim, prob_dim), nn.Linear(embed_dim, prob_dim)
+        initial_log_sigma = checks.real_number(initial_log_sigma, "initial_log_sigma")
+        with torch.no_grad():
+            for mu, log_sigma in ((self.text_mu, self.text_log_sigma), (self.video_mu, self.video_log_sigma)):
+                if prob_dim == embed_dim:
+                    mu.weight.copy_(torch.eye(embed_dim))
+                    mu.bias.zero_()
+                log_sigma.weight.zero_()
+                log_sigma.bias.fill_(initial_log_sigma)
+        self.num_samples = checks.integer(num_samples, "num_samples", minimum=1)
+        self.alpha = checks.real_number(alpha, "alpha", minimum=0.0)
+        self.beta = checks.real_number(beta, "beta", minimum=0.0)
+        self.gamma1 = checks.real_number(gamma1, "gamma1", minimum=0.0)
+        self.gamma2 = checks.real_number(gamma2, "gamma2", minimum=0.0)
+        scale = checks.real_number(logit_scale, "logit_scale", minimum=1.0, maximum=MAX_LOGIT_SCALE)
+        self.log_logit_scale = nn.Parameter(torch.tensor(math.log(scale)),
+                                            requires_grad=checks.flag(learn_logit_scale, "learn_logit_scale"))
+        self.grad_clip = check_grad_clip(grad_clip)
+        self.backend = check_name(backend)
+
+    @classmethod
+    def default(cls, feat_dim: int, vocab_size: int, *, embed_dim: int = 128, bidirectional: bool = True,
+                **kwargs) -> DUQ:
+        """DUQ with attention pooling over frames + global fusion and a (Bi-)GRU text encoder."""
+        model = DualEncoder(AttentionPoolEncoder(feat_dim, embed_dim, hidden_dim=embed_dim),
+                            GRUTextEncoder(vocab_size, embed_dim, word_dim=64, bidirectional=bidirectional))
+        return cls(model, embed_dim, **kwargs)
+
+    @property
+    def logit_scale(self) -> Tensor:
+        """λ = exp(log λ) clamped to [1, 100] (0-D)."""
+        return self.log_logit_scale.exp().clamp(1.0, MAX_LOGIT_SCALE)
+
+    def _gaussians(self, z_text: Tensor, z_video: Tensor):
+        return (self.text_mu(z_text), self.text_log_sigma(z_text),
+                self.video_mu(z_video), self.video_log_sigma(z_video))
+
+    def forward(self, batch, *, generator: torch.Generator | None = None) -> DUQForward:
+        """s, D and the Gaussians of one batch (B >= 2 pairs); `generator` seeds the ε draws."""
+        batch = move_batch(batch, module_device(self))
+        z_video, z_text = self.model(batch)
+        mu_t, ls_t, mu_v, ls_v = self._gaussians(z_text, z_video)
+        samples_t = duq_probabilistic_embeddings(mu_t, ls_t, num_samples=self.num_samples, generator=generator)
+        samples_v = duq_probabilistic_embeddings(mu_v, ls_v, num_samples=self.num_samples, generator=generator)
+        return DUQForward(s=z_text @ z_video.T, d=duq_distance_matrix(samples_t, samples_v),
+                          mu_text=mu_t, log_sigma_text=ls_t, mu_video=mu_v, log_sigma_video=ls_v,
+                          logit_scale=self.logit_scale)
+
+    def isum_loss(self, s: Tensor) -> Tensor:
+        """L_S^U (eq. 7) by the fused op: mse of relu evidence (τ = 1), rows + columns, summed / B."""
+        total = evidential_loss_from_similarity(s, evidence="relu", tau=1.0, weights={"mse": 1.0},
+                                                reduction="sum", backend=self.backend)
+        return total / s.shape[0]
+
+    def losses(self, out: DUQForward) -> dict:
+        """Every term of eq. 15 (scalars) and their weighted sum under "loss"."""
+        parts = {
+            "loss_s": duq_similarity_loss(out.s, logit_scale=out.logit_scale),
+            "loss_s_u": self.isum_loss(out.s),
+            "loss_d": duq_distance_loss(out.d, logit_scale=out.logit_scale),
+            "loss_d_u": duq_distance_uncertainty_loss(out.d),
+            "loss_kl": duq_gaussian_kl(out.mu_text, out.log_sigma_text) + duq_gaussian_kl(out.mu_video, out.log_sigma_video),
+        }
+        parts["loss"] = (parts["loss_s"] + parts["loss_s_u"] + self.alpha * (parts["loss_d"] + parts["loss_d_u"])
+                         + self.beta * parts["loss_kl"])
+        return parts
+
+    def training_step(self, batch, epoch: int, optimizer: torch.optim.Optimizer, *,
+                      generator: torch.Generator | None = None) -> dict:
+        """One optimiser update on L_total (eq. 15). Usable in any loop; `epoch` is unused (DUQ
+        has no schedule). Returns every term as a float plus the current λ."""
+        checks.integer(epoch, "epoch", minimum=0)
+        check_optimizer(optimizer)
+        self.train()
+        parts = self.losses(self(batch, generator=generator))
+        loss = apply_step(parts.pop("loss"), optimizer, self.parameters(), self.grad_clip)
+        info = {k: float(v.detach()) for k, v in parts.items()}
+        info.update(loss=loss, logit_scale=float(self.logit_scale.detach()))
+        return info
+
+    # -- inference ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def infer(self, split: CrossModalSplit, *, batch_size: int = 512, seed: int = 0,
+              chunk_size: int = 256) -> DUQOutput:
+        """s, D and the re-ranked scores of eq. 16 over a whole split (videos × captions).
+
+        D uses the max rule for every pair (the positives of a gallery are unknown at test time)
+        with ε drawn from a generator seeded with `seed`, so evaluation is reproducible; the
+        (chunk, N_v, K_p, K_p) cosines are formed `chunk_size` texts at a time.
+        """
+        seed = checks.integer(seed, "seed", minimum=0)
+        chunk_size = checks.integer(chunk_size, "chunk_size", minimum=1)
+        was_training = self.training
+        self.eval()
+        try:
+            z_video, z_text = embed_split(self.model.encode_images, self.model.encode_texts, split,
+                                          batch_size=batch_size, device=module_device(self))
+            mu_t, ls_t, mu_v, ls_v = (t.cpu() for t in self._gaussians(z_text.to(module_device(self)),
+                                                                      z_video.to(module_device(self))))
+        finally:
+            self.train(was_training)
+        generator = torch.Generator().manual_seed(seed)
+        samples_v = duq_probabilistic_embeddings(mu_v, ls_v, num_samples=self.num_samples, generator=generator)
+        samples_t = duq_probabilistic_embeddings(mu_t, ls_t, num_samples=self.num_samples, generator=generator)
+        d_tv = torch.cat([duq_distance_matrix(samples_t[i:i + chunk_size], samples_v, diagonal_min=False)
+                          for i in range(0, samples_t.shape[0], chunk_size)])
+        s_tv = z_text @ z_video.T
+        t2v = duq_rerank(s_tv, d_tv, gamma1=self.gamma1, gamma2=self.gamma2)
+        v2t = duq_rerank(s_tv.T.contiguous(), d_tv.T.contiguous(), gamma1=self.gamma1, gamma2=self.gamma2)
+        return DUQOutput(
+            similarity=s_tv.T, distance=d_tv.T, reranked_v2t=v2t.similarity, reranked_t2v=t2v.similarity.T,
+            similarity_uncertainty_v2t=v2t.similarity_uncertainty, distance_uncertainty_v2t=v2t.distance_uncertainty,
+            similarity_uncertainty_t2v=t2v.similarity_uncertainty, distance_uncertainty_t2v=t2v.distance_uncertainty,
+        )
+
+    def evaluate(self, split: CrossModalSplit, *, batch_size: int = 512, seed: int = 0) -> dict:
+        """Retrieval metrics (SPEC §4) with plain s (top level) and with the re-ranking of eq. 16
+        ("reranked" sub-dict: i2t keys from the video-query re-ranking, t2i keys from the
+        text-query one), by 1 − D alone ("distance_only"), plus the median uncertainties u_s,
+        u_d of each direction."""
+        out = self.infer(split, batch_size=batch_size, seed=seed)
+        c = split.captions_per_image
+        metrics = retrieval_metrics(out.similarity, c)
+        v2t, t2v = retrieval_metrics(out.reranked_v2t, c), retrieval_metrics(out.reranked_t2v, c)
+        reranked = {k: v for k, v in v2t.items() if k.startswith("i2t")}
+        reranked.update({k: v for k, v in t2v.items() if k.startswith("t2i")})
+        reranked["rsum"] = sum(reranked[f"{d}_r{k}"] for d in ("i2t", "t2i") for k in (1, 5, 10))
+        metrics["reranked"] = reranked
+        # Ranking by the probabilistic distance alone shows what D contributes to eq. 16.
+        metrics["distance_only"] = retrieval_metrics(1.0 - out.distance, c)
+        for name in ("similarity_uncertainty_v2t", "distance_uncertainty_v2t",
+                     "similarity_uncertainty_t2v", "distance_uncertainty_t2v"):
+            metrics[f"{name}_median"] = float(getattr(out, name).double().quantile(0.5))
+        return metrics

@@ -1,0 +1,125 @@
+"""Subcommands train / eval / demo of `python -m evidential_ops` (the bench subcommand lives in
+`evidential_ops.__main__`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from .analysis import jsonable
+from .recipes import METHODS, get_recipe
+from .runner import DataSource, report, run_demo, run_evaluation, run_training
+
+__all__ = ["add_subcommands"]
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def _training_options(p: argparse.ArgumentParser, *, allow_all: bool) -> None:
+    choices = METHODS + (("all",) if allow_all else ())
+    p.add_argument("--method", required=True, choices=choices,
+                   help="method to run" + (" ('all' runs each into OUT/<method>)" if allow_all else ""))
+    p.add_argument("--out", default=None, help="output directory (default runs/<method>)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the data, the initial weights and the batches")
+    p.add_argument("--epochs", type=_positive_int, default=None, help="override the method's epochs")
+    p.add_argument("--batch-size", type=_positive_int, default=None, help="override the batch size K")
+    p.add_argument("--lr", type=_positive_float, default=None, help="override the Adam learning rate")
+    p.add_argument("--embed-dim", type=_positive_int, default=None, help="override the joint-space size")
+    p.add_argument("--data", default=None,
+                   help="directory of precomputed features ({split}_ims.npy, {split}_caps.txt, ...); "
+                        "default: the built-in synthetic benchmark")
+    p.add_argument("--captions-per-image", type=_positive_int, default=5, help="with --data")
+    p.add_argument("--alt-language", default=None, help="with --data: read {split}_caps_LANG.txt (UML)")
+    for name, what in (("n-train", "training"), ("n-val", "validation"), ("n-test", "test")):
+        p.add_argument(f"--{name}", type=_positive_int, default=None,
+                       help=f"built-in data: number of {what} samples")
+    p.add_argument("--n-ood", type=int, default=None, help="built-in data: out-of-distribution samples (0: none)")
+    p.add_argument("--device", default="cpu", help="torch device of the model (default cpu)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars (also off when stdout is not a TTY)")
+
+
+def _source(args, recipe, seed: int) -> DataSource:
+    if args.data is not None:
+        return DataSource.precomputed(args.data, captions_per_image=args.captions_per_image,
+                                      alt_language=args.alt_language)
+    return DataSource.synthetic(recipe, seed=seed, n_train=args.n_train, n_val=args.n_val, n_test=args.n_test,
+                                n_ood=args.n_ood)
+
+
+def _recipe(args, method: str):
+    return get_recipe(method).with_overrides(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                                             embed_dim=args.embed_dim)
+
+
+def _train(args) -> int:
+    out = Path(args.out or os.path.join("runs", args.method))
+    recipe = _recipe(args, args.method)
+    metrics = run_training(args.method, recipe, _source(args, recipe, args.seed), out, seed=args.seed,
+                           quiet=args.quiet, device=args.device)
+    print(report(metrics))
+    print(f"wrote {out / 'checkpoint.pt'}, {out / 'metrics.json'} and plots")
+    return 0
+
+
+def _eval(args) -> int:
+    out = Path(args.out or Path(args.checkpoint).parent / "eval")
+    metrics = run_evaluation(args.checkpoint, out, device=args.device)
+    print(report(metrics))
+    print(f"wrote {out / 'metrics.json'} and plots")
+    return 0
+
+
+def _demo(args) -> int:
+    methods = METHODS if args.method == "all" else (args.method,)
+    root = Path(args.out or os.path.join("runs", "demo" if args.method == "all" else args.method))
+    bench_k = None if args.no_bench else args.bench_size
+    summary = {}
+    for method in methods:
+        out = root / method if args.method == "all" else root
+        recipe = _recipe(args, method)
+        metrics = run_demo(method, recipe, _source(args, recipe, args.seed), out, seed=args.seed, quiet=args.quiet,
+                           device=args.device, bench_k=bench_k)
+        summary[method] = {"rsum": metrics["rsum"], "done_when": metrics["done_when"],
+                           "seconds": metrics["total_seconds"]}
+        print(f"wrote {out / 'metrics.json'} and plots\n")
+    if args.method == "all":
+        with open(root / "summary.json", "w") as f:
+            json.dump(jsonable(summary), f, indent=2, allow_nan=False)
+        failed = [f"{m}:{name}" for m, s in summary.items() for name, c in s["done_when"].items() if not c["pass"]]
+        print(f"wrote {root / 'summary.json'}; " + (f"checks failing: {failed}" if failed else "every check passes"))
+    return 0
+
+
+def add_subcommands(sub) -> None:
+    """Register train, eval and demo on an argparse subparsers object."""
+    p = sub.add_parser("train", help="train a method; writes checkpoint.pt, metrics.json, plots")
+    _training_options(p, allow_all=False)
+    p.set_defaults(run=_train)
+
+    p = sub.add_parser("eval", help="evaluate a checkpoint on its data's test split")
+    p.add_argument("--checkpoint", required=True, help="checkpoint.pt written by train or demo")
+    p.add_argument("--out", default=None, help="output directory (default: next to the checkpoint, eval/)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--quiet", action="store_true", help="accepted for symmetry; eval shows no bars")
+    p.set_defaults(run=_eval)
+
+    p = sub.add_parser("demo", help="the README's main job: train on the built-in data with the fused loss, "
+                                    "evaluate, plot, and time the fused loss against plain PyTorch")
+    _training_options(p, allow_all=True)
+    p.add_argument("--bench-size", type=_positive_int, default=1024, help="K of the speed comparison")
+    p.add_argument("--no-bench", action="store_true", help="skip the speed comparison")
+    p.set_defaults(run=_demo)

@@ -1,0 +1,115 @@
+"""The CLI's training loop: seeded data loading, epochs of `model.training_step`, progress bars,
+checkpoints. Any method model of `evidential_ops.models` fits (they share the
+`training_step(batch, epoch, optimizer) -> dict of floats` convention)."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader
+from tqdm.auto import tqdm
+
+from .. import checks
+from ..data import CrossModalPairs, collate_pairs
+from ..data.types import CrossModalSplit
+
+__all__ = ["CHECKPOINT_FORMAT", "fit", "load_checkpoint", "make_loader", "progress_enabled", "save_checkpoint"]
+
+CHECKPOINT_FORMAT = 1
+
+
+def progress_enabled(quiet: bool) -> bool:
+    """Bars only for a person watching: off with --quiet or when stdout is not a terminal
+    (CI logs, pipes), where carriage-return redraws turn into pages of noise."""
+    return not quiet and sys.stdout.isatty()
+
+
+def make_loader(split: CrossModalSplit, *, batch_size: int, languages=("en",), seed: int = 0,
+                shuffle: bool = True) -> tuple[CrossModalPairs, DataLoader]:
+    """A `CrossModalPairs` (mode="images": a sample never appears twice in a batch, so the
+    diagonal positives of SPEC §2 are the only positives) and its seeded DataLoader.
+
+    The batch size is capped at the split size; the last incomplete batch is dropped (every
+    method needs K >= 2 and a K×K matrix per batch).
+    """
+    batch_size = checks.integer(batch_size, "batch_size", minimum=2)
+    dataset = CrossModalPairs(split, languages=languages, mode="images", seed=seed)
+    batch_size = min(batch_size, len(dataset))
+    if batch_size < 2:
+        raise ValueError(f"split {split.name!r} has {len(dataset)} samples; training needs at least 2")
+    generator = torch.Generator().manual_seed(seed)
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, drop_last=True,
+                        collate_fn=collate_pairs, generator=generator)
+    return dataset, loader
+
+
+def _mean_logs(logs: list[dict]) -> dict:
+    """Per-key mean of the finite values over an epoch (NaN where a key never had one)."""
+    out = {}
+    for key in logs[0]:
+        values = [float(log[key]) for log in logs if math.isfinite(float(log[key]))]
+        out[key] = sum(values) / len(values) if values else float("nan")
+    return out
+
+
+def fit(model: nn.Module, dataset: CrossModalPairs, loader: DataLoader, optimizer: torch.optim.Optimizer, *,
+        epochs: int, start_epoch: int = 0, progress: bool = False, desc: str = "train",
+        on_epoch_end: Callable[[int, dict], None] | None = None) -> list[dict]:
+    """Run epochs start_epoch … epochs − 1 of `model.training_step` over the loader.
+
+    Returns one dict per epoch: the batch-mean of every value training_step reports, plus
+    "epoch" and "seconds". `on_epoch_end(epoch, record)` is called after each epoch (e.g. to
+    write a checkpoint).
+    """
+    epochs = checks.integer(epochs, "epochs", minimum=1)
+    start_epoch = checks.integer(start_epoch, "start_epoch", minimum=0)
+    history = []
+    total = (epochs - start_epoch) * len(loader)
+    with tqdm(total=total, desc=desc, disable=not progress, unit="batch", dynamic_ncols=True) as bar:
+        for epoch in range(start_epoch, epochs):
+            dataset.set_epoch(epoch)
+            start = time.perf_counter()
+            logs = []
+            for batch in loader:
+                logs.append(model.training_step(batch, epoch, optimizer))
+                bar.update(1)
+                bar.set_postfix(epoch=epoch, loss=f"{logs[-1]['loss']:.4f}")
+            if not logs:
+                raise ValueError("the training loader produced no batch (split smaller than the batch size?)")
+            record = {"epoch": epoch, **_mean_logs(logs), "seconds": time.perf_counter() - start}
+            history.append(record)
+            if on_epoch_end is not None:
+                on_epoch_end(epoch, record)
+    return history
+
+
+def save_checkpoint(path, *, model: nn.Module, optimizer: torch.optim.Optimizer | None, payload: dict) -> Path:
+    """Write model (and optimiser) state plus a JSON-able payload (method, recipe, data source,
+    history…) atomically: a crash mid-write never leaves a truncated checkpoint behind."""
+    path = Path(os.fspath(path))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {"format": CHECKPOINT_FORMAT, "model_state": model.state_dict(),
+             "optimizer_state": optimizer.state_dict() if optimizer is not None else None, **payload}
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def load_checkpoint(path) -> dict:
+    """Read a checkpoint written by `save_checkpoint` (tensors on the CPU)."""
+    path = Path(os.fspath(path))
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {path} does not exist")
+    # weights_only: the payload is plain containers and numbers, so no pickle code ever runs.
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{path} is not an evidential_ops checkpoint (format {CHECKPOINT_FORMAT})")
+    return state

@@ -1,0 +1,125 @@
+"""End-to-end CLI runs (python -m evidential_ops train|eval|demo) on tiny built-in data."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from models_fixtures import single_thread
+
+from evidential_ops.__main__ import main
+from evidential_ops.pipelines.analysis import RETRIEVAL_KEYS, auroc
+from evidential_ops.pipelines.training import progress_enabled
+
+_one_thread = pytest.fixture(autouse=True)(single_thread)
+
+
+TINY = ["--n-train", "40", "--n-val", "4", "--n-test", "10", "--n-ood", "6", "--epochs", "1",
+        "--batch-size", "16", "--embed-dim", "16", "--quiet"]
+PLOTS = {"tcl": ["uncertainty_corruption.png"], "tcvse": ["uncertainty_corruption.png"],
+         "uml": ["uml_noisy_vs_clean.png"], "fume": ["fume_map_vs_deletion.png", "fume_ood_uncertainty.png"],
+         "duq": ["duq_uncertainty_corruption.png"]}
+FIGURES = {"tcl": ["corruption", "model_a", "model_b"], "tcvse": ["corruption"], "uml": ["audit"],
+           "fume": ["map", "map_filtered", "ood_cross_modal_uncertainty_median"], "duq": ["reranked"]}
+
+
+@pytest.mark.parametrize("method", sorted(PLOTS))
+def test_demo_writes_metrics_and_plots(method, tmp_path, capsys):
+    assert main(["demo", "--method", method, "--out", str(tmp_path), "--no-bench", *TINY]) == 0
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    for key in RETRIEVAL_KEYS + tuple(FIGURES[method]) + ("done_when", "untrained", "train"):
+        assert key in metrics, key
+    assert metrics["train"]["epochs"] == 1 and metrics["method"] == method
+    for name in PLOTS[method] + ["training_loss.png"]:
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    assert (tmp_path / "checkpoint.pt").is_file()
+    assert f"== {method}" in capsys.readouterr().out
+
+
+def test_train_then_eval_reproduces_the_metrics(tmp_path):
+    assert main(["train", "--method", "tcl", "--out", str(tmp_path / "run"), "--seed", "3", *TINY]) == 0
+    trained = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert main(["eval", "--checkpoint", str(tmp_path / "run" / "checkpoint.pt"), "--out", str(tmp_path / "ev")]) == 0
+    evaluated = json.loads((tmp_path / "ev" / "metrics.json").read_text())
+    for key in RETRIEVAL_KEYS:
+        assert evaluated[key] == pytest.approx(trained[key]), key
+    assert evaluated["untrained"] == trained["untrained"]
+
+
+def test_module_entry_point_runs_the_demo_with_the_speed_comparison(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run(
+        [sys.executable, "-m", "evidential_ops", "demo", "--method", "duq", "--out", str(tmp_path),
+         "--bench-size", "64", *TINY],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "speed duq loss" in proc.stdout and "\r" not in proc.stdout  # no bars without a TTY
+    speed = json.loads((tmp_path / "metrics.json").read_text())["speed"]
+    assert speed[0]["k"] == 64 and speed[0]["reference_ms"] > 0
+
+
+def test_bad_command_lines(tmp_path):
+    with pytest.raises(SystemExit):
+        main(["demo", "--method", "clip", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        main(["train", "--method", "tcl", "--epochs", "0"])
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        main(["eval", "--checkpoint", str(tmp_path / "missing.pt")])
+    with pytest.raises(FileNotFoundError):
+        main(["train", "--method", "tcl", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path)])
+
+
+def test_progress_bars_only_for_a_terminal(monkeypatch):
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
+    assert progress_enabled(False) and not progress_enabled(True)
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: False, raising=False)
+    assert not progress_enabled(False)
+
+
+def test_auroc_by_hand():
+    import torch
+
+    assert auroc(torch.tensor([3.0, 4.0]), torch.tensor([1.0, 2.0])) == 1.0
+    assert auroc(torch.tensor([1.0]), torch.tensor([1.0])) == 0.5
+    assert auroc(torch.tensor([1.0, 3.0]), torch.tensor([2.0])) == 0.5
+
+
+def test_train_on_precomputed_features(tmp_path):
+    from models_fixtures import tiny_bench
+
+    from evidential_ops.data import save_precomputed
+
+    save_precomputed(tiny_bench(noise_rate=0.4), tmp_path / "data")
+    out = tmp_path / "run"
+    assert main(["train", "--method", "uml", "--data", str(tmp_path / "data"), "--alt-language", "alt",
+                 "--out", str(out), "--epochs", "1", "--batch-size", "16", "--embed-dim", "8", "--quiet"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["data"]["kind"] == "precomputed" and "rsum" in metrics
+    assert "audit" not in metrics  # real data carries no ground truth of the noise
+
+
+@pytest.mark.parametrize("method", ["tcl", "uml", "duq"])
+def test_training_uses_the_fused_backend(method, monkeypatch):
+    """Every K×K evidential term of training goes through the public op on the fused backend."""
+    import torch
+    from models_fixtures import tiny_batch, tiny_bench
+
+    from evidential_ops import backends
+    from evidential_ops.pipelines import get_recipe
+
+    if "cpu" not in backends.available_backends():
+        pytest.skip("the C++ extension is not built")
+    bench = tiny_bench(noise_rate=0.4, visual="frames" if method == "duq" else "regions")
+    model = get_recipe(method).with_overrides(embed_dim=8).build(bench)
+    used = []
+    original = backends.resolve
+    monkeypatch.setattr(backends, "resolve", lambda name, device: used.append(original(name, device).name)
+                        or original(name, device))
+    languages = ("en", "alt") if method == "uml" else ("en",)
+    model.training_step(tiny_batch(bench, languages=languages), 1, torch.optim.SGD(model.parameters(), lr=0.0))
+    assert used and set(used) == {"cpu"}, used
