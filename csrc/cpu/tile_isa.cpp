@@ -18,12 +18,17 @@ bool cpu_supports(const std::string& isa) {
   return false;
 }
 
-TileKernels kernels_for(const std::string& isa) {
+// One immutable table per variant: switching variant swaps a pointer, so an op that has taken
+// the table keeps a consistent set of kernels even if another thread switches meanwhile.
+const TileKernels* kernels_for(const std::string& isa) {
 #if EO_X86_ISA_VARIANTS
-  if (isa == "avx512") return avx512::tile_kernels();
-  if (isa == "avx2") return avx2::tile_kernels();
+  static const TileKernels kAvx512 = avx512::tile_kernels();
+  static const TileKernels kAvx2 = avx2::tile_kernels();
+  if (isa == "avx512") return &kAvx512;
+  if (isa == "avx2") return &kAvx2;
 #endif
-  return generic::tile_kernels();
+  static const TileKernels kGeneric = generic::tile_kernels();
+  return &kGeneric;
 }
 
 std::string best_isa() {
@@ -39,14 +44,14 @@ std::string initial_isa() {
   return best_isa();
 }
 
-TileKernels& current() {
-  static TileKernels kernels = kernels_for(initial_isa());
+std::atomic<const TileKernels*>& current() {
+  static std::atomic<const TileKernels*> kernels{kernels_for(initial_isa())};
   return kernels;
 }
 
 }  // namespace
 
-const TileKernels& active_tile_kernels() { return current(); }
+const TileKernels& active_tile_kernels() { return *current().load(); }
 
 std::string set_cpu_isa(const std::string& isa) {
   const std::string choice = isa == "best" ? best_isa() : isa;
@@ -56,8 +61,8 @@ std::string set_cpu_isa(const std::string& isa) {
   if (!cpu_supports(choice)) {
     throw std::invalid_argument("isa '" + choice + "' is not built or not supported by this CPU");
   }
-  current() = kernels_for(choice);
-  return current().isa;
+  current().store(kernels_for(choice));
+  return choice;
 }
 
 }  // namespace cpu

@@ -28,7 +28,8 @@ cpu::TileKernels tile_kernels();
 
 namespace cpu {
 
-// The variant in use: the best the CPU supports, or EO_CPU_ISA=generic|avx2|avx512 if set.
+// The variant in use: the best the CPU supports, or EO_CPU_ISA=generic|avx2|avx512 if set. The
+// table is immutable and outlives the program: an op takes it once and uses it throughout.
 const TileKernels& active_tile_kernels();
 
 // Switch variant ("best" = the default choice); returns the name now active. Raises for a
