@@ -43,7 +43,8 @@ std::int64_t block_size(std::int64_t n) { return n >= 2048 ? 256 : (n >= 512 ? 1
 std::int64_t num_blocks(std::int64_t n, std::int64_t block) { return (n + block - 1) / block; }
 
 // Tiles (r, c) in rounds of pairwise distinct rows and columns; fn(r, c) runs once per tile.
-// The longer side is the parallel one, so a few queries over a large gallery still use all cores.
+// A round has min(row_blocks, col_blocks) tiles: square problems parallelise over K/block tiles,
+// rectangular ones with a short side use accumulate_stats' chunked path instead.
 template <typename Fn>
 void for_each_tile(std::int64_t row_blocks, std::int64_t col_blocks, const Fn& fn) {
   const std::int64_t rounds = std::max(row_blocks, col_blocks);
@@ -80,9 +81,8 @@ TermSelection select_terms(const Tensor& weights) {
   return t;
 }
 
-at::ScalarType compute_type(const Tensor& t) {
-  return t.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-}
+// Tiles, losses and opinions are float64 for float64 inputs and float32 otherwise (SPEC §5).
+at::ScalarType compute_type(at::ScalarType input) { return input == at::kDouble ? at::kDouble : at::kFloat; }
 
 // Where the values of a tile of s come from: a GEMM of embedding blocks, or a block of s itself.
 class TileSource {
@@ -99,7 +99,7 @@ class TileSource {
   explicit TileSource(const Tensor& s) : s_(s.detach()), from_embeddings_(false) {
     n_rows_ = s_.size(0);
     n_cols_ = s_.size(1);
-    type_ = compute_type(s_);
+    type_ = compute_type(s_.scalar_type());
     direct_ = (s_.scalar_type() == at::kFloat || s_.scalar_type() == at::kDouble) && s_.stride(1) == 1;
   }
 
@@ -142,16 +142,25 @@ class TileSource {
   at::ScalarType type_ = at::kFloat;
 };
 
-// Per-thread scratch for one tile: the tile buffer, the gradient buffer and the double rows.
+// Per-thread scratch for one tile: the tile buffer, the gradient buffer (backward only) and the
+// double rows.
 struct Scratch {
   Tensor tile, grad;
   std::vector<double> lines;
-  Scratch(std::int64_t bm, std::int64_t bn, at::ScalarType type) {
+  Scratch(std::int64_t bm, std::int64_t bn, at::ScalarType type, bool with_grad) {
     tile = at::empty({bm * bn}, at::TensorOptions().dtype(type));
-    grad = at::empty({bm * bn}, at::TensorOptions().dtype(type));
+    if (with_grad) grad = at::empty({bm * bn}, at::TensorOptions().dtype(type));
     lines.resize(8 * bn);
   }
 };
+
+// Rectangular problems (a few queries over a large gallery) would run only short-side-many
+// tiles per round. From this ratio of long to short blocks on, the long side is cut into a fixed
+// number of chunks instead: each chunk owns its long-side lines and sums the short side into a
+// partial of its own, and the partials are added in chunk order, so the result still does not
+// depend on the number of threads. The partials cost kStatChunks·7·n_short doubles.
+constexpr std::int64_t kStatChunks = 32;
+constexpr std::int64_t kMaxChunkedShortSide = 4096;
 
 // Accumulates the LineStat statistics of every row and column: stats (2, kNumLineStats, n).
 Tensor accumulate_stats(const TileSource& source, int evidence, double tau, bool has_targets, TermFlags flags,
@@ -162,8 +171,9 @@ Tensor accumulate_stats(const TileSource& source, int evidence, double tau, bool
   double* row_stats = rows ? stats[0].data_ptr<double>() : nullptr;
   double* col_stats = cols ? stats[1].data_ptr<double>() : nullptr;
   const TileKernels& kernels = active_tile_kernels();
-  for_each_tile(num_blocks(source.rows(), bm), num_blocks(source.cols(), bn), [&](std::int64_t r, std::int64_t c) {
-    Scratch scratch(bm, bn, source.type());
+  const auto run_tile = [&](std::int64_t r, std::int64_t c, double* row_out, std::int64_t row_stride,
+                            double* col_out, std::int64_t col_stride) {
+    Scratch scratch(bm, bn, source.type(), false);
     const std::int64_t r0 = r * bm, c0 = c * bn;
     ForwardTile t{};
     t.s = source.tile(r0, std::min(bm, source.rows() - r0), c0, std::min(bn, source.cols() - c0), scratch.tile);
@@ -171,13 +181,53 @@ Tensor accumulate_stats(const TileSource& source, int evidence, double tau, bool
     t.inv_tau = 1.0 / tau;
     t.has_targets = has_targets;
     t.terms = flags;
-    t.row_stats = row_stats;
-    t.row_stride = n_max;
-    t.col_stats = col_stats;
-    t.col_stride = n_max;
+    t.row_stats = row_out;
+    t.row_stride = row_stride;
+    t.col_stats = col_out;
+    t.col_stride = col_stride;
     t.scratch = scratch.lines.data();
     kernels.forward(t);
+  };
+
+  const std::int64_t row_blocks = num_blocks(source.rows(), bm), col_blocks = num_blocks(source.cols(), bn);
+  const bool rows_short = row_blocks < col_blocks;
+  const std::int64_t short_blocks = std::min(row_blocks, col_blocks), long_blocks = std::max(row_blocks, col_blocks);
+  const std::int64_t n_short = rows_short ? source.rows() : source.cols();
+  if (long_blocks < 2 * short_blocks || n_short > kMaxChunkedShortSide) {
+    for_each_tile(row_blocks, col_blocks, [&](std::int64_t r, std::int64_t c) {
+      run_tile(r, c, row_stats, n_max, col_stats, n_max);
+    });
+    return stats;
+  }
+  double* short_stats = rows_short ? row_stats : col_stats;
+  const std::int64_t chunks = std::min(kStatChunks, long_blocks);
+  Tensor partial = at::zeros({chunks, kNumLineStats, n_short}, at::TensorOptions().dtype(at::kDouble));
+  double* partials = partial.data_ptr<double>();
+  at::parallel_for(0, chunks, 1, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t chunk = begin; chunk < end; ++chunk) {
+      double* mine = short_stats != nullptr ? partials + chunk * kNumLineStats * n_short : nullptr;
+      for (std::int64_t b = chunk * long_blocks / chunks; b < (chunk + 1) * long_blocks / chunks; ++b) {
+        for (std::int64_t a = 0; a < short_blocks; ++a) {
+          if (rows_short) {
+            run_tile(a, b, mine, n_short, col_stats, n_max);
+          } else {
+            run_tile(b, a, row_stats, n_max, mine, n_short);
+          }
+        }
+      }
+    }
   });
+  if (short_stats != nullptr) {
+    at::parallel_for(0, n_short, 256, [&](std::int64_t begin, std::int64_t end) {
+      for (int k = 0; k < kNumLineStats; ++k) {
+        for (std::int64_t i = begin; i < end; ++i) {
+          double sum = 0.0;
+          for (std::int64_t chunk = 0; chunk < chunks; ++chunk) sum += partials[(chunk * kNumLineStats + k) * n_short + i];
+          short_stats[k * n_max + i] = sum;
+        }
+      }
+    });
+  }
   return stats;
 }
 
@@ -259,10 +309,40 @@ void check_square(std::int64_t rows, std::int64_t cols) {
   TORCH_CHECK_VALUE(rows == cols && rows >= 2, "the loss needs a square K×K problem with K >= 2, got ", rows, "×", cols);
 }
 
+// The ops are also callable directly (torch.ops.evidential_ops.*): shapes are checked here too,
+// in O(1), so that a bad call is an error rather than an out-of-bounds read.
+void check_embeddings(const Tensor& x, const Tensor& y) {
+  TORCH_CHECK_VALUE(x.dim() == 2 && y.dim() == 2 && x.size(1) == y.size(1) && x.size(1) >= 1,
+                    "x and y must be 2-D with the same embedding size D >= 1, got ", x.sizes(), " and ", y.sizes());
+  TORCH_CHECK_TYPE(x.is_floating_point() && x.scalar_type() == y.scalar_type(),
+                   "x and y must have the same floating dtype, got ", x.scalar_type(), " and ", y.scalar_type());
+}
+
+void check_similarity(const Tensor& s) {
+  TORCH_CHECK_VALUE(s.dim() == 2, "s must be 2-D, got ", s.sizes());
+  TORCH_CHECK_TYPE(s.is_floating_point(), "s must be a floating tensor, got ", s.scalar_type());
+}
+
+void check_target_scale(const c10::optional<Tensor>& target_scale, std::int64_t k) {
+  TORCH_CHECK_VALUE(!target_scale.has_value() || (target_scale->dim() == 1 && target_scale->size(0) == k),
+                    "target_scale must have shape (", k, ",)");
+}
+
+void check_backward_inputs(const Tensor& grad_rows, const Tensor& grad_cols, const Tensor& stats, std::int64_t k,
+                           bool rows, bool cols) {
+  TORCH_CHECK_VALUE(stats.scalar_type() == at::kDouble && stats.dim() == 3 && stats.size(0) == 2 &&
+                        stats.size(1) == kNumLineStats && stats.size(2) == k && stats.is_contiguous(),
+                    "stats must be the contiguous float64 (2, ", kNumLineStats, ", ", k,
+                    ") tensor of the forward, got ", stats.sizes());
+  TORCH_CHECK_VALUE(!rows || grad_rows.numel() == k, "grad_rows must have ", k, " entries, got ", grad_rows.numel());
+  TORCH_CHECK_VALUE(!cols || grad_cols.numel() == k, "grad_cols must have ", k, " entries, got ", grad_cols.numel());
+}
+
 std::tuple<Tensor, Tensor, Tensor> forward_impl(const TileSource& source, const c10::optional<Tensor>& target_scale,
                                                 const std::string& evidence, double tau, const Tensor& weights,
                                                 bool rows, bool cols, at::ScalarType out_type) {
   check_square(source.rows(), source.cols());
+  check_target_scale(target_scale, source.rows());
   TORCH_CHECK_VALUE(tau > 0.0, "tau must be > 0, got ", tau);
   const TermSelection terms = select_terms(weights);
   const Tensor stats = accumulate_stats(source, evidence_index(evidence), tau, true, terms.flags, rows, cols);
@@ -275,8 +355,6 @@ std::tuple<Tensor, Tensor, Tensor> forward_impl(const TileSource& source, const 
   return {row_losses, col_losses, stats};
 }
 
-at::ScalarType loss_type(at::ScalarType input) { return input == at::kDouble ? at::kDouble : at::kFloat; }
-
 // Runs the backward tile kernel over every tile; `consume(r0, nr, c0, nc, grad_tile)` then uses
 // ∂L/∂s of the tile (accumulates dx/dy, or stores ds). Rounds make consume's writes exclusive.
 template <typename Consume>
@@ -287,7 +365,7 @@ void for_each_gradient_tile(const TileSource& source, const std::string& evidenc
   const int kind = evidence_index(evidence);
   const LineGradientArrays rows = gradient_arrays(row_g), cols = gradient_arrays(col_g);
   for_each_tile(num_blocks(source.rows(), bm), num_blocks(source.cols(), bn), [&](std::int64_t r, std::int64_t c) {
-    Scratch scratch(bm, bn, source.type());
+    Scratch scratch(bm, bn, source.type(), true);
     const std::int64_t r0 = r * bm, c0 = c * bn;
     const std::int64_t nr = std::min(bm, source.rows() - r0), nc = std::min(bn, source.cols() - c0);
     BackwardTile t{};
@@ -312,17 +390,19 @@ void for_each_gradient_tile(const TileSource& source, const std::string& evidenc
 std::tuple<Tensor, Tensor, Tensor> loss_forward(const Tensor& x, const Tensor& y,
                                                 const c10::optional<Tensor>& target_scale, const std::string& evidence,
                                                 double tau, const Tensor& weights, bool rows, bool cols) {
-  const at::ScalarType type = compute_type(x);
+  check_embeddings(x, y);
+  const at::ScalarType type = compute_type(x.scalar_type());
   TileSource source(x.to(type).contiguous(), y.to(type).contiguous());
-  return forward_impl(source, target_scale, evidence, tau, weights, rows, cols, loss_type(x.scalar_type()));
+  return forward_impl(source, target_scale, evidence, tau, weights, rows, cols, compute_type(x.scalar_type()));
 }
 
 std::tuple<Tensor, Tensor, Tensor> loss_forward_from_similarity(const Tensor& s,
                                                                 const c10::optional<Tensor>& target_scale,
                                                                 const std::string& evidence, double tau,
                                                                 const Tensor& weights, bool rows, bool cols) {
+  check_similarity(s);
   TileSource source(s);
-  return forward_impl(source, target_scale, evidence, tau, weights, rows, cols, loss_type(s.scalar_type()));
+  return forward_impl(source, target_scale, evidence, tau, weights, rows, cols, compute_type(s.scalar_type()));
 }
 
 std::tuple<Tensor, Tensor> loss_backward(const Tensor& grad_rows, const Tensor& grad_cols, const Tensor& x,
@@ -330,9 +410,13 @@ std::tuple<Tensor, Tensor> loss_backward(const Tensor& grad_rows, const Tensor& 
                                          const Tensor& stats, const std::string& evidence, double tau,
                                          const Tensor& weights, bool rows, bool cols,
                                          std::array<bool, 2> output_mask) {
-  const at::ScalarType type = compute_type(x);
+  check_embeddings(x, y);
+  const at::ScalarType type = compute_type(x.scalar_type());
   TileSource source(x.to(type).contiguous(), y.to(type).contiguous());
+  check_square(source.rows(), source.cols());
   const std::int64_t k = source.rows();
+  check_target_scale(target_scale, k);
+  check_backward_inputs(grad_rows, grad_cols, stats, k, rows, cols);
   const TermSelection terms = select_terms(weights);
   const Tensor scale = scale_vector(target_scale);
   const Tensor row_g = line_gradients(stats, 0, rows, terms, scale, grad_rows, k, k);
@@ -360,8 +444,12 @@ Tensor loss_backward_from_similarity(const Tensor& grad_rows, const Tensor& grad
                                      const c10::optional<Tensor>& target_scale, const Tensor& stats,
                                      const std::string& evidence, double tau, const Tensor& weights, bool rows,
                                      bool cols) {
+  check_similarity(s);
   TileSource source(s);
+  check_square(source.rows(), source.cols());
   const std::int64_t k = source.rows();
+  check_target_scale(target_scale, k);
+  check_backward_inputs(grad_rows, grad_cols, stats, k, rows, cols);
   const TermSelection terms = select_terms(weights);
   const Tensor scale = scale_vector(target_scale);
   const Tensor row_g = line_gradients(stats, 0, rows, terms, scale, grad_rows, k, k);
@@ -386,13 +474,15 @@ std::tuple<Tensor, Tensor> opinion_impl(const TileSource& source, const std::str
 }
 
 std::tuple<Tensor, Tensor> opinion(const Tensor& x, const Tensor& y, const std::string& evidence, double tau) {
-  const at::ScalarType type = compute_type(x);
+  check_embeddings(x, y);
+  const at::ScalarType type = compute_type(x.scalar_type());
   return opinion_impl(TileSource(x.to(type).contiguous(), y.to(type).contiguous()), evidence, tau,
-                      loss_type(x.scalar_type()));
+                      compute_type(x.scalar_type()));
 }
 
 std::tuple<Tensor, Tensor> opinion_from_similarity(const Tensor& s, const std::string& evidence, double tau) {
-  return opinion_impl(TileSource(s), evidence, tau, loss_type(s.scalar_type()));
+  check_similarity(s);
+  return opinion_impl(TileSource(s), evidence, tau, compute_type(s.scalar_type()));
 }
 
 }  // namespace

@@ -57,7 +57,7 @@ void forward_tile_impl(const cpu::ForwardTile& t) {
   double* sink = t.scratch + cols;
   double* col[kNumLineStats];
   for (int k = 0; k < kNumLineStats; ++k) {
-    col[k] = t.col_stats != nullptr ? t.col_stats + k * t.col_stride + col0 : sink + (k % 6) * cols;
+    col[k] = t.col_stats != nullptr ? t.col_stats + k * t.col_stride + col0 : sink + k * cols;
   }
   double *col_rest = col[kRest], *col_sq = col[kSquares], *col_kl = col[kKlH], *col_fisher = col[kFisher];
   double *col_lt = col[kLogTrigamma], *col_rr = col[kRemainder];

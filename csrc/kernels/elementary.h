@@ -50,7 +50,7 @@ EO_HOST_DEVICE double exp_d(double x) {
 #endif
 }
 
-// ln(x) for finite, normal x > 0 (the kernels only call it on arguments >= 1).
+// ln(x) for finite, normal x > 0 (subnormals, 0, Inf and NaN are not handled).
 EO_HOST_DEVICE double log_d(double x) {
 #if defined(__CUDA_ARCH__)
   return ::log(x);
