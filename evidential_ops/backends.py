@@ -21,20 +21,30 @@ _AUTO_ORDER = {"cuda": ("cuda", "triton", "reference"), "cpu": ("cpu", "referenc
 
 
 class Backend(Protocol):
+    """What a backend implements; inputs arrive already validated by the public API (SPEC §5).
+
+    Losses are per line (SPEC §2 Σ_term w_term·term of each row/column), float32 (float64 for
+    float64 inputs); a direction that `config` leaves out comes back with 0 entries.
+    """
+
     name: str
 
-    def supports(self, device: torch.device) -> bool: ...
+    def supports(self, device: torch.device) -> bool:
+        """Whether tensors on `device` can run here."""
 
     def losses(self, x: Tensor, y: Tensor, target_scale: Tensor | None, config: LossConfig) -> tuple[Tensor, Tensor]:
-        """Per-row and per-column losses (K,), float32 (float64 for float64 inputs)."""
+        """Row and column losses (K,), (K,) of s = x·yᵀ; x, y (K, D); target_scale (K,) or None."""
 
     def losses_from_similarity(
         self, s: Tensor, target_scale: Tensor | None, config: LossConfig
-    ) -> tuple[Tensor, Tensor]: ...
+    ) -> tuple[Tensor, Tensor]:
+        """Row and column losses (K,), (K,) of a given s (K, K)."""
 
-    def opinion(self, x: Tensor, y: Tensor, evidence: str, tau: float) -> Opinion: ...
+    def opinion(self, x: Tensor, y: Tensor, evidence: str, tau: float) -> Opinion:
+        """Opinions (SPEC §1: b = e/S, u = N/S) of x (N_q, D) over y (N_g, D) and back."""
 
-    def opinion_from_similarity(self, s: Tensor, evidence: str, tau: float) -> Opinion: ...
+    def opinion_from_similarity(self, s: Tensor, evidence: str, tau: float) -> Opinion:
+        """Opinions of the rows of s (N_q, N_g) over its columns, and of the columns over the rows."""
 
 
 class ReferenceBackend:

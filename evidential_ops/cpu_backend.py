@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from . import backends, extension
+from .checks import output_dtype
 from .config import LossConfig
 from .results import Opinion
 
@@ -20,54 +21,46 @@ NUM_LINE_STATS = 7  # csrc/kernels/line_terms.h LineStat
 ops = torch.ops.evidential_ops
 
 
-def _loss_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 def _register_fakes() -> None:
     @torch.library.register_fake("evidential_ops::loss_forward")
     def _(x, y, target_scale, evidence, tau, weights, rows, cols):
         k = x.shape[0]
-        dtype = _loss_dtype(x.dtype)
+        dtype = output_dtype(x.dtype)
         return x.new_empty(k, dtype=dtype), x.new_empty(k, dtype=dtype), x.new_empty((2, NUM_LINE_STATS, k), dtype=torch.float64)
 
     @torch.library.register_fake("evidential_ops::loss_forward_from_similarity")
     def _(s, target_scale, evidence, tau, weights, rows, cols):
         k = s.shape[0]
-        dtype = _loss_dtype(s.dtype)
+        dtype = output_dtype(s.dtype)
         return s.new_empty(k, dtype=dtype), s.new_empty(k, dtype=dtype), s.new_empty((2, NUM_LINE_STATS, k), dtype=torch.float64)
 
     @torch.library.register_fake("evidential_ops::loss_backward")
     def _(grad_rows, grad_cols, x, y, target_scale, stats, evidence, tau, weights, rows, cols, output_mask):
-        dx = torch.empty_like(x) if output_mask[0] else x.new_empty(0)
-        dy = torch.empty_like(y) if output_mask[1] else y.new_empty(0)
+        # new_empty, not empty_like: the kernels return contiguous gradients for any input strides.
+        dx = x.new_empty(x.shape) if output_mask[0] else x.new_empty(0)
+        dy = y.new_empty(y.shape) if output_mask[1] else y.new_empty(0)
         return dx, dy
 
     @torch.library.register_fake("evidential_ops::loss_backward_from_similarity")
     def _(grad_rows, grad_cols, s, target_scale, stats, evidence, tau, weights, rows, cols):
-        return torch.empty_like(s)
+        return s.new_empty(s.shape)
 
     @torch.library.register_fake("evidential_ops::opinion")
     def _(x, y, evidence, tau):
-        dtype = _loss_dtype(x.dtype)
+        dtype = output_dtype(x.dtype)
         return x.new_empty(x.shape[0], dtype=dtype), x.new_empty(y.shape[0], dtype=dtype)
 
     @torch.library.register_fake("evidential_ops::opinion_from_similarity")
     def _(s, evidence, tau):
-        dtype = _loss_dtype(s.dtype)
+        dtype = output_dtype(s.dtype)
         return s.new_empty(s.shape[0], dtype=dtype), s.new_empty(s.shape[1], dtype=dtype)
-
-
-def _upstream(grad: Tensor | None, like: Tensor) -> Tensor:
-    return torch.zeros_like(like) if grad is None else grad
 
 
 def _setup_embeddings(ctx, inputs, output):
     x, y, target_scale, evidence, tau, weights, rows, cols = inputs
-    row_losses, _, stats = output
+    _, _, stats = output
     ctx.save_for_backward(x, y, target_scale, stats)
     ctx.options = (evidence, tau, weights, rows, cols)
-    ctx.like = row_losses
 
 
 def _backward_embeddings(ctx, grad_rows, grad_cols, grad_stats):
@@ -75,7 +68,7 @@ def _backward_embeddings(ctx, grad_rows, grad_cols, grad_stats):
     evidence, tau, weights, rows, cols = ctx.options
     mask = [bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])]
     dx, dy = ops.loss_backward(
-        _upstream(grad_rows, ctx.like), _upstream(grad_cols, ctx.like), x, y, target_scale, stats,
+        grad_rows, grad_cols, x, y, target_scale, stats,
         evidence, tau, weights, rows, cols, mask,
     )
     return (dx if mask[0] else None), (dy if mask[1] else None), None, None, None, None, None, None
@@ -83,17 +76,16 @@ def _backward_embeddings(ctx, grad_rows, grad_cols, grad_stats):
 
 def _setup_similarity(ctx, inputs, output):
     s, target_scale, evidence, tau, weights, rows, cols = inputs
-    row_losses, _, stats = output
+    _, _, stats = output
     ctx.save_for_backward(s, target_scale, stats)
     ctx.options = (evidence, tau, weights, rows, cols)
-    ctx.like = row_losses
 
 
 def _backward_similarity(ctx, grad_rows, grad_cols, grad_stats):
     s, target_scale, stats = ctx.saved_tensors
     evidence, tau, weights, rows, cols = ctx.options
     ds = ops.loss_backward_from_similarity(
-        _upstream(grad_rows, ctx.like), _upstream(grad_cols, ctx.like), s, target_scale, stats,
+        grad_rows, grad_cols, s, target_scale, stats,
         evidence, tau, weights, rows, cols,
     )
     return ds, None, None, None, None, None, None
@@ -114,13 +106,11 @@ def _weights(config: LossConfig) -> Tensor:
     return torch.tensor(config.weights, dtype=torch.float64)
 
 
-def _target(target_scale: Tensor | None) -> Tensor | None:
-    # The kernels read c as float64; bool labels (UML's clean/noisy) become 0/1.
-    return None if target_scale is None else target_scale.to(torch.float64)
-
-
 class CpuBackend:
-    """Fused C++ kernels: tiled, O(K) extra memory, exact float64 evaluation of every element."""
+    """Fused C++ kernels: tiled, O(K) extra memory, exact float64 evaluation of every element.
+
+    Implements `backends.Backend`; target_scale may be bool (the kernels read it as float64 0/1).
+    """
 
     name = "cpu"
 
@@ -133,13 +123,13 @@ class CpuBackend:
 
     def losses(self, x, y, target_scale, config: LossConfig):
         rows, cols, _ = ops.loss_forward(
-            x, y, _target(target_scale), config.evidence, config.tau, _weights(config), config.rows, config.cols
+            x, y, target_scale, config.evidence, config.tau, _weights(config), config.rows, config.cols
         )
         return self._pick(rows, cols, config)
 
     def losses_from_similarity(self, s, target_scale, config: LossConfig):
         rows, cols, _ = ops.loss_forward_from_similarity(
-            s, _target(target_scale), config.evidence, config.tau, _weights(config), config.rows, config.cols
+            s, target_scale, config.evidence, config.tau, _weights(config), config.rows, config.cols
         )
         return self._pick(rows, cols, config)
 
