@@ -126,8 +126,8 @@ def loss_config(
     )
 
 
-def float_matrix(t, name: str, check_finite: bool) -> Tensor:
-    """A 2-D floating tensor with at least 2 rows (K >= 2) and one column."""
+def float_matrix(t, name: str, check_finite: bool, *, min_rows: int = 2) -> Tensor:
+    """A 2-D floating tensor with at least `min_rows` rows (a loss needs K >= 2) and one column."""
     if not isinstance(t, Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in FLOAT_DTYPES:
@@ -136,8 +136,9 @@ def float_matrix(t, name: str, check_finite: bool) -> Tensor:
         )
     if t.dim() != 2:
         raise ValueError(f"{name} must be 2-D (K, D), got shape {tuple(t.shape)}")
-    if t.shape[0] < 2:
-        raise ValueError(f"{name} needs K >= 2 rows (a Dirichlet over >= 2 candidates), got K = {t.shape[0]}")
+    if t.shape[0] < min_rows:
+        what = "K >= 2 rows (a Dirichlet over >= 2 candidates)" if min_rows == 2 else f">= {min_rows} rows"
+        raise ValueError(f"{name} needs {what}, got shape {tuple(t.shape)}")
     if t.shape[1] < 1:
         raise ValueError(f"{name} has an empty second dimension: shape {tuple(t.shape)}")
     if check_finite and not bool(torch.isfinite(t).all()):
@@ -154,8 +155,8 @@ def same_kind(a: Tensor, b: Tensor, name_a: str, name_b: str) -> None:
 
 def embedding_pair(x, y, check_finite: bool, *, square: bool = True) -> tuple[Tensor, Tensor]:
     """x: (K, D) queries, y: (K, D) candidates; pair i = (x_i, y_i). With square=False the
-    candidate count may differ (opinions over a gallery)."""
-    x = float_matrix(x, "x", check_finite)
+    candidate count may differ and a single query is allowed (opinions over a gallery)."""
+    x = float_matrix(x, "x", check_finite, min_rows=2 if square else 1)
     y = float_matrix(y, "y", check_finite)
     same_kind(x, y, "x", "y")
     if x.shape[1] != y.shape[1]:
@@ -169,7 +170,8 @@ def embedding_pair(x, y, check_finite: bool, *, square: bool = True) -> tuple[Te
 
 
 def similarity_matrix(s, check_finite: bool, *, square: bool = True) -> Tensor:
-    s = float_matrix(s, "s", check_finite)
+    """s: (K, K) with positives on the diagonal, or with square=False (N_q >= 1, N_g >= 2)."""
+    s = float_matrix(s, "s", check_finite, min_rows=2 if square else 1)
     if s.shape[1] < 2:
         raise ValueError(f"s needs >= 2 candidates per row, got shape {tuple(s.shape)}")
     if square and s.shape[0] != s.shape[1]:

@@ -28,11 +28,13 @@ def opinion(
     """Opinions of the N_q queries x over the gallery y (rows) and of y over x (columns).
 
     S_i = Σ_j α_ij with α = g(x_i·y_j/τ) + 1, uncertainty u_i = N_g / S_i (SPEC §1); columns
-    likewise with N_q. x: (N_q, D), y: (N_g, D); N_q and N_g may differ. Never stores N_q × N_g
-    on a fused backend.
+    likewise with N_q. x: (N_q, D), y: (N_g, D); N_q >= 1 and N_g >= 2 may differ. Never stores
+    N_q × N_g on a fused backend.
     """
     tau = checks.tau_value(tau)
     evidence = checks.evidence_kind(evidence)
+    normalize = checks.flag(normalize, "normalize")
+    check_finite = checks.flag(check_finite, "check_finite")
     x, y = checks.embedding_pair(x, y, check_finite, square=False)
     impl = backends.resolve(backend, x.device)
     with torch.no_grad():
@@ -51,9 +53,10 @@ def opinion_from_similarity(
     backend: str = "auto",
     check_finite: bool = True,
 ) -> Opinion:
-    """`opinion` for a given (N_q, N_g) similarity matrix."""
+    """`opinion` for a given (N_q, N_g) similarity matrix (N_q >= 1, N_g >= 2)."""
     tau = checks.tau_value(tau)
     evidence = checks.evidence_kind(evidence)
+    check_finite = checks.flag(check_finite, "check_finite")
     s = checks.similarity_matrix(s, check_finite, square=False)
     impl = backends.resolve(backend, s.device)
     with torch.no_grad():
@@ -70,9 +73,15 @@ def belief(s: Tensor, log_strength: Tensor, *, evidence: str = "exp", tau: float
     evidence = checks.evidence_kind(evidence)
     if dim not in (0, 1):
         raise ValueError(f"dim must be 0 or 1, got {dim}")
-    if s.dim() != 2 or log_strength.dim() != 1 or log_strength.shape[0] != s.shape[1 - dim]:
+    s = checks.float_matrix(s, "s", True, min_rows=1)
+    if not isinstance(log_strength, Tensor) or not log_strength.is_floating_point():
+        got = log_strength.dtype if isinstance(log_strength, Tensor) else type(log_strength).__name__
+        raise TypeError(f"log_strength must be a floating torch.Tensor, got {got}")
+    if log_strength.device != s.device:
+        raise ValueError(f"log_strength is on {log_strength.device} but s is on {s.device}")
+    if log_strength.dim() != 1 or log_strength.shape[0] != s.shape[1 - dim]:
         raise ValueError(
-            f"log_strength must have shape ({s.shape[1 - dim] if s.dim() == 2 else '?'},) for s of "
-            f"shape {tuple(s.shape)} and dim={dim}, got {tuple(log_strength.shape)}"
+            f"log_strength must have shape ({s.shape[1 - dim]},) for s of shape {tuple(s.shape)} and "
+            f"dim={dim}, got {tuple(log_strength.shape)}"
         )
     return _reference_belief(s, log_strength, evidence=evidence, tau=tau, dim=dim)

@@ -168,3 +168,29 @@ def test_opinion_and_belief_validation(xy):
         eo.belief(x @ y.T, op.row_log_strength[:3])
     with raises(ValueError, "dim must be 0 or 1"):
         eo.belief(x @ y.T, op.row_log_strength, dim=2)
+    with raises(TypeError, "normalize"):
+        eo.opinion(x, y, normalize="yes")
+    with raises(TypeError, "check_finite"):
+        eo.opinion_from_similarity(x @ y.T, check_finite=1)
+    with raises(TypeError, "s must be a torch.Tensor"):
+        eo.belief([[0.1, 0.2]], op.row_log_strength)
+    with raises(TypeError, "s must be float32"):
+        eo.belief((x @ y.T).long(), op.row_log_strength)
+    with raises(ValueError, "s contains NaN"):
+        eo.belief(torch.full((x.shape[0], 4), float("nan")), op.row_log_strength)
+    with raises(TypeError, "log_strength must be a floating"):
+        eo.belief(x @ y[:4].T, op.row_log_strength.long())
+
+
+def test_opinion_of_a_single_query_over_a_gallery(xy):
+    """One query is a normal inference call; a gallery still needs >= 2 candidates."""
+    x, y = xy
+    for backend in eo.available_backends():
+        op = eo.opinion(x[:1], y, backend=backend)
+        assert op.row_uncertainty.shape == (1,) and op.col_uncertainty.shape == (y.shape[0],)
+        torch.testing.assert_close(op.row_log_strength.double(), eo.reference.opinion(x[:1], y).row_log_strength,
+                                   rtol=1e-5, atol=1e-5)
+    with raises(ValueError, "y needs K >= 2"):
+        eo.opinion(x, y[:1])
+    with raises(ValueError, "x needs K >= 2"):
+        eo.evidential_loss(x[:1], y[:1])
