@@ -39,5 +39,6 @@ def test_extra_peak_memory(benchmark, k, case, impl):
     benchmark.group = f"memory {case} K={k}"
     benchmark.extra_info.update({"case": case, "k": k, "d": 512, "impl": impl, "extra_peak_mib": result["mib"]})
     if impl != "reference":
-        # O(K) statistics + tiles + the 2·K·D gradients; 32 MiB at K = 4096 is the bound.
-        assert result["mib"] < 32 * (k / 4096) + 16, result["mib"]
+        # O(K) statistics + tiles + the 2·K·D float32 gradients: the bound is 32 MiB at
+        # K = 4096, D = 512; scaled with K (plus 4 MiB of allocator slack) at smaller sizes.
+        assert result["mib"] < 32 * (k / 4096) + 4, result["mib"]

@@ -127,6 +127,7 @@ def step_function(impl: str, case: LossCase) -> Callable[[torch.Tensor, torch.Te
 
 
 def median_seconds(fn: Callable[[], None], *, repeats: int = 3, warmup: int = 1) -> float:
+    """Median wall time of `repeats` calls of fn after `warmup` untimed ones."""
     for _ in range(warmup):
         fn()
     times = []
@@ -137,13 +138,18 @@ def median_seconds(fn: Callable[[], None], *, repeats: int = 3, warmup: int = 1)
     return statistics.median(times)
 
 
+def default_impls() -> list[str]:
+    """Every fused backend that is built, then the plain-PyTorch baselines and the GEMM floor."""
+    return [b for b in backends.available_backends() if b != "reference"] + list(BASELINES)
+
+
 def compare(sizes=(1024,), d: int = 512, cases=("tcl", "uml", "duq"), impls=None, repeats: int = 3):
     """Median fwd+bwd seconds of each implementation, all measured in this one run.
 
     Returns a list of dicts {case, k, impl, seconds}.
     """
     if impls is None:
-        impls = [b for b in backends.available_backends() if b != "reference"] + list(BASELINES)
+        impls = default_impls()
     results = []
     for k in sizes:
         x, y = make_inputs(k, d)
