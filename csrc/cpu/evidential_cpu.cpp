@@ -355,6 +355,26 @@ std::tuple<Tensor, Tensor, Tensor> forward_impl(const TileSource& source, const 
   return {row_losses, col_losses, stats};
 }
 
+// What both backward ops need before their tiles: checked sizes, the term weights and the
+// per-line gradient constants (LineGradient arrays) of each direction.
+struct BackwardLines {
+  TermSelection terms;
+  Tensor rows, cols;
+};
+
+BackwardLines backward_lines(const TileSource& source, const Tensor& grad_rows, const Tensor& grad_cols,
+                             const c10::optional<Tensor>& target_scale, const Tensor& stats, const Tensor& weights,
+                             bool rows, bool cols) {
+  check_square(source.rows(), source.cols());
+  const std::int64_t k = source.rows();
+  check_target_scale(target_scale, k);
+  check_backward_inputs(grad_rows, grad_cols, stats, k, rows, cols);
+  const TermSelection terms = select_terms(weights);
+  const Tensor scale = scale_vector(target_scale);
+  return {terms, line_gradients(stats, 0, rows, terms, scale, grad_rows, k, k),
+          line_gradients(stats, 1, cols, terms, scale, grad_cols, k, k)};
+}
+
 // Runs the backward tile kernel over every tile; `consume(r0, nr, c0, nc, grad_tile)` then uses
 // ∂L/∂s of the tile (accumulates dx/dy, or stores ds). Rounds make consume's writes exclusive.
 template <typename Consume>
@@ -413,19 +433,13 @@ std::tuple<Tensor, Tensor> loss_backward(const Tensor& grad_rows, const Tensor& 
   check_embeddings(x, y);
   const at::ScalarType type = compute_type(x.scalar_type());
   TileSource source(x.to(type).contiguous(), y.to(type).contiguous());
-  check_square(source.rows(), source.cols());
-  const std::int64_t k = source.rows();
-  check_target_scale(target_scale, k);
-  check_backward_inputs(grad_rows, grad_cols, stats, k, rows, cols);
-  const TermSelection terms = select_terms(weights);
-  const Tensor scale = scale_vector(target_scale);
-  const Tensor row_g = line_gradients(stats, 0, rows, terms, scale, grad_rows, k, k);
-  const Tensor col_g = line_gradients(stats, 1, cols, terms, scale, grad_cols, k, k);
+  const BackwardLines lines =
+      backward_lines(source, grad_rows, grad_cols, target_scale, stats, weights, rows, cols);
   const bool need_dx = output_mask[0];
   const bool need_dy = output_mask[1];
   Tensor dx = need_dx ? at::zeros_like(source.x()) : Tensor();
   Tensor dy = need_dy ? at::zeros_like(source.y()) : Tensor();
-  for_each_gradient_tile(source, evidence, tau, terms, row_g, col_g,
+  for_each_gradient_tile(source, evidence, tau, lines.terms, lines.rows, lines.cols,
                          [&](std::int64_t r0, std::int64_t nr, std::int64_t c0, std::int64_t nc, const Tensor& g) {
                            if (need_dx) {  // dx[r] += G·y[c]
                              Tensor dx_block = dx.narrow(0, r0, nr);
@@ -446,16 +460,11 @@ Tensor loss_backward_from_similarity(const Tensor& grad_rows, const Tensor& grad
                                      bool cols) {
   check_similarity(s);
   TileSource source(s);
-  check_square(source.rows(), source.cols());
+  const BackwardLines lines =
+      backward_lines(source, grad_rows, grad_cols, target_scale, stats, weights, rows, cols);
   const std::int64_t k = source.rows();
-  check_target_scale(target_scale, k);
-  check_backward_inputs(grad_rows, grad_cols, stats, k, rows, cols);
-  const TermSelection terms = select_terms(weights);
-  const Tensor scale = scale_vector(target_scale);
-  const Tensor row_g = line_gradients(stats, 0, rows, terms, scale, grad_rows, k, k);
-  const Tensor col_g = line_gradients(stats, 1, cols, terms, scale, grad_cols, k, k);
   Tensor ds = at::empty({k, k}, s.options());
-  for_each_gradient_tile(source, evidence, tau, terms, row_g, col_g,
+  for_each_gradient_tile(source, evidence, tau, lines.terms, lines.rows, lines.cols,
                          [&](std::int64_t r0, std::int64_t nr, std::int64_t c0, std::int64_t nc, const Tensor& g) {
                            ds.narrow(0, r0, nr).narrow(1, c0, nc).copy_(g);
                          });
