@@ -74,7 +74,8 @@ def flag(value, name: str) -> bool:
     return value
 
 
-def _choice(value, name: str, choices: tuple[str, ...]) -> str:
+def choice(value, name: str, choices: tuple[str, ...]) -> str:
+    """A str among `choices` (TypeError for a non-str, ValueError naming the choices otherwise)."""
     if not isinstance(value, str):
         raise TypeError(f"{name} must be a str, one of {choices}; got {type(value).__name__}")
     if value not in choices:
@@ -87,7 +88,7 @@ def tau_value(tau) -> float:
 
 
 def evidence_kind(evidence) -> str:
-    return _choice(evidence, "evidence", EVIDENCE_KINDS)
+    return choice(evidence, "evidence", EVIDENCE_KINDS)
 
 
 def weight_tuple(weights: Mapping[str, float] | None) -> tuple[float, float, float, float, float]:
@@ -119,10 +120,10 @@ def loss_config(
         evidence=evidence_kind(evidence),
         tau=tau_value(tau),
         weights=weight_tuple(weights),
-        direction=_choice(direction, "direction", DIRECTIONS),
-        reduction=_choice(reduction, "reduction", REDUCTIONS),
+        direction=choice(direction, "direction", DIRECTIONS),
+        reduction=choice(reduction, "reduction", REDUCTIONS),
         check_finite=check_finite,
-        matmul_precision=_choice(matmul_precision, "matmul_precision", MATMUL_PRECISIONS),
+        matmul_precision=choice(matmul_precision, "matmul_precision", MATMUL_PRECISIONS),
     )
 
 

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .checks import output_dtype
+from .checks import choice, integer, output_dtype
 from .opinion import belief as _belief
 from .opinion import opinion as _opinion
 from .reference.losses import NORMALIZE_EPS
@@ -156,22 +156,6 @@ def _relevance(ql: Tensor, gl: Tensor) -> Tensor:
     return (ql.to(torch.float32) @ gl.to(torch.float32).T) > 0
 
 
-def _choice(value, name: str, choices: tuple[str, ...]) -> str:
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a str, one of {choices}; got {type(value).__name__}")
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
-    return value
-
-
-def _positive_int(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return int(value)
-
-
 def _real(value, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
@@ -184,7 +168,7 @@ def _real(value, name: str) -> float:
 def _rows_per_chunk(n_rows: int, n_cols: int, chunk_size) -> int:
     if chunk_size is None:
         return max(1, min(n_rows, _CHUNK_ENTRIES // max(n_cols, 1)))
-    return _positive_int(chunk_size, "chunk_size")
+    return integer(chunk_size, "chunk_size", minimum=1)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -205,8 +189,8 @@ def retrieval_ranks(sims, captions_per_image: int = 1, *, ties: str = "pessimist
     "optimistic" counts only #{score > best}.
     """
     s = _score_matrix(sims, "sims")
-    cpi = _positive_int(captions_per_image, "captions_per_image")
-    ties = _choice(ties, "ties", TIES)
+    cpi = integer(captions_per_image, "captions_per_image", minimum=1)
+    ties = choice(ties, "ties", TIES)
     n_img, n_cap = s.shape
     if n_cap != n_img * cpi:
         raise ValueError(
@@ -279,8 +263,8 @@ def instance_labels(n_images: int, captions_per_image: int = 1) -> tuple[Tensor,
     With them `map_at_all(sims, *instance_labels(N, 5))` is the i2t mAP of the 5-caption protocol
     (UML Table 2 reports this mAP for video-text), and `map_at_all(sims.T, *reversed(...))` t2i.
     """
-    n = _positive_int(n_images, "n_images")
-    c = _positive_int(captions_per_image, "captions_per_image")
+    n = integer(n_images, "n_images", minimum=1)
+    c = integer(captions_per_image, "captions_per_image", minimum=1)
     ids = torch.arange(n)
     return ids, ids.repeat_interleave(c)
 
@@ -363,7 +347,7 @@ def average_precision(
     Ties: see `retrieval_ranks`.
     """
     s = _score_matrix(sims, "sims")
-    ties = _choice(ties, "ties", TIES)
+    ties = choice(ties, "ties", TIES)
     ql, gl = _label_pair(query_labels, gallery_labels, *s.shape, s.device)
     ap_sum, hits = _ranked_ap(s, ql, gl, ties, chunk_size)
     return ap_sum / hits.to(torch.float64), hits  # 0/0 = NaN marks "no relevant item"
@@ -400,8 +384,8 @@ def map_at_all(
     N_q gallery items), the whole gallery is ranked for any N_q, N_g. Ties: see `retrieval_ranks`.
     """
     s = _score_matrix(sims, "sims")
-    no_relevant = _choice(no_relevant, "no_relevant", NO_RELEVANT)
-    ties = _choice(ties, "ties", TIES)
+    no_relevant = choice(no_relevant, "no_relevant", NO_RELEVANT)
+    ties = choice(ties, "ties", TIES)
     ql, gl = _label_pair(query_labels, gallery_labels, *s.shape, s.device)
     ap_sum, hits = _ranked_ap(s, ql, gl, ties, chunk_size)
     return _mean_ap(ap_sum, hits, torch.ones_like(hits), no_relevant)[0]
@@ -465,8 +449,8 @@ def uncertainty_filtered_map(
     results removed, "n_counted": queries in the mean, "n_abstained": queries with nothing left}.
     """
     s = _score_matrix(sims, "sims")
-    no_relevant = _choice(no_relevant, "no_relevant", NO_RELEVANT)
-    ties = _choice(ties, "ties", TIES)
+    no_relevant = choice(no_relevant, "no_relevant", NO_RELEVANT)
+    ties = choice(ties, "ties", TIES)
     threshold = _real(threshold, "threshold")
     ql, gl = _label_pair(query_labels, gallery_labels, *s.shape, s.device)
     level, score = _deletion_scores(s, uncertainty, gallery_uncertainty, similarity_allowed=False)
@@ -524,8 +508,8 @@ def map_vs_deletion_rate(
     for every rate.
     """
     s = _score_matrix(sims, "sims")
-    no_relevant = _choice(no_relevant, "no_relevant", NO_RELEVANT)
-    ties = _choice(ties, "ties", TIES)
+    no_relevant = choice(no_relevant, "no_relevant", NO_RELEVANT)
+    ties = choice(ties, "ties", TIES)
     if deletion_rates is None:
         rates = np.round(np.arange(10) * 0.1, 10)
     else:
@@ -609,15 +593,29 @@ def query_uncertainty(opinion: Opinion, direction: str = "rows") -> Tensor:
     "cols": the gallery items y as queries over x (t2i / t2v), shape (N_g,).
     """
     op = _check_opinion(opinion)
-    direction = _choice(direction, "direction", DIRECTIONS)
+    direction = choice(direction, "direction", DIRECTIONS)
     return op.row_uncertainty if direction == "rows" else op.col_uncertainty
 
 
 def _check_k(k, n_candidates: int) -> int:
-    k = _positive_int(k, "k")
+    k = integer(k, "k", minimum=1)
     if k > n_candidates:
         raise ValueError(f"k must be <= the number of candidates ({n_candidates}), got {k}")
     return k
+
+
+def _chunked_topk(score_rows, shape, k: int, log_strength: Tensor, uncertainty: Tensor, *, evidence: str,
+                  tau: float, chunk_size) -> TopK:
+    """Top-k of each query row over row chunks of the scores (`score_rows(r0, r1)` gives rows
+    r0..r1 of the (N_q, N_g) matrix), with beliefs from the queries' log-strengths."""
+    idx_parts, sim_parts, bel_parts = [], [], []
+    rows = _rows_per_chunk(shape[0], shape[1], chunk_size)
+    for r0 in range(0, shape[0], rows):
+        top = torch.topk(score_rows(r0, r0 + rows), k, dim=1)
+        idx_parts.append(top.indices)
+        sim_parts.append(top.values)
+        bel_parts.append(_belief(top.values, log_strength[r0 : r0 + rows], evidence=evidence, tau=tau, dim=1))
+    return TopK(torch.cat(idx_parts), torch.cat(sim_parts), torch.cat(bel_parts), uncertainty)
 
 
 def topk_beliefs(
@@ -642,7 +640,7 @@ def topk_beliefs(
     s = _score_matrix(sims, "sims")
     if not s.is_floating_point():
         raise TypeError(f"sims must be floating point for beliefs, got {s.dtype}")
-    direction = _choice(direction, "direction", DIRECTIONS)
+    direction = choice(direction, "direction", DIRECTIONS)
     n_q, n_g = s.shape
     if op.row_log_strength.shape != (n_q,) or op.col_log_strength.shape != (n_g,):
         raise ValueError(
@@ -655,16 +653,8 @@ def topk_beliefs(
     else:
         log_strength, unc = op.row_log_strength, op.row_uncertainty
     k = _check_k(k, s.shape[1])
-    idx_parts, sim_parts, bel_parts = [], [], []
-    rows = _rows_per_chunk(s.shape[0], s.shape[1], chunk_size)
-    for r0 in range(0, s.shape[0], rows):
-        top = torch.topk(s[r0 : r0 + rows], k, dim=1)
-        idx_parts.append(top.indices)
-        sim_parts.append(top.values)
-        bel_parts.append(
-            _belief(top.values, log_strength[r0 : r0 + rows].to(s.device), evidence=evidence, tau=tau, dim=1)
-        )
-    return TopK(torch.cat(idx_parts), torch.cat(sim_parts), torch.cat(bel_parts), unc)
+    return _chunked_topk(lambda r0, r1: s[r0:r1], s.shape, k, log_strength.to(s.device), unc,
+                         evidence=evidence, tau=tau, chunk_size=chunk_size)
 
 
 def evidential_topk(
@@ -686,7 +676,7 @@ def evidential_topk(
     materialises the matrix); the top-k are found over row chunks of x·yᵀ (or y·xᵀ for
     direction="cols") and their beliefs from `evidential_ops.belief`. Shapes as in `topk_beliefs`.
     """
-    direction = _choice(direction, "direction", DIRECTIONS)
+    direction = choice(direction, "direction", DIRECTIONS)
     op = _opinion(x, y, evidence=evidence, tau=tau, normalize=normalize, backend=backend)
     work = output_dtype(x.dtype)
     with torch.no_grad():
@@ -700,13 +690,5 @@ def evidential_topk(
         else:
             log_strength, unc = op.row_log_strength, op.row_uncertainty
         k = _check_k(k, yg.shape[0])
-        idx_parts, sim_parts, bel_parts = [], [], []
-        rows = _rows_per_chunk(xq.shape[0], yg.shape[0], chunk_size)
-        for r0 in range(0, xq.shape[0], rows):
-            top = torch.topk(xq[r0 : r0 + rows] @ yg.T, k, dim=1)
-            idx_parts.append(top.indices)
-            sim_parts.append(top.values)
-            bel_parts.append(
-                _belief(top.values, log_strength[r0 : r0 + rows], evidence=evidence, tau=tau, dim=1)
-            )
-    return TopK(torch.cat(idx_parts), torch.cat(sim_parts), torch.cat(bel_parts), unc)
+        return _chunked_topk(lambda r0, r1: xq[r0:r1] @ yg.T, (xq.shape[0], yg.shape[0]), k, log_strength, unc,
+                             evidence=evidence, tau=tau, chunk_size=chunk_size)
