@@ -103,7 +103,3 @@ def scale_value(value, name: str, like: Tensor) -> float | Tensor:
             raise ValueError(f"{name} must be finite and > 0, got {v}")
         return value.to(like.dtype)
     return positive_number(value, name)
-
-
-def eye_mask(k: int, like: Tensor) -> Tensor:
-    return torch.eye(k, dtype=torch.bool, device=like.device)
