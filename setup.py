@@ -42,7 +42,7 @@ def extension():
     # OpenMP makes at::parallel_for parallel inside the extension (torch ships libgomp.so.1 and the
     # loader reuses it: one thread pool) and lets `omp simd` vectorise the tile loops' reductions.
     # -fno-math-errno and -fno-trapping-math change no result (torch builds with both; this is
-    # not -ffast-math, which DESIGN forbids): they let selects between computed values become
+    # not -ffast-math, which would change results): they let selects between computed values become
     # vector blends instead of branches, without which the special functions do not vectorise.
     cxx += ["-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-Wall", "-Wno-unknown-pragmas"]
     include_dirs = [os.path.join(ROOT, "csrc")]

@@ -3,7 +3,7 @@
     import evidential_ops as eo
     loss = eo.evidential_loss(x, y, evidence="exp", tau=0.05, weights={"risk": 1.0, "kl": 0.1})
 
-See ../shared/SPEC.md for the mathematics and README.md for the backends and methods.
+See docs/SPEC.md for the mathematics and README.md for the backends and methods.
 """
 
 from . import extension, reference

@@ -1,4 +1,4 @@
-"""Backend registry: one op family, several implementations (DESIGN "Layout").
+"""Backend registry: one op family, several implementations (README "Layout").
 
 A backend is registered only when its kernels exist and loaded; `available_backends()` lists
 exactly those. `backend="auto"` picks the fastest registered backend for the tensors' device.
@@ -74,7 +74,7 @@ class ReferenceBackend:
 
 
 class _matmul_precision:
-    """Context that allows TF32 in CUDA matmuls only when asked (it costs ~3e-4 in e, DESIGN)."""
+    """Context that allows TF32 in CUDA matmuls only when asked (it costs ~3e-4 relative in e, SPEC §5)."""
 
     def __init__(self, precision: str, device: torch.device):
         self.active = device.type == "cuda"

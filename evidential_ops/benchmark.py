@@ -68,7 +68,7 @@ def naive_pytorch_loss(x: torch.Tensor, y: torch.Tensor, case: LossCase) -> torc
     """SPEC §2 written the textbook way, one-hot targets, both directions, mean reduction.
 
     A speed baseline only: it loses all digits of the KL term and NaNs in the log-determinant
-    where evidence is large (DESIGN "Numerics"), which is why the reference does not look like this.
+    where evidence is large (SPEC §2 "Stable forms"), which is why the reference does not look like this.
     """
     alpha = reference.evidence(x @ y.T, case.evidence, case.tau) + 1.0
     k = alpha.shape[0]

@@ -3,7 +3,7 @@
 The schemas and CPU kernels live in csrc/ (ops.cpp, cpu/). Here each forward op gets a fake
 implementation (shapes only, for torch.compile and torch.library.opcheck) and an autograd
 formula that calls the backward op, itself a registered op with its own fake implementation.
-No torch.autograd.Function is involved (DESIGN: those are a silent-wrong-result source under
+No torch.autograd.Function is involved (those are a silent-wrong-result source under
 torch.compile).
 """
 

@@ -1,4 +1,4 @@
-"""Public evidential loss API (DESIGN "Public API", SPEC §2-3, §5)."""
+"""Public evidential loss API (README "API", SPEC §2-3, §5)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Shared fixtures: input generators for the regimes every backend is tested in (DEVELOPERS.md)."""
+"""Shared fixtures: input generators for the regimes every backend is tested in (docs/SPEC.md §5)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def random_pairs(k: int, d: int, *, dtype=torch.float32, generator=None, positiv
 
 
 def hard_pairs(k: int, d: int, *, dtype=torch.float32, generator=None, group: int = 4, cos: float = 0.99):
-    """The hard regime (DESIGN "Numerics"): positives at cosine ≈ `cos` AND hard negatives.
+    """The hard regime (SPEC §2 "Stable forms"): positives at cosine ≈ `cos` AND hard negatives.
 
     Items come in groups of `group` near-duplicates (like the 5 captions of one COCO image in a
     batch), so every row has a positive with e = exp(0.99/τ) ≈ 4e8 at τ = 0.05 and several

@@ -1,6 +1,6 @@
 // CPU implementations of the evidential_ops operators (schemas in csrc/ops.cpp).
 //
-// Shape of every op (DESIGN "Kernel shape"): the K×K similarity matrix is visited tile by tile
+// Shape of every op (README "Backends"): the K×K similarity matrix is visited tile by tile
 // (a tile GEMM from x and y, or a block of the given s) and never stored. Tiles are processed in
 // rounds in which no two tiles share a row block or a column block (tile (r, c) belongs to round
 // (r + c) mod M), so the row statistics, the column statistics, dx and dy are all accumulated

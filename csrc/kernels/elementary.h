@@ -1,7 +1,7 @@
 // exp and log in double precision, written so that compilers vectorise them.
 //
-// libm's exp/log are opaque calls that GCC only vectorises under -ffast-math (which DESIGN
-// forbids). These are branch-free (selects only) and use the classic "add 1.5·2^52" trick to
+// libm's exp/log are opaque calls that GCC only vectorises under -ffast-math (which would
+// change results: never used here). These are branch-free (selects only) and use the classic "add 1.5·2^52" trick to
 // move between integers and doubles, so they vectorise with SSE2, AVX2 and AVX-512 alike.
 // Accuracy: < 1 ulp over their domain (checked against tabulated mpmath values in csrc/tests).
 #pragma once

@@ -1,4 +1,4 @@
-// ψ, ψ1, ψ2, lnΓ and the cancellation-free helpers of DESIGN "Numerics", for arguments x >= 1.
+// ψ, ψ1, ψ2, lnΓ and the cancellation-free helpers of SPEC §2 "Stable forms", for arguments x >= 1.
 //
 // All in double: the CPU kernels evaluate every element in double (cheap next to the tile GEMMs
 // and it removes the float32 cancellations of the KL and Fisher terms outright). Small arguments
@@ -130,7 +130,7 @@ EO_HOST_DEVICE double trigamma(double x) { return polygammas(x).trigamma; }
 EO_HOST_DEVICE double tetragamma(double x) { return polygammas(x).tetragamma; }
 EO_HOST_DEVICE double lgamma_ge1(double x) { return polygammas(x).lgamma; }
 
-// h(x) = (x − 1)ψ(x) − lnΓ(x) − x (KL term, DESIGN "Numerics"): grows like −½ ln x, so the
+// h(x) = (x − 1)ψ(x) − lnΓ(x) − x (KL term, SPEC §2 "Stable forms"): grows like −½ ln x, so the
 // x ln x parts that cancel in the textbook KL never appear. g = polygammas(x).
 EO_HOST_DEVICE double kl_h(double x, const Polygammas& g) {
   const double u = g.inv_z;  // 1/x on the series branch (x >= 8)

@@ -1,4 +1,4 @@
-"""Method pipelines around user-replaceable encoders (SPEC §3; DESIGN "Public API").
+"""Method pipelines around user-replaceable encoders (SPEC §3; README "API").
 
 One file per method, each with a `training_step(batch, epoch, optimizer)` usable in any loop and
 an inference/evaluation function over a `data.CrossModalSplit`:

@@ -1,4 +1,4 @@
-"""The executable SPEC: every quantity of ../shared/SPEC.md in plain PyTorch, float64-capable.
+"""The executable SPEC: every quantity of docs/SPEC.md in plain PyTorch, float64-capable.
 
 Fused backends are tested against these functions evaluated in float64 on the same inputs.
 """

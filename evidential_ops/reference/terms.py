@@ -2,7 +2,7 @@
 
 Row i of α (K × K) is one query's Dirichlet; its target is c_i·one-hot(i), i.e. the diagonal.
 The column direction is the same function applied to αᵀ. Every term is written in a form that
-stays exact when the positive's evidence dwarfs the rest of the row (DESIGN "Numerics"): the
+stays exact when the positive's evidence dwarfs the rest of the row (SPEC §2 "Stable forms"): the
 off-diagonal mass `rest = Σ_{j≠i} α_ij` is summed directly and never recovered as S − α_ii.
 """
 
