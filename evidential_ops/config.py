@@ -12,6 +12,7 @@ DIRECTIONS = ("rows", "cols", "both")
 REDUCTIONS = ("mean", "sum", "none")
 MATMUL_PRECISIONS = ("ieee", "tf32")
 DEFAULT_WEIGHTS = {"risk": 1.0, "kl": 0.1}
+NORMALIZE_EPS = 1e-12  # F.normalize eps of normalize=True (SPEC notation)
 
 __all__ = [
     "DEFAULT_WEIGHTS",
@@ -19,6 +20,7 @@ __all__ = [
     "EVIDENCE_KINDS",
     "LossConfig",
     "MATMUL_PRECISIONS",
+    "NORMALIZE_EPS",
     "REDUCTIONS",
     "TERMS",
 ]

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import backends, checks
-from .reference.losses import NORMALIZE_EPS
+from .config import NORMALIZE_EPS
 
 LossOutput = Tensor | tuple[Tensor, Tensor]
 

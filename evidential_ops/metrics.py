@@ -49,8 +49,8 @@ from torch import Tensor
 from .checks import choice, integer, output_dtype
 from .opinion import belief as _belief
 from .opinion import opinion as _opinion
-from .reference.losses import NORMALIZE_EPS
-from .reference.methods.fume import fume_cross_modal_uncertainty
+from .config import NORMALIZE_EPS
+from .methods.fume import fume_cross_modal_uncertainty
 from .results import Opinion
 
 __all__ = [

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import backends, checks
-from .reference.losses import NORMALIZE_EPS
-from .reference.losses import belief as _reference_belief
+from .config import NORMALIZE_EPS
+from .evidence import belief as _belief
 from .results import Opinion
 
 
@@ -84,4 +84,4 @@ def belief(s: Tensor, log_strength: Tensor, *, evidence: str = "exp", tau: float
             f"log_strength must have shape ({s.shape[1 - dim]},) for s of shape {tuple(s.shape)} and "
             f"dim={dim}, got {tuple(log_strength.shape)}"
         )
-    return _reference_belief(s, log_strength, evidence=evidence, tau=tau, dim=dim)
+    return _belief(s, log_strength, evidence=evidence, tau=tau, dim=dim)

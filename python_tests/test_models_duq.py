@@ -9,7 +9,8 @@ import torch
 from models_fixtures import single_thread, tiny_batch, tiny_bench
 
 from evidential_ops.models import DUQ
-from evidential_ops.reference.methods import duq_isum_loss, duq_rerank, duq_total_loss
+from evidential_ops.methods import duq_rerank
+from evidential_ops.reference.methods import duq_isum_loss, duq_total_loss
 
 
 _one_thread = pytest.fixture(autouse=True)(single_thread)

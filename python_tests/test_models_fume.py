@@ -10,7 +10,7 @@ from models_fixtures import single_thread, tiny_batch, tiny_bench
 
 from evidential_ops.metrics import map_at_all
 from evidential_ops.models import FUME
-from evidential_ops.reference.methods import (
+from evidential_ops.methods import (
     fume_credibility,
     fume_cross_modal_uncertainty,
     fume_decision_uncertainty,

@@ -12,7 +12,8 @@ from evidential_ops.metrics import retrieval_metrics
 from evidential_ops.models import TCL, TcVSE
 from evidential_ops.models.encoders import GRUTextEncoder, MaxPoolEncoder
 from evidential_ops.reference import opinion_from_similarity
-from evidential_ops.reference.methods import evidential_beliefs, tcl_consistency_loss, tcl_uncertainty_loss
+from evidential_ops.methods import evidential_beliefs, tcl_consistency_loss
+from evidential_ops.reference.methods import tcl_uncertainty_loss
 
 
 _one_thread = pytest.fixture(autouse=True)(single_thread)

@@ -11,14 +11,8 @@ from models_fixtures import single_thread, tiny_batch, tiny_bench
 from evidential_ops.models import UML
 from evidential_ops.models.uml import split_statistics
 from evidential_ops.reference import opinion_from_similarity
-from evidential_ops.reference.methods import (
-    uml_aml_loss,
-    uml_clean_labels,
-    uml_dual_view_loss,
-    uml_evidential_loss,
-    uml_similarities,
-    uml_total_loss,
-)
+from evidential_ops.methods import uml_aml_loss, uml_clean_labels, uml_similarities
+from evidential_ops.reference.methods import uml_dual_view_loss, uml_evidential_loss, uml_total_loss
 
 _one_thread = pytest.fixture(autouse=True)(single_thread)
 

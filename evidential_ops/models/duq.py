@@ -30,7 +30,7 @@ from ..backends import check_name
 from ..data.types import CrossModalSplit
 from ..losses import evidential_loss_from_similarity
 from ..metrics import retrieval_metrics
-from ..reference.methods import (
+from ..methods import (
     duq_distance_loss,
     duq_distance_matrix,
     duq_distance_uncertainty_loss,
@@ -39,7 +39,7 @@ from ..reference.methods import (
     duq_rerank,
     duq_similarity_loss,
 )
-from ..reference.methods.duq import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GAMMA, DEFAULT_NUM_SAMPLES
+from ..methods.duq import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GAMMA, DEFAULT_NUM_SAMPLES
 from ._steps import apply_step, check_grad_clip, check_optimizer, module_device, move_batch
 from .dual_encoder import DualEncoder, embed_split
 from .encoders import AttentionPoolEncoder, GRUTextEncoder

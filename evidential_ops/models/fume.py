@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from .. import checks
 from ..data.types import CrossModalSplit
 from ..metrics import map_at_all, map_vs_deletion_rate, retrieval_metrics, uncertainty_filtered_map
-from ..reference.methods import (
+from ..methods import (
     fume_credibility,
     fume_cross_modal_uncertainty,
     fume_decision_uncertainty,
@@ -28,7 +28,7 @@ from ..reference.methods import (
     fume_membership,
     fume_membership_matrix,
 )
-from ..reference.methods.fume import DEFAULT_TAU
+from ..methods.fume import DEFAULT_TAU
 from ._steps import apply_step, check_grad_clip, check_optimizer, module_device, move_batch
 from .dual_encoder import DualEncoder, batch_tensor, embed_split
 from .encoders import BagOfWordsEncoder, MLPEncoder

@@ -28,8 +28,8 @@ from ..data.types import CrossModalSplit
 from ..losses import evidential_loss
 from ..metrics import TopK, retrieval_metrics
 from ..opinion import belief, opinion
-from ..reference.methods import tcl_consistency_loss, tcl_ensemble_similarity, tcl_kl_weight
-from ..reference.methods.tcl import DEFAULT_TAU
+from ..methods import tcl_consistency_loss, tcl_ensemble_similarity, tcl_kl_weight
+from ..methods.tcl import DEFAULT_TAU
 from ..results import Opinion
 from ._steps import apply_step, check_grad_clip, check_optimizer, module_device, move_batch
 from .dual_encoder import DualEncoder, embed_split

@@ -29,8 +29,8 @@ from ..data.types import CrossModalSplit
 from ..losses import evidential_loss_from_similarity
 from ..metrics import retrieval_metrics
 from ..opinion import opinion_from_similarity
-from ..reference.methods import uml_aml_loss, uml_clean_labels, uml_sigma, uml_similarities
-from ..reference.methods.uml import (
+from ..methods import uml_aml_loss, uml_clean_labels, uml_sigma, uml_similarities
+from ..methods.uml import (
     DEFAULT_AML_TAU,
     DEFAULT_BETA,
     DEFAULT_EVIDENCE,

@@ -3,10 +3,9 @@
 Fused backends are tested against these functions evaluated in float64 on the same inputs.
 """
 
+from ..evidence import belief, evidence, log_alpha
 from . import methods
-from .evidence import evidence, log_alpha
 from .losses import (
-    belief,
     check_no_overflow,
     evidential_loss,
     evidential_loss_from_similarity,

@@ -14,13 +14,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import checks
-from ..config import TERMS, LossConfig
+from ..config import NORMALIZE_EPS, TERMS, LossConfig
 from ..results import Opinion
-from .evidence import evidence as evidence_map
-from .evidence import log_alpha, max_log_alpha
+from ..evidence import evidence as evidence_map
+from ..evidence import log_alpha, max_log_alpha
 from .terms import row_terms
 
-NORMALIZE_EPS = 1e-12
 
 
 def _compute_dtype(input_dtype: torch.dtype, compute_dtype: torch.dtype | None) -> torch.dtype:
@@ -178,14 +177,3 @@ def opinion(
     return opinion_from_similarity(
         similarity(x, y, normalize=normalize, dtype=dtype), evidence=evidence, tau=tau, compute_dtype=dtype
     )
-
-
-def belief(s: Tensor, log_strength: Tensor, *, evidence: str, tau: float, dim: int = 1) -> Tensor:
-    """b = e / S for the entries of s, given the log-strengths of its rows (dim=1) or columns (dim=0).
-
-    s: (N_q, M) similarities of selected results; log_strength: (N_q,) for dim=1, (M,) for dim=0.
-    """
-    log_s = log_strength.unsqueeze(1) if dim == 1 else log_strength.unsqueeze(0)
-    if evidence == "exp":
-        return torch.exp(s.to(log_s.dtype) / tau - log_s)
-    return evidence_map(s.to(log_s.dtype), evidence, tau) * torch.exp(-log_s)

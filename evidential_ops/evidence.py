@@ -1,4 +1,7 @@
-"""Evidence maps e = g(s/τ) and Dirichlet parameters α = e + 1 (SPEC §1)."""
+"""Evidence maps e = g(s/τ), Dirichlet parameters α = e + 1 and beliefs b = e/S (SPEC §1).
+
+Elementwise functions used by the pipelines, the public `belief` and the float64 reference alike.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ import math
 import torch
 from torch import Tensor
 
-from ..config import EVIDENCE_KINDS
+from .config import EVIDENCE_KINDS
 
 
 def evidence(s: Tensor, kind: str, tau: float) -> Tensor:
@@ -30,6 +33,10 @@ def evidence(s: Tensor, kind: str, tau: float) -> Tensor:
     raise ValueError(f"evidence must be one of {EVIDENCE_KINDS}, got {kind!r}")
 
 
+# belief() takes a keyword named `evidence` (the public API's name), which hides the function.
+_evidence_map = evidence
+
+
 def log_alpha(s: Tensor, kind: str, tau: float) -> Tensor:
     """ln α = ln(g(s/τ) + 1), finite even where α itself overflows (exp evidence, small τ)."""
     if kind == "exp":
@@ -48,3 +55,14 @@ def max_log_alpha(kind: str, tau: float, max_abs_similarity: float) -> float:
     if kind == "softplus":
         return math.log1p(x + math.log1p(math.exp(-x)))
     return math.log1p(math.e)
+
+
+def belief(s: Tensor, log_strength: Tensor, *, evidence: str, tau: float, dim: int = 1) -> Tensor:
+    """b = e / S for the entries of s, given the log-strengths of its rows (dim=1) or columns (dim=0).
+
+    s: (N_q, M) similarities of selected results; log_strength: (N_q,) for dim=1, (M,) for dim=0.
+    """
+    log_s = log_strength.unsqueeze(1) if dim == 1 else log_strength.unsqueeze(0)
+    if evidence == "exp":
+        return torch.exp(s.to(log_s.dtype) / tau - log_s)
+    return _evidence_map(s.to(log_s.dtype), evidence, tau) * torch.exp(-log_s)

@@ -12,14 +12,13 @@ import mpmath
 import pytest
 import torch
 
-from evidential_ops.reference.methods import (
+from evidential_ops.methods import (
     evidential_beliefs,
     tcl_consistency_loss,
     tcl_ensemble_similarity,
-    tcl_inference,
     tcl_kl_weight,
-    tcl_uncertainty_loss,
 )
+from evidential_ops.reference.methods import tcl_inference, tcl_uncertainty_loss
 
 # ---------------------------------------------------------------------------------------------
 # Independent scalar evidence maps (SPEC §1 table), written with math, not torch.

@@ -1,7 +1,10 @@
-"""Method-level references of SPEC §3 (TCL/TcVSE, UML, FUME, DUQ) in plain PyTorch.
+"""The method pieces of SPEC §3 the pipelines run: TCL/TcVSE, UML, FUME, DUQ, in plain PyTorch.
 
-Float64-capable, computed in the input dtype (float32 or float64). The K×K evidential term
-family they build on is `evidential_ops.reference.loss_terms` / `row_terms`.
+Everything here except the evidential terms themselves (those are the fused op,
+`evidential_ops.evidential_loss`): TCL's KL schedule, beliefs and consistency loss, UML's clean
+labels, schedule and AML, FUME's membership, credibility and losses, DUQ's InfoNCE, probabilistic
+distances and re-ranking. Computed in the input dtype (float32 or float64). The float64 judges of
+the whole method losses are in `evidential_ops.reference.methods`.
 """
 
 from .duq import (
@@ -10,11 +13,9 @@ from .duq import (
     duq_distance_matrix,
     duq_distance_uncertainty_loss,
     duq_gaussian_kl,
-    duq_isum_loss,
     duq_probabilistic_embeddings,
     duq_rerank,
     duq_similarity_loss,
-    duq_total_loss,
 )
 from .fume import (
     fume_consistency_loss,
@@ -28,36 +29,27 @@ from .fume import (
     fume_training_credibility,
 )
 from .tcl import (
-    TCLInference,
     evidential_beliefs,
     tcl_consistency_loss,
     tcl_ensemble_similarity,
-    tcl_inference,
     tcl_kl_weight,
-    tcl_uncertainty_loss,
 )
 from .uml import (
     uml_aml_loss,
     uml_clean_labels,
-    uml_dual_view_loss,
-    uml_evidential_loss,
     uml_sigma,
     uml_similarities,
-    uml_total_loss,
 )
 
 __all__ = [
     "DUQRerank",
-    "TCLInference",
     "duq_distance_loss",
     "duq_distance_matrix",
     "duq_distance_uncertainty_loss",
     "duq_gaussian_kl",
-    "duq_isum_loss",
     "duq_probabilistic_embeddings",
     "duq_rerank",
     "duq_similarity_loss",
-    "duq_total_loss",
     "evidential_beliefs",
     "fume_consistency_loss",
     "fume_credibility",
@@ -70,14 +62,9 @@ __all__ = [
     "fume_training_credibility",
     "tcl_consistency_loss",
     "tcl_ensemble_similarity",
-    "tcl_inference",
     "tcl_kl_weight",
-    "tcl_uncertainty_loss",
     "uml_aml_loss",
     "uml_clean_labels",
-    "uml_dual_view_loss",
-    "uml_evidential_loss",
     "uml_sigma",
     "uml_similarities",
-    "uml_total_loss",
 ]

@@ -13,7 +13,7 @@ import pytest
 import scipy.special
 import torch
 
-from evidential_ops.reference.methods import (
+from evidential_ops.methods import (
     fume_consistency_loss,
     fume_credibility,
     fume_cross_modal_uncertainty,

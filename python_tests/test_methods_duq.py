@@ -15,17 +15,16 @@ import torch
 import torch.nn.functional as F
 from torch.distributions import Normal, kl_divergence
 
-from evidential_ops.reference.methods import (
+from evidential_ops.methods import (
     duq_distance_loss,
     duq_distance_matrix,
     duq_distance_uncertainty_loss,
     duq_gaussian_kl,
-    duq_isum_loss,
     duq_probabilistic_embeddings,
     duq_rerank,
     duq_similarity_loss,
-    duq_total_loss,
 )
+from evidential_ops.reference.methods import duq_isum_loss, duq_total_loss
 
 
 def _similarity(b: int, seed: int, dtype=torch.float64, n: int | None = None) -> torch.Tensor:

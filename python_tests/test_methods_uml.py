@@ -17,15 +17,8 @@ import scipy.special
 import torch
 from torch.distributions import Categorical, kl_divergence
 
-from evidential_ops.reference.methods import (
-    uml_aml_loss,
-    uml_clean_labels,
-    uml_dual_view_loss,
-    uml_evidential_loss,
-    uml_sigma,
-    uml_similarities,
-    uml_total_loss,
-)
+from evidential_ops.methods import uml_aml_loss, uml_clean_labels, uml_sigma, uml_similarities
+from evidential_ops.reference.methods import uml_dual_view_loss, uml_evidential_loss, uml_total_loss
 
 TAU = 0.1
 

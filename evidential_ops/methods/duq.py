@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ... import checks
-from ..losses import NORMALIZE_EPS, loss_terms
+from .. import checks
+from ..config import NORMALIZE_EPS
 from . import _common
 
 DEFAULT_LOGIT_SCALE = 100.0  # [choice]: CLIP/X-Pool's trained logit scale (clamped at 100)
@@ -45,22 +45,6 @@ def duq_similarity_loss(s: Tensor, *, logit_scale=DEFAULT_LOGIT_SCALE, check_fin
     s = _common.square_matrix(s, "s", check_finite=check_finite)
     scale = _common.scale_value(logit_scale, "logit_scale", s)
     return -_symmetric_diagonal_log_softmax(scale * s)
-
-
-def duq_isum_loss(s: Tensor, *, check_finite: bool = True) -> Tensor:
-    """Intra-pair similarity uncertainty loss L_S^U of DUQ eq. 4-7 (SPEC §3 "DUQ").
-
-    Evidence relu(s) (τ = 1), α = e + 1, target I, Sensoy MSE per row and per column
-    (SPEC §2.3, `reference.loss_terms`): L_S^U = (1/B)(Σ_i mse_i(rows) + Σ_j mse_j(cols)).
-
-    Args:
-        s: (B, B) similarities.
-    Returns:
-        Scalar in s's dtype.
-    """
-    s = _common.square_matrix(s, "s", check_finite=check_finite)
-    rows, cols = loss_terms(s, evidence="relu", tau=1.0, direction="both", terms=("mse",))
-    return (rows["mse"].sum() + cols["mse"].sum()) / s.shape[0]
 
 
 def _complement_target_mse_rows(alpha: Tensor) -> Tensor:
@@ -220,49 +204,6 @@ def duq_gaussian_kl(mu: Tensor, log_sigma: Tensor, *, check_finite: bool = True)
     _common.same_shape(mu, log_sigma, "mu", "log_sigma")
     per_dim = mu * mu + torch.expm1(2.0 * log_sigma) - 2.0 * log_sigma
     return 0.5 * per_dim.sum(dim=1).mean()
-
-
-def duq_total_loss(
-    s: Tensor,
-    d: Tensor,
-    mu_text: Tensor,
-    log_sigma_text: Tensor,
-    mu_video: Tensor,
-    log_sigma_video: Tensor,
-    *,
-    logit_scale=DEFAULT_LOGIT_SCALE,
-    alpha: float = DEFAULT_ALPHA,
-    beta: float = DEFAULT_BETA,
-    check_finite: bool = True,
-) -> Tensor:
-    """DUQ training objective, eq. 15 (SPEC §3 "DUQ"):
-    L = L_S + L_S^U + α(L_D + L_D^U) + β·L_KL, L_KL = KL_text + KL_video (eq. 14).
-
-    Args:
-        s: (B, B) similarities; d: (B, B) distances (`duq_distance_matrix`).
-        mu_text, log_sigma_text: (B, D_p); mu_video, log_sigma_video: (B, D_p).
-        alpha, beta: >= 0 (paper 0.1 and 1e-4).
-    Returns:
-        Scalar in the input dtype.
-    """
-    s = _common.square_matrix(s, "s", check_finite=check_finite)
-    d = _common.square_matrix(d, "d", check_finite=check_finite)
-    _common.same_shape(s, d, "s", "d")
-    for name, t in (("mu_text", mu_text), ("log_sigma_text", log_sigma_text),
-                    ("mu_video", mu_video), ("log_sigma_video", log_sigma_video)):
-        t = _common.float_tensor(t, name, dim=2, check_finite=check_finite)
-        checks.same_kind(s, t, "s", name)
-        if t.shape[0] != s.shape[0]:
-            raise ValueError(f"{name} must have B = {s.shape[0]} rows (the batch of s), got {tuple(t.shape)}")
-    alpha = checks.real_number(alpha, "alpha", minimum=0.0)
-    beta = checks.real_number(beta, "beta", minimum=0.0)
-    similarity = duq_similarity_loss(s, logit_scale=logit_scale, check_finite=False)
-    similarity = similarity + duq_isum_loss(s, check_finite=False)
-    distance = duq_distance_loss(d, logit_scale=logit_scale, check_finite=False)
-    distance = distance + duq_distance_uncertainty_loss(d, check_finite=False)
-    kl = duq_gaussian_kl(mu_text, log_sigma_text, check_finite=False)
-    kl = kl + duq_gaussian_kl(mu_video, log_sigma_video, check_finite=False)
-    return similarity + alpha * distance + beta * kl
 
 
 class DUQRerank(NamedTuple):

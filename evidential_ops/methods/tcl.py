@@ -3,20 +3,17 @@
 Two query models: A (image/visual query, owns the row direction v2t) and B (text query, owns
 the column direction t2v). Each gives its own (K, K) similarity matrix, s_A[i, j] and s_B[i, j]
 both being the similarity of image i and text j; "columns" is the same matrix read by columns.
-The K×K evidential terms themselves come from `evidential_ops.reference.loss_terms`.
+The K×K evidential terms are the fused op's (`evidential_ops.evidential_loss`); their float64
+judge `evidential_ops.reference.methods.tcl_uncertainty_loss` lives with the reference.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 from torch import Tensor
 
-from ... import checks
-from ...results import Opinion
-from ..evidence import log_alpha
-from ..losses import belief, check_no_overflow, loss_terms, opinion_from_similarity
+from .. import checks
+from ..evidence import belief, log_alpha
 from . import _common
 
 KL_RATE = 0.005  # TCL eq. 10: λ = min(1, 0.005·n_e)
@@ -64,56 +61,11 @@ def evidential_beliefs(s: Tensor, *, evidence: str = "exp", tau: float = DEFAULT
     return belief(s, log_strength, evidence=evidence, tau=tau, dim=dim)
 
 
-def _model_pair(s_a, s_b, check_finite: bool) -> tuple[Tensor, Tensor]:
+def model_pair(s_a, s_b, check_finite: bool) -> tuple[Tensor, Tensor]:
     s_a = _common.square_matrix(s_a, "s_a", check_finite=check_finite)
     s_b = _common.square_matrix(s_b, "s_b", check_finite=check_finite)
     _common.same_shape(s_a, s_b, "s_a", "s_b")
     return s_a, s_b
-
-
-def tcl_uncertainty_loss(
-    s_a: Tensor,
-    s_b: Tensor,
-    *,
-    kl_weight: float,
-    evidence: str = "exp",
-    tau: float = DEFAULT_TAU,
-    reduction: str = "mean",
-    check_finite: bool = True,
-):
-    """Step-1 uncertainty-aware loss L_u of TCL eq. 8-11 (SPEC §3 "TCL").
-
-    L_u = mean_i[risk_i + λ·kl_i](rows of α_A) + mean_j[risk_j + λ·kl_j](columns of α_B),
-    α = g(s/τ) + 1, one-hot targets on the diagonal (risk: SPEC §2.1, kl: SPEC §2.2).
-    Model A only learns its row (image-query) direction and model B only its column
-    (text-query) direction, as in TCL Algorithm 1.
-
-    Args:
-        s_a: (K, K) similarities of model A (image i, text j).
-        s_b: (K, K) similarities of model B, same layout.
-        kl_weight: λ >= 0, usually `tcl_kl_weight(epoch)`.
-        reduction: "mean" (the scalar L_u) or "none" ((K,) row losses of A, (K,) column losses of B).
-    Returns:
-        Scalar in the input dtype, or the two (K,) tensors.
-    Raises:
-        ValueError naming tau if the materialised row strengths would overflow the dtype
-        (exp evidence at small τ in float32): use float64 or a fused backend then.
-    """
-    s_a, s_b = _model_pair(s_a, s_b, check_finite)
-    kl_weight = checks.real_number(kl_weight, "kl_weight", minimum=0.0)
-    evidence = checks.evidence_kind(evidence)
-    tau = checks.positive_number(tau, "tau")
-    if reduction not in ("mean", "none"):
-        raise ValueError(f"reduction must be 'mean' or 'none', got {reduction!r}")
-    check_no_overflow(s_a, evidence, tau, s_a.dtype)
-    check_no_overflow(s_b, evidence, tau, s_b.dtype)
-    rows, _ = loss_terms(s_a, evidence=evidence, tau=tau, direction="rows", terms=("risk", "kl"))
-    _, cols = loss_terms(s_b, evidence=evidence, tau=tau, direction="cols", terms=("risk", "kl"))
-    row_losses = rows["risk"] + kl_weight * rows["kl"]
-    col_losses = cols["risk"] + kl_weight * cols["kl"]
-    if reduction == "none":
-        return row_losses, col_losses
-    return row_losses.mean() + col_losses.mean()
 
 
 def tcl_consistency_loss(
@@ -138,7 +90,7 @@ def tcl_consistency_loss(
     Returns:
         Scalar in the input dtype.
     """
-    s_a, s_b = _model_pair(s_a, s_b, check_finite)
+    s_a, s_b = model_pair(s_a, s_b, check_finite)
     evidence = checks.evidence_kind(evidence)
     tau = checks.positive_number(tau, "tau")
     rows_a = evidential_beliefs(s_a.detach(), evidence=evidence, tau=tau, dim=1)
@@ -162,38 +114,3 @@ def tcl_ensemble_similarity(s_a: Tensor, s_b: Tensor) -> Tensor:
     s_b = _common.float_tensor(s_b, "s_b", dim=2, check_finite=False)
     _common.same_shape(s_a, s_b, "s_a", "s_b")
     return s_a + s_b
-
-
-class TCLInference(NamedTuple):
-    """What TCL reports at test time (SPEC §3 "TCL", inference).
-
-    similarity: (N_q, N_g) ensemble s_A + s_B, the ranking score.
-    opinion_a, opinion_b: per-query strengths and uncertainties N/S of each model, rows
-        (image queries over the N_g texts) and columns (text queries over the N_q images).
-    """
-
-    similarity: Tensor
-    opinion_a: Opinion
-    opinion_b: Opinion
-
-
-def tcl_inference(
-    s_a: Tensor, s_b: Tensor, *, evidence: str = "exp", tau: float = DEFAULT_TAU
-) -> TCLInference:
-    """Ensemble similarity plus each model's opinions over the gallery (SPEC §1, §3 "TCL").
-
-    Per-result beliefs of a model are `evidential_beliefs(s_x, dim=1 or 0)`.
-
-    Args:
-        s_a, s_b: (N_q, N_g) similarities of models A and B over the test gallery.
-    Returns:
-        TCLInference with tensors in the input dtype.
-    """
-    similarity = tcl_ensemble_similarity(s_a, s_b)
-    evidence = checks.evidence_kind(evidence)
-    tau = checks.positive_number(tau, "tau")
-    return TCLInference(
-        similarity=similarity,
-        opinion_a=opinion_from_similarity(s_a, evidence=evidence, tau=tau, compute_dtype=s_a.dtype),
-        opinion_b=opinion_from_similarity(s_b, evidence=evidence, tau=tau, compute_dtype=s_b.dtype),
-    )

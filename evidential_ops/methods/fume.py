@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ... import checks
-from ..losses import NORMALIZE_EPS
+from .. import checks
+from ..config import NORMALIZE_EPS
 from . import _common
 
 DEFAULT_TAU = 1.0  # FUME §4.1.2

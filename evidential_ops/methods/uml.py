@@ -8,7 +8,8 @@ caption t_i. Three K×K similarity matrices are used, always with the first-name
     s_st[i, j] = Sim(s_i, t_j)   rows: s2t queries, columns: t2s queries
 
 `uml_similarities` builds them from embeddings. Evidence is exp(tanh(Sim/τ)) with τ = 0.1
-(UML eq. 1); the K×K terms fmse and logdet come from `evidential_ops.reference.loss_terms`.
+(UML eq. 1); the K×K terms fmse and logdet are the fused op's (`evidential_ops.evidential_loss`),
+judged by `evidential_ops.reference.methods.uml_total_loss`.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ... import checks
+from .. import checks
+from ..config import NORMALIZE_EPS
 from ..evidence import evidence as evidence_map
-from ..losses import NORMALIZE_EPS, check_no_overflow, loss_terms
 from . import _common
 
 DEFAULT_EVIDENCE = "exp_tanh"
@@ -115,76 +116,7 @@ def uml_sigma(
     return max(gamma, 1.0 - lambda_s * epoch / total_epochs)
 
 
-def uml_evidential_loss(
-    s: Tensor,
-    labels: Tensor,
-    *,
-    phi: float = DEFAULT_PHI,
-    evidence: str = DEFAULT_EVIDENCE,
-    tau: float = DEFAULT_TAU,
-    check_finite: bool = True,
-) -> Tensor:
-    """Per-pair uncertainty loss of one view, UML eq. 6-10 (SPEC §3 "UML").
-
-    L_u,i = L^e(row i of α) + L^e(column i of α), L^e = fmse − φ·logdet (SPEC §2.4-2.5),
-    α = exp(tanh(s/τ)) + 1.
-    [choice] (SPEC) target of row i and of column i: t_i = l_i·one-hot(i), so a pair judged
-    noisy (l_i = 0) has an all-zero target; the Fisher weighting of eq. 5 enters through
-    fmse's ψ1(α) factors, the label only through t_i.
-
-    Args:
-        s: (K, K) similarities of the view (s_vt or s_vs).
-        labels: (K,) clean labels of the view (bool or 0/1), treated as constants.
-    Returns:
-        (K,) per-pair losses in s's dtype.
-    """
-    s = _common.square_matrix(s, "s", check_finite=check_finite)
-    clean = _common.binary_labels(labels, s.shape[0], s, "labels")
-    phi = checks.real_number(phi, "phi", minimum=0.0)
-    evidence = checks.evidence_kind(evidence)
-    tau = checks.positive_number(tau, "tau")
-    check_no_overflow(s, evidence, tau, s.dtype)
-    rows, cols = loss_terms(
-        s, evidence=evidence, tau=tau, target_scale=clean.to(s.dtype), direction="both",
-        terms=("fmse", "logdet"),
-    )
-    return (rows["fmse"] - phi * rows["logdet"]) + (cols["fmse"] - phi * cols["logdet"])
-
-
-def uml_dual_view_loss(
-    s_vt: Tensor,
-    s_vs: Tensor,
-    labels_vt: Tensor,
-    labels_vs: Tensor,
-    *,
-    sigma: float,
-    phi: float = DEFAULT_PHI,
-    evidence: str = DEFAULT_EVIDENCE,
-    tau: float = DEFAULT_TAU,
-    check_finite: bool = True,
-) -> Tensor:
-    """Dual-view uncertainty-aware loss L_u of UML eq. 11 (SPEC §3 "UML"), per triplet.
-
-    L_u,i = σ·L_u^{vs}_i + (1 − σ)·L_u^{vt}_i with L_u^{view} from `uml_evidential_loss`.
-
-    Args:
-        s_vt, s_vs: (K, K) vision-non-English and vision-English similarities.
-        labels_vt, labels_vs: (K,) clean labels of each view (`uml_clean_labels`).
-        sigma: σ(t) in [0, 1], usually `uml_sigma(epoch, total_epochs)`.
-    Returns:
-        (K,) in the input dtype.
-    """
-    s_vt = _common.square_matrix(s_vt, "s_vt", check_finite=check_finite)
-    s_vs = _common.square_matrix(s_vs, "s_vs", check_finite=check_finite)
-    _common.same_shape(s_vt, s_vs, "s_vt", "s_vs")
-    sigma = checks.real_number(sigma, "sigma", minimum=0.0, maximum=1.0)
-    kwargs = dict(phi=phi, evidence=evidence, tau=tau, check_finite=False)
-    loss_vs = uml_evidential_loss(s_vs, _named_labels(labels_vs, "labels_vs", s_vs), **kwargs)
-    loss_vt = uml_evidential_loss(s_vt, _named_labels(labels_vt, "labels_vt", s_vt), **kwargs)
-    return sigma * loss_vs + (1.0 - sigma) * loss_vt
-
-
-def _named_labels(labels, name: str, s: Tensor) -> Tensor:
+def named_labels(labels, name: str, s: Tensor) -> Tensor:
     return _common.binary_labels(labels, s.shape[0], s, name)
 
 
@@ -237,7 +169,7 @@ def uml_aml_loss(
     s_st = _common.square_matrix(s_st, "s_st", check_finite=check_finite)
     _common.same_shape(s_vt, s_vs, "s_vt", "s_vs")
     _common.same_shape(s_vt, s_st, "s_vt", "s_st")
-    clean = _named_labels(labels_vt, "labels_vt", s_vt).to(s_vt.dtype)
+    clean = named_labels(labels_vt, "labels_vt", s_vt).to(s_vt.dtype)
     aml_tau = checks.positive_number(aml_tau, "aml_tau")
 
     def rows(m: Tensor) -> Tensor:
@@ -249,47 +181,3 @@ def uml_aml_loss(
     consistency = 0.5 * (_js_rows(rows(s_vt), rows(s_vs)) + _js_rows(cols(s_vt), cols(s_vs)))
     disentangle = 0.5 * (_kl_rows(rows(s_vs), rows(s_st)) + _kl_rows(cols(s_vs), cols(s_st)))
     return clean * consistency - (1.0 - clean) * disentangle
-
-
-def uml_total_loss(
-    s_vt: Tensor,
-    s_vs: Tensor,
-    s_st: Tensor,
-    *,
-    epoch,
-    total_epochs,
-    gamma: float = DEFAULT_GAMMA,
-    lambda_s: float = DEFAULT_LAMBDA_S,
-    beta: float = DEFAULT_BETA,
-    phi: float = DEFAULT_PHI,
-    evidence: str = DEFAULT_EVIDENCE,
-    tau: float = DEFAULT_TAU,
-    aml_tau: float = DEFAULT_AML_TAU,
-    check_finite: bool = True,
-) -> Tensor:
-    """UML training objective, eq. 20 (SPEC §3 "UML"): mean_i(L_u,i + β·L_aml,i).
-
-    Labels l^{vt}, l^{vs} are recomputed from the current evidence (`uml_clean_labels`, eq. 4,
-    no gradient); σ = `uml_sigma(epoch, total_epochs, gamma, lambda_s)`. Defaults are the
-    image-text settings (γ 0.2, λ_s 4, β 0.6); VATEX uses 0.25, 3, 0.4.
-
-    Args:
-        s_vt, s_vs, s_st: (K, K) similarities (module docstring).
-    Returns:
-        Scalar in the input dtype.
-    """
-    s_vt = _common.square_matrix(s_vt, "s_vt", check_finite=check_finite)
-    s_vs = _common.square_matrix(s_vs, "s_vs", check_finite=check_finite)
-    s_st = _common.square_matrix(s_st, "s_st", check_finite=check_finite)
-    _common.same_shape(s_vt, s_vs, "s_vt", "s_vs")
-    _common.same_shape(s_vt, s_st, "s_vt", "s_st")
-    beta = checks.real_number(beta, "beta", minimum=0.0)
-    sigma = uml_sigma(epoch, total_epochs, gamma=gamma, lambda_s=lambda_s)
-    labels_vt = uml_clean_labels(s_vt, evidence=evidence, tau=tau, check_finite=False)
-    labels_vs = uml_clean_labels(s_vs, evidence=evidence, tau=tau, check_finite=False)
-    uncertainty = uml_dual_view_loss(
-        s_vt, s_vs, labels_vt, labels_vs, sigma=sigma, phi=phi, evidence=evidence, tau=tau,
-        check_finite=False,
-    )
-    mutual = uml_aml_loss(s_vt, s_vs, s_st, labels_vt, aml_tau=aml_tau, check_finite=False)
-    return (uncertainty + beta * mutual).mean()

@@ -1,7 +1,7 @@
-"""Argument checks and small helpers shared by the method references (SPEC §5).
+"""Argument checks and small helpers shared by the method pieces (SPEC §5).
 
 Every error names the argument it is about. Nothing is broadcast: shapes must match exactly.
-The method references compute in the input dtype, which must be float32 or float64 (float64 is
+The method pieces compute in the input dtype, which must be float32 or float64 (float64 is
 the judge); half-precision inputs are refused rather than silently upcast, because digamma,
 trigamma and the log-space sums of SPEC §2 are meaningless in 8-bit mantissas.
 """
@@ -13,7 +13,7 @@ import math
 import torch
 from torch import Tensor
 
-from ...checks import positive_number, same_kind
+from ..checks import positive_number, same_kind
 
 METHOD_DTYPES = (torch.float32, torch.float64)
 
