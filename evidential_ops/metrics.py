@@ -1,4 +1,4 @@
-"""Retrieval evaluation (SPEC §4) and its uncertainty-aware variants (FUME, paper 003).
+"""Retrieval evaluation (SPEC §4) and its uncertainty-aware variants (the FUME paper).
 
 What is here:
 - `retrieval_metrics`: R@1/5/10 in %, rSum, median and mean rank (1-based) for both directions,

@@ -1,4 +1,4 @@
-"""DUQ method pieces (SPEC §3 "DUQ"; DUQ paper 004 §3.1-3.4, eq. 1-16).
+"""DUQ method pieces (SPEC §3 "DUQ"; DUQ paper §3.1-3.4, eq. 1-16).
 
 Layout follows the paper: row i is text t_i, column j is video v_j, so s[i, j] = s(t_i, v_j)
 and D[i, j] = d(z_t^i, z_v^j); rows are text-to-video queries, columns video-to-text queries.

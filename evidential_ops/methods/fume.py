@@ -1,4 +1,4 @@
-"""FUME method pieces (SPEC §3 "FUME"; FUME paper 003 §3.2-3.5, eq. 1-10).
+"""FUME method pieces (SPEC §3 "FUME"; FUME paper §3.2-3.5, eq. 1-10).
 
 Category-labelled multimodal data with C classes. Each modality j gives normalised
 representations z^j (N, L), L = C in the paper; paired samples share the index i and the label.

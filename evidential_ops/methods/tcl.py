@@ -1,4 +1,4 @@
-"""TCL / TcVSE method pieces (SPEC §3 "TCL"; TCL paper 000 §III, TcVSE paper 001 §2).
+"""TCL / TcVSE method pieces (SPEC §3 "TCL"; TCL paper §III, TcVSE paper §2).
 
 Two query models: A (image/visual query, owns the row direction v2t) and B (text query, owns
 the column direction t2v). Each gives its own (K, K) similarity matrix, s_A[i, j] and s_B[i, j]

@@ -1,4 +1,4 @@
-"""UML method pieces (SPEC §3 "UML"; UML paper 002 §3.2-3.4, eq. 1-20).
+"""UML method pieces (SPEC §3 "UML"; UML paper §3.2-3.4, eq. 1-20).
 
 Three views per triplet i: visual v_i, English caption s_i, non-English (machine-translated)
 caption t_i. Three K×K similarity matrices are used, always with the first-named view on rows:

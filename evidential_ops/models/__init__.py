@@ -3,12 +3,12 @@
 One file per method, each with a `training_step(batch, epoch, optimizer)` usable in any loop and
 an inference/evaluation function over a `data.CrossModalSplit`:
 
-- `TCL` (paper 000) and `TcVSE` (paper 001): two query models, step-1 L_u with λ annealing,
+- `TCL` (TCL paper) and `TcVSE` (TcVSE paper): two query models, step-1 L_u with λ annealing,
   T_max consistency rounds with the owner side detached, ensemble inference with opinions;
-- `UML` (paper 002): three views, clean/noisy split, dual-view L_u with σ(t), AML;
-- `FUME` (paper 003): fixed orthogonal W, L_fml + α·L_cl, decision and cross-modal uncertainty,
+- `UML` (UML paper): three views, clean/noisy split, dual-view L_u with σ(t), AML;
+- `FUME` (FUME paper): fixed orthogonal W, L_fml + α·L_cl, decision and cross-modal uncertainty,
   threshold retrieval;
-- `DUQ` (paper 004): ISUM, IDUM with K_p probabilistic embeddings, L_D, L_D^U, KL, re-ranking.
+- `DUQ` (DUQ paper): ISUM, IDUM with K_p probabilistic embeddings, L_D, L_D^U, KL, re-ranking.
 
 Every K×K evidential term (TCL's L_u, UML's L^e, DUQ's ISUM) goes through the fused public op
 (`evidential_loss` / `evidential_loss_from_similarity`); the method-level pieces come from

@@ -1,4 +1,4 @@
-"""DUQ: dual uncertainty quantification for text-video retrieval (SPEC §3 "DUQ"; DUQ paper 004
+"""DUQ: dual uncertainty quantification for text-video retrieval (SPEC §3 "DUQ"; DUQ paper
 §3, eq. 1-16).
 
 Layout as in the paper and `reference.methods.duq`: rows are texts, columns videos,
@@ -86,7 +86,7 @@ class DUQOutput:
 
 
 class DUQ(nn.Module):
-    """DUQ around a video and a text encoder (SPEC §3 "DUQ"; paper 004).
+    """DUQ around a video and a text encoder (SPEC §3 "DUQ"; DUQ paper).
 
     Args:
         model: `DualEncoder` (image_encoder = video encoder over frames) with output size D.

@@ -96,7 +96,7 @@ def _valid_mask(lengths: Tensor, width: int) -> Tensor:
 
 
 class MLPEncoder(nn.Module):
-    """MLP over precomputed global features (FUME's modality subnets, paper 003 §4.1.2).
+    """MLP over precomputed global features (FUME's modality subnets, FUME paper §4.1.2).
 
     Input (B, F), or (B, R, F) region/frame features, which are mean-pooled over R first (a
     global descriptor). Output (B, out_dim).
@@ -124,7 +124,7 @@ class MLPEncoder(nn.Module):
 
 
 class MaxPoolEncoder(nn.Module):
-    """Visual semantic embedding with max pooling over local features (TcVSE paper 001 §2.1).
+    """Visual semantic embedding with max pooling over local features (TcVSE paper §2.1).
 
     Every region (or frame) goes through the same MLP into the joint space, then the
     coordinate-wise maximum over regions is the embedding: v = MaxPooling({x_i}). Input
@@ -151,7 +151,7 @@ class MaxPoolEncoder(nn.Module):
 class AttentionPoolEncoder(nn.Module):
     """Attention pooling over region or frame features, fused with a global mean.
 
-    DUQ's local feature aggregation (paper 004 §3.3): multi-head attention of `num_queries`
+    DUQ's local feature aggregation (DUQ paper §3.3): multi-head attention of `num_queries`
     learned queries over the projected local features (fine-grained details), concatenated with
     their mean (global context), then a linear fusion. Input (B, R, F), output (B, out_dim).
 
@@ -235,7 +235,7 @@ class GRUTextEncoder(nn.Module):
 
 class BagOfWordsEncoder(nn.Module):
     """Mean of word embeddings followed by an MLP: a precomputed-text-feature stand-in
-    (FUME's word2vec text features feed fully connected subnets, paper 003 §4.1.2).
+    (FUME's word2vec text features feed fully connected subnets, FUME paper §4.1.2).
 
     Padding positions are excluded from the mean. Input tokens (B, L), lengths (B,); output
     (B, out_dim).

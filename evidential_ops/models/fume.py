@@ -1,5 +1,5 @@
 """FUME: fuzzy multimodal learning for trusted label-based cross-modal retrieval (SPEC §3 "FUME";
-FUME paper 003 §3, Algorithm 1).
+FUME paper §3, Algorithm 1).
 
 Each modality's encoder maps into R^C (L = C, the number of classes); z is L2-normalised and the
 memberships m = ReLU(z W) use a fixed (never trained) orthogonal W (`reference.methods.

@@ -1,4 +1,4 @@
-"""TCL: trust-consistent learning with two query models (SPEC §3 "TCL"; TCL paper 000 §III,
+"""TCL: trust-consistent learning with two query models (SPEC §3 "TCL"; TCL paper §III,
 Algorithm 1).
 
 Model A is the visual-query model (owns the row direction, i2t), model B the textual-query model
@@ -101,7 +101,7 @@ class TCLOutput:
 
 
 class TCL(nn.Module):
-    """Two query models trained with TCL (SPEC §3 "TCL"; paper 000 Algorithm 1).
+    """Two query models trained with TCL (SPEC §3 "TCL"; TCL paper Algorithm 1).
 
     Args:
         model_a: visual-query model (`DualEncoder`), owns i2t (rows).

@@ -1,5 +1,5 @@
 """TcVSE: TCL's two-step training on max-pooling visual semantic embeddings (SPEC §3 "TCL";
-TcVSE paper 001 §2.1-2.3).
+TcVSE paper §2.1-2.3).
 
 The training procedure and inference are TCL's (`models.tcl.TCL`); what differs is the encoder of
 each branch: local features (regions; word tokens from a Bi-GRU) aggregated by max pooling into
@@ -34,7 +34,7 @@ def default_vse_encoder(feat_dim: int, vocab_size: int, embed_dim: int = 128, *,
 
 
 class TcVSE(TCL):
-    """TCL with max-pooling VSE branches (paper 001). Same arguments as `TCL`; evidence must be
+    """TCL with max-pooling VSE branches (TcVSE paper). Same arguments as `TCL`; evidence must be
     "exp" or "relu" (TcVSE eq. 2). Branch A is the i2t branch, branch B the t2i branch."""
 
     def __init__(self, model_a: DualEncoder, model_b: DualEncoder, *, evidence: str = "exp", **kwargs):

@@ -1,5 +1,5 @@
 """UML: uncertainty-aware mutual learning for cross-lingual cross-modal retrieval under noisy
-(machine-translated) correspondence (SPEC §3 "UML"; UML paper 002 §3, Algorithm 1).
+(machine-translated) correspondence (SPEC §3 "UML"; UML paper §3, Algorithm 1).
 
 Three views per triplet i: visual v_i, English caption s_i (clean annotation), non-English
 caption t_i (machine translation, possibly another sample's: noisy correspondence). One batch:
@@ -67,7 +67,7 @@ class UMLStep:
 
 
 class UML(nn.Module):
-    """UML around three encoders (SPEC §3 "UML"; paper 002).
+    """UML around three encoders (SPEC §3 "UML"; UML paper).
 
     Args:
         visual_encoder: images -> (B, D). english_encoder, other_encoder: (tokens, lengths) ->
