@@ -49,12 +49,14 @@ def extension():
     cpu_sources = _sources("csrc/*.cpp") + _sources("csrc/cpu/**/*.cpp")
     cuda_sources = _sources("csrc/cuda/**/*.cu") + _sources("csrc/cuda/**/*.cpp")
     if _build_cuda(cuda_sources):
+        archs = os.environ.get("TORCH_CUDA_ARCH_LIST", "8.0;9.0+PTX")
         nvcc = ["-O3" if not debug else "-G", "--expt-relaxed-constexpr", "-DEO_WITH_CUDA"]
+        cxx += [f'-DEO_CUDA_ARCHS="{archs}"']
         return CUDAExtension(
             "evidential_ops._C",
             cpu_sources + cuda_sources,
             include_dirs=include_dirs,
-            extra_compile_args={"cxx": cxx + ["-DEO_WITH_CUDA"], "nvcc": nvcc},
+            extra_compile_args={"cxx": cxx + ["-DEO_WITH_CUDA"], "nvcc": nvcc + [f'-DEO_CUDA_ARCHS="{archs}"']},
             extra_link_args=["-fopenmp"],
         )
     return CppExtension(

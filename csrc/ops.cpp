@@ -1,73 +1,45 @@
-// Schemas of the evidential_ops operator library and the Python module that loads them.
-// Importing evidential_ops._C runs the TORCH_LIBRARY blocks below (and the CPU/CUDA kernel
-// registrations in their own files); Python then reaches every op through torch.ops.evidential_ops.
-#include <Python.h>
+// Schemas of the evidential_ops operator family (SPEC §1-2). Every device registers its kernels
+// on these (TORCH_LIBRARY_IMPL(evidential_ops, CPU | CUDA, m) in csrc/cpu/, csrc/cuda/); the
+// fakes and autograd formulas are registered once, for every device, by evidential_ops/ops.py,
+// which also documents the layout of the statistics.
+//
+// Shared conventions:
+// - x (M, D) are the queries (rows), y (N, D) the candidates (columns) of s = x·yᵀ. The loss ops
+//   are square (M = N = K, positives on the diagonal); `line_stats`/`line_losses` and
+//   `loss_backward` also take a strip: rows [target_offset, target_offset + M) of an N×N problem,
+//   row i's target being column i + target_offset (torch.distributed's global batch).
+// - `terms`: bit mask over (risk, kl, mse, fmse, logdet) saying which terms are computed;
+//   `weights`: their float64 (5,) weights, on the CPU or on the inputs' device. A tensor, not
+//   float[], so that torch.compile does not recompile for every value of an annealed weight.
+// - row_stats (NUM_LINE_STATS, M) and col_stats (NUM_LINE_STATS, N): float64 line statistics
+//   (csrc/kernels/line_terms.h), all the backward needs: never a K×K buffer.
+// - target_scale: (N,) c; the target of row i is c[i + target_offset]·one-hot, of column j c[j].
 #include <torch/library.h>
 
-#include <string>
-
-#include "cpu/tile_isa.h"
-
-namespace evidential_ops {
-
-// What this binary was compiled for: lets available_backends() and bug reports say which
-// instruction set the CPU kernels use.
-std::string build_info() {
-  std::string info = "compiler=";
-#if defined(__clang__)
-  info += "clang-" + std::to_string(__clang_major__);
-#elif defined(__GNUC__)
-  info += "gcc-" + std::to_string(__GNUC__) + "." + std::to_string(__GNUC_MINOR__);
-#else
-  info += "unknown";
-#endif
-  info += ";openmp=";
-#if defined(_OPENMP)
-  info += std::to_string(_OPENMP);
-#else
-  info += "off";
-#endif
-  info += ";cpu_isa=";
-  info += evidential_ops::cpu::active_tile_kernels().isa;
-  info += ";cuda=";
-#if defined(EO_WITH_CUDA)
-  info += "on";
-#else
-  info += "off";
-#endif
-  return info;
-}
-
-}  // namespace evidential_ops
-
 TORCH_LIBRARY(evidential_ops, m) {
-  m.def("build_info() -> str", &evidential_ops::build_info);
-  m.def("cpu_isa(str request='') -> str", &evidential_ops::cpu::cpu_isa);
-  // The fused loss family (SPEC §2). Rows (x queries y) and columns (y queries x) of s = x·yᵀ;
-  // `weights`: a float64 CPU tensor (risk, kl, mse, fmse, logdet) — a tensor, not float[], so
-  // that torch.compile does not recompile for every new value of an annealed weight; `stats` are the (2, 7, K) float64 line
-  // statistics the backward needs (csrc/kernels/line_terms.h), never a K×K buffer.
   m.def(
-      "loss_forward(Tensor x, Tensor y, Tensor? target_scale, str evidence, float tau, Tensor weights, "
-      "bool rows, bool cols) -> (Tensor row_losses, Tensor col_losses, Tensor stats)");
+      "line_stats(Tensor x, Tensor y, int target_offset, str evidence, float tau, int terms, bool rows, bool cols)"
+      " -> (Tensor row_stats, Tensor col_stats)");
   m.def(
-      "loss_backward(Tensor grad_rows, Tensor grad_cols, Tensor x, Tensor y, Tensor? target_scale, Tensor stats, "
-      "str evidence, float tau, Tensor weights, bool rows, bool cols, bool[2] output_mask) -> (Tensor dx, Tensor dy)");
+      "line_losses(Tensor row_stats, Tensor col_stats, Tensor? target_scale, int target_offset, Tensor weights, "
+      "int terms, bool rows, bool cols) -> (Tensor row_losses, Tensor col_losses)");
+  m.def(
+      "loss_forward(Tensor x, Tensor y, Tensor? target_scale, str evidence, float tau, Tensor weights, int terms, "
+      "bool rows, bool cols) -> (Tensor row_losses, Tensor col_losses, Tensor row_stats, Tensor col_stats)");
+  m.def(
+      "loss_backward(Tensor grad_rows, Tensor grad_cols, Tensor x, Tensor y, Tensor? target_scale, Tensor row_stats, "
+      "Tensor col_stats, str evidence, float tau, Tensor weights, int terms, bool rows, bool cols, int target_offset, "
+      "bool[2] output_mask) -> (Tensor dx, Tensor dy)");
   m.def(
       "loss_forward_from_similarity(Tensor s, Tensor? target_scale, str evidence, float tau, Tensor weights, "
-      "bool rows, bool cols) -> (Tensor row_losses, Tensor col_losses, Tensor stats)");
+      "int terms, bool rows, bool cols) -> (Tensor row_losses, Tensor col_losses, Tensor row_stats, Tensor col_stats)");
   m.def(
       "loss_backward_from_similarity(Tensor grad_rows, Tensor grad_cols, Tensor s, Tensor? target_scale, "
-      "Tensor stats, str evidence, float tau, Tensor weights, bool rows, bool cols) -> Tensor ds");
-  // Log-strengths ln S of every row (N_q) and column (N_g) of a rectangular s (SPEC §1).
+      "Tensor row_stats, Tensor col_stats, str evidence, float tau, Tensor weights, int terms, bool rows, bool cols)"
+      " -> Tensor ds");
+  // ln S of every row (M) and column (N) of a rectangular s, no targets (SPEC §1 opinions).
   m.def("opinion(Tensor x, Tensor y, str evidence, float tau) -> (Tensor row_log_strength, Tensor col_log_strength)");
-  m.def("opinion_from_similarity(Tensor s, str evidence, float tau) -> (Tensor row_log_strength, Tensor col_log_strength)");
-}
-
-extern "C" {
-// A module with no Python functions: importing it only loads the library and its registrations.
-PyObject* PyInit__C(void) {
-  static struct PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
-  return PyModule_Create(&module_def);
-}
+  m.def(
+      "opinion_from_similarity(Tensor s, str evidence, float tau) -> (Tensor row_log_strength, Tensor "
+      "col_log_strength)");
 }

@@ -6,11 +6,10 @@
 See docs/SPEC.md for the mathematics and README.md for the backends and methods.
 """
 
-from . import extension, reference
-from . import cpu_backend  # noqa: F401  (registers the fused CPU backend when the extension loaded)
+from . import extension, ops, reference
 from .backends import available_backends
 from .config import EVIDENCE_KINDS, TERMS
-from .extension import build_info
+from .extension import build_info, cpu_isa
 from .losses import EvidentialLoss, evidential_loss, evidential_loss_from_similarity
 from .opinion import belief, opinion, opinion_from_similarity
 from .results import Opinion
@@ -25,10 +24,12 @@ __all__ = [
     "available_backends",
     "belief",
     "build_info",
+    "cpu_isa",
     "evidential_loss",
     "extension",
     "evidential_loss_from_similarity",
     "opinion",
     "opinion_from_similarity",
+    "ops",
     "reference",
 ]

@@ -2,16 +2,22 @@
 
 A backend is registered only when its kernels exist and loaded; `available_backends()` lists
 exactly those. `backend="auto"` picks the fastest registered backend for the tensors' device.
+
+Kernels of the C++ family (csrc/) are one `KernelBackend` per device: a device whose kernels are
+registered on the `evidential_ops` ops (TORCH_LIBRARY_IMPL(evidential_ops, <key>, m)) becomes a
+backend through one line of `KERNEL_DEVICES`. Other families (Triton) register a `KernelBackend`
+over their own op namespace (evidential_ops/ops.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from . import reference
+from . import ops, reference
 from .checks import output_dtype
 from .config import LossConfig
 from .results import Opinion
@@ -90,6 +96,82 @@ class _matmul_precision:
             torch.backends.cuda.matmul.allow_tf32 = self.saved
 
 
+class KernelBackend:
+    """Fused kernels of one op family on the devices it supports (implements `Backend`).
+
+    Args:
+        name: the backend's name ("cpu", "cuda", "triton").
+        namespace: the torch.ops namespace of its op family ("evidential_ops" for the C++ kernels).
+        supports: device -> whether this backend's kernels run on tensors there.
+        weights_on_device: build the `weights` tensor on the inputs' device (for kernels that load
+            it there) instead of on the CPU (where the C++ kernels read it without a sync).
+    """
+
+    def __init__(self, name: str, namespace: str, supports: Callable[[torch.device], bool], *,
+                 weights_on_device: bool = False):
+        self.name = name
+        self.namespace = namespace
+        self._supports = supports
+        self.weights_on_device = weights_on_device
+
+    @property
+    def ops(self):
+        """The op family, torch.ops.<namespace> (also used by evidential_ops.distributed)."""
+        return getattr(torch.ops, self.namespace)
+
+    def supports(self, device: torch.device) -> bool:
+        # Meta tensors run the fakes (shapes only) on every family.
+        return device.type == "meta" or self._supports(device)
+
+    def weights(self, config: LossConfig, like: Tensor) -> Tensor:
+        return ops.weights_tensor(config, like.device if self.weights_on_device else None)
+
+    def _check_no_functorch(self) -> None:
+        # The ops' autograd formulas (torch.library.register_autograd) have no functorch rules:
+        # inside torch.func.grad/vmap they would fail deep in PyTorch with an unrelated message.
+        if torch._C._are_functorch_transforms_active():
+            raise NotImplementedError(
+                f"torch.func transforms (grad, vjp, jacrev, vmap, ...) are not supported by the fused backend "
+                f"{self.name!r}: its ops have autograd formulas but no functorch rules. Use backend='reference' "
+                f"inside torch.func, or torch.autograd.grad / .backward() with this backend."
+            )
+
+    @staticmethod
+    def _pick(rows: Tensor, cols: Tensor, config: LossConfig) -> tuple[Tensor, Tensor]:
+        return (rows if config.rows else rows[:0]), (cols if config.cols else cols[:0])
+
+    def losses(self, x, y, target_scale, config: LossConfig):
+        self._check_no_functorch()
+        rows, cols, _, _ = self.ops.loss_forward(
+            x, y, target_scale, config.evidence, config.tau, self.weights(config, x), ops.terms_mask(config),
+            config.rows, config.cols,
+        )
+        return self._pick(rows, cols, config)
+
+    def losses_from_similarity(self, s, target_scale, config: LossConfig):
+        self._check_no_functorch()
+        rows, cols, _, _ = self.ops.loss_forward_from_similarity(
+            s, target_scale, config.evidence, config.tau, self.weights(config, s), ops.terms_mask(config),
+            config.rows, config.cols,
+        )
+        return self._pick(rows, cols, config)
+
+    def opinion(self, x, y, evidence, tau) -> Opinion:
+        return Opinion.from_log_strengths(*self.ops.opinion(x, y, evidence, tau))
+
+    def opinion_from_similarity(self, s, evidence, tau) -> Opinion:
+        return Opinion.from_log_strengths(*self.ops.opinion_from_similarity(s, evidence, tau))
+
+
+# Devices of the C++ family: (backend name, dispatch key of its kernels, device type). A device
+# whose kernels the extension registered becomes a backend; nothing else to add for a new one.
+KERNEL_DEVICES = (("cpu", "CPU", "cpu"), ("cuda", "CUDA", "cuda"))
+
+
+def _has_kernels(dispatch_key: str) -> bool:
+    return torch._C._dispatch_has_kernel_for_dispatch_key(f"{ops.NAMESPACE}::loss_forward", dispatch_key)
+
+
 _REGISTRY: dict[str, Backend] = {"reference": ReferenceBackend()}
 KNOWN_BACKENDS = ("auto", "reference", "cpu", "triton", "cuda")
 
@@ -97,6 +179,12 @@ KNOWN_BACKENDS = ("auto", "reference", "cpu", "triton", "cuda")
 def register(backend: Backend) -> None:
     """Make a backend selectable; called by a backend's module once its kernels have loaded."""
     _REGISTRY[backend.name] = backend
+
+
+if ops.LAYOUT is not None:
+    for _name, _key, _device_type in KERNEL_DEVICES:
+        if _has_kernels(_key):
+            register(KernelBackend(_name, ops.NAMESPACE, lambda device, _t=_device_type: device.type == _t))
 
 
 def available_backends() -> list[str]:

@@ -1,8 +1,12 @@
 """Input validation of SPEC §5: every bad argument is a ValueError/TypeError that names it.
 
 Nothing is broadcast silently: shapes must match exactly, dtypes must agree, tensors must share
-a device. Checks that read tensor values (finiteness, target range) can be switched off with
-`check_finite=False` where a host sync is unwanted.
+a device. Checks that read tensor values (finiteness, target range, the reference's float32
+overflow) go through `require`: a ValueError right away for eager CPU tensors; inside the graph
+under torch.compile, and on other devices, an asynchronous assert (`torch._assert_async`) that
+neither breaks the graph nor waits for the device: it raises RuntimeError with the same message
+(on CUDA, a device-side assert at the next synchronisation). Meta tensors have no values and are
+not checked. `check_finite=False` skips the finiteness checks altogether.
 """
 
 from __future__ import annotations
@@ -25,6 +29,20 @@ from .config import (
 )
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def require(condition: Tensor, message: str) -> None:
+    """Raise `message` unless the 0-D bool tensor `condition` holds (see the module docstring)."""
+    if condition.device.type == "meta":
+        return
+    if torch.compiler.is_compiling() or condition.device.type != "cpu":
+        torch._assert_async(condition, message)
+    elif not bool(condition):
+        raise ValueError(message)
+
+
+def require_finite(t: Tensor, name: str) -> None:
+    require(torch.isfinite(t).all(), f"{name} contains NaN or Inf (pass check_finite=False to skip this check)")
 
 
 def real_number(
@@ -84,14 +102,23 @@ def choice(value, name: str, choices: tuple[str, ...]) -> str:
 
 
 def tau_value(tau) -> float:
-    return positive_number(tau, "tau")
+    """τ > 0, finite, and with a finite 1/τ (every evidence map divides by it)."""
+    tau = positive_number(tau, "tau")
+    if not torch.compiler.is_compiling() and math.isinf(1.0 / tau):
+        raise ValueError(f"tau={tau} is so small that 1/tau overflows double precision")
+    return tau
 
 
 def evidence_kind(evidence) -> str:
     return choice(evidence, "evidence", EVIDENCE_KINDS)
 
 
-def weight_tuple(weights: Mapping[str, float] | None) -> tuple[float, float, float, float, float]:
+def weight_tuple(weights: Mapping[str, float] | None) -> tuple[tuple[float, ...], tuple[bool, ...]]:
+    """(weights, enabled) per entry of TERMS from a {term: weight} dict (default DEFAULT_WEIGHTS).
+
+    A term is enabled when the dict names it with a non-zero weight; under torch.compile a weight
+    is symbolic (an annealed λ must not recompile), so every named term is enabled there.
+    """
     if weights is None:
         weights = DEFAULT_WEIGHTS
     if not isinstance(weights, Mapping):
@@ -100,9 +127,13 @@ def weight_tuple(weights: Mapping[str, float] | None) -> tuple[float, float, flo
     if unknown:
         raise ValueError(f"weights has unknown key(s) {unknown}; known terms are {TERMS}")
     values = tuple(real_number(weights.get(term, 0.0), f"weights[{term!r}]") for term in TERMS)
-    if not torch.compiler.is_compiling() and not any(values):  # reading symbolic λ would guard
+    if torch.compiler.is_compiling():
+        # Symbolic weights were not checked above; a NaN λ must still be an error, in the graph.
+        require(torch.isfinite(torch.tensor(values, dtype=torch.float64)).all(), "weights must be finite")
+        return values, tuple(term in weights for term in TERMS)
+    if not any(values):
         raise ValueError(f"weights must give at least one term a non-zero weight, got {dict(weights)}")
-    return values  # type: ignore[return-value]
+    return values, tuple(value != 0.0 for value in values)
 
 
 def loss_config(
@@ -116,10 +147,12 @@ def loss_config(
     matmul_precision="ieee",
 ) -> LossConfig:
     flag(check_finite, "check_finite")
+    values, enabled = weight_tuple(weights)
     return LossConfig(
         evidence=evidence_kind(evidence),
         tau=tau_value(tau),
-        weights=weight_tuple(weights),
+        weights=values,
+        enabled=enabled,
         direction=choice(direction, "direction", DIRECTIONS),
         reduction=choice(reduction, "reduction", REDUCTIONS),
         check_finite=check_finite,
@@ -142,8 +175,8 @@ def float_matrix(t, name: str, check_finite: bool, *, min_rows: int = 2) -> Tens
         raise ValueError(f"{name} needs {what}, got shape {tuple(t.shape)}")
     if t.shape[1] < 1:
         raise ValueError(f"{name} has an empty second dimension: shape {tuple(t.shape)}")
-    if check_finite and not bool(torch.isfinite(t).all()):
-        raise ValueError(f"{name} contains NaN or Inf (pass check_finite=False to skip this check)")
+    if check_finite:
+        require_finite(t, name)
     return t
 
 
@@ -193,12 +226,8 @@ def target_scale_vector(target_scale, k: int, like: Tensor, check_values: bool) 
     if target_scale.device != like.device:
         raise ValueError(f"target_scale is on {target_scale.device} but the inputs are on {like.device}")
     target_scale = target_scale.detach()
-    if (
-        check_values
-        and target_scale.dtype != torch.bool
-        and not bool(((target_scale >= 0) & (target_scale <= 1)).all())
-    ):
-        raise ValueError("target_scale must lie in [0, 1] (and contain no NaN)")
+    if check_values and target_scale.dtype != torch.bool:
+        require(((target_scale >= 0) & (target_scale <= 1)).all(), "target_scale must lie in [0, 1] (and contain no NaN)")
     return target_scale
 
 

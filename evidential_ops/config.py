@@ -31,11 +31,14 @@ class LossConfig:
     """Keyword arguments of `evidential_loss`, checked (see `checks.loss_config`).
 
     weights: one float per entry of TERMS (risk, kl, mse, fmse, logdet), zero when disabled.
+    enabled: which TERMS the kernels compute: those named in the weights dict (with a non-zero
+        weight in eager mode; under torch.compile the weights are symbolic, so every named term).
     """
 
     evidence: str
     tau: float
     weights: tuple[float, float, float, float, float]
+    enabled: tuple[bool, bool, bool, bool, bool]
     direction: str
     reduction: str
     check_finite: bool
@@ -43,7 +46,8 @@ class LossConfig:
 
     @property
     def weight_dict(self) -> dict[str, float]:
-        return {term: w for term, w in zip(TERMS, self.weights) if w != 0.0}
+        """{term: weight} of the enabled terms."""
+        return {term: w for term, w, on in zip(TERMS, self.weights, self.enabled) if on}
 
     @property
     def rows(self) -> bool:

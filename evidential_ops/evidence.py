@@ -45,16 +45,17 @@ def log_alpha(s: Tensor, kind: str, tau: float) -> Tensor:
     return torch.log1p(evidence(s, kind, tau))
 
 
-def max_log_alpha(kind: str, tau: float, max_abs_similarity: float) -> float:
-    """An upper bound of ln α over |s| <= max_abs_similarity, used to detect overflow up front."""
+def max_log_alpha(kind: str, tau: float, max_abs_similarity: Tensor) -> Tensor:
+    """An upper bound of ln α over |s| <= max_abs_similarity (a 0-D tensor), used to detect
+    overflow up front; a tensor so that the check needs no host sync (checks.require)."""
     x = max_abs_similarity / tau
     if kind == "exp":
-        return x + math.log1p(math.exp(-x))
+        return x + torch.log1p(torch.exp(-x))
     if kind == "relu":
-        return math.log1p(x)
+        return torch.log1p(x)
     if kind == "softplus":
-        return math.log1p(x + math.log1p(math.exp(-x)))
-    return math.log1p(math.e)
+        return torch.log1p(x + torch.log1p(torch.exp(-x)))
+    return torch.full_like(x, math.log1p(math.e))
 
 
 def belief(s: Tensor, log_strength: Tensor, *, evidence: str, tau: float, dim: int = 1) -> Tensor:

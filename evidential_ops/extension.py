@@ -1,14 +1,17 @@
-"""Loads the compiled extension evidential_ops._C (its import registers the C++ ops)."""
+"""Loads the compiled extension evidential_ops._C (its import registers the C++ schemas and kernels)."""
 
 from __future__ import annotations
 
-import torch
+from types import ModuleType
+
+import torch  # noqa: F401  (loads libtorch and libc10, which _C links against)
 
 try:
-    from . import _C  # noqa: F401  (import for its side effect: op registration)
+    from . import _C
 
     LOAD_ERROR: str | None = None
 except ImportError as error:  # a source checkout that was never built, or a broken build
+    _C = None
     LOAD_ERROR = str(error)
 
 
@@ -16,8 +19,25 @@ def loaded() -> bool:
     return LOAD_ERROR is None
 
 
+def module() -> ModuleType | None:
+    """The compiled module (constants NUM_LINE_STATS, NUM_TERMS, ...), or None if it did not load."""
+    return _C
+
+
 def build_info() -> str:
-    """Compiler, OpenMP and CUDA settings of the compiled extension, or why it did not load."""
-    if LOAD_ERROR is not None:
+    """Compiler, OpenMP, CPU instruction set and CUDA settings of the compiled extension, or why it
+    did not load. Raises ValueError if the EO_CPU_ISA environment variable names no usable variant."""
+    if _C is None:
         return f"extension not loaded: {LOAD_ERROR}"
-    return torch.ops.evidential_ops.build_info()
+    return _C.build_info()
+
+
+def cpu_isa(request: str = "") -> str:
+    """The instruction-set variant of the CPU tile kernels in use ("generic", "avx2", "avx512"),
+    or switch to another one ("best" restores the default); ValueError for a variant that was not
+    built or that this CPU cannot run. The initial choice is EO_CPU_ISA's, else the best."""
+    if _C is None:
+        raise RuntimeError(f"the C++ extension is not loaded: {LOAD_ERROR}")
+    if not isinstance(request, str):
+        raise TypeError(f"request must be a str, got {type(request).__name__}")
+    return _C.cpu_isa(request)

@@ -84,4 +84,5 @@ def belief(s: Tensor, log_strength: Tensor, *, evidence: str = "exp", tau: float
             f"log_strength must have shape ({s.shape[1 - dim]},) for s of shape {tuple(s.shape)} and "
             f"dim={dim}, got {tuple(log_strength.shape)}"
         )
+    checks.require_finite(log_strength, "log_strength")
     return _belief(s, log_strength, evidence=evidence, tau=tau, dim=dim)

@@ -194,3 +194,62 @@ def test_opinion_of_a_single_query_over_a_gallery(xy):
         eo.opinion(x, y[:1])
     with raises(ValueError, "x needs K >= 2"):
         eo.evidential_loss(x[:1], y[:1])
+
+
+def test_tau_whose_inverse_overflows_is_named(xy):
+    x, y = xy
+    for backend in eo.available_backends():
+        with raises(ValueError, "tau"):
+            eo.evidential_loss(x, y, tau=1e-320, backend=backend)
+        with raises(ValueError, "tau"):
+            eo.opinion(x, y, tau=5e-324, backend=backend)
+    with raises(ValueError, "tau"):
+        eo.belief(x @ y.T, torch.zeros(6), tau=1e-320)
+
+
+def test_belief_rejects_a_nan_log_strength(xy):
+    x, y = xy
+    log_strength = eo.opinion(x, y).row_log_strength.clone()
+    log_strength[2] = float("nan")
+    with raises(ValueError, "log_strength contains NaN"):
+        eo.belief(x @ y.T, log_strength)
+
+
+def test_meta_tensors_flow_through_the_public_api_on_the_reference():
+    x = torch.empty(10, 4, device="meta")
+    loss = eo.evidential_loss(x, x, weights={"risk": 1.0, "kl": 0.1, "logdet": -0.01}, target_scale=torch.ones(10, device="meta"))
+    assert loss.device.type == "meta" and loss.shape == ()
+    op = eo.opinion(x, x)
+    assert op.row_uncertainty.device.type == "meta" and op.row_uncertainty.shape == (10,)
+    assert eo.belief(torch.empty(10, 3, device="meta"), op.row_log_strength).shape == (10, 3)
+    s = torch.empty(10, 10, device="meta")
+    assert eo.evidential_loss_from_similarity(s, backend="reference").device.type == "meta"
+
+
+def test_torch_compile_fullgraph_on_the_reference_with_every_value_check(gen):
+    """What `auto` runs on CUDA tensors until a GPU backend is built: compiled with the default
+    check_finite=True, a target_scale and the float32 overflow check, all inside one graph."""
+    x, y = random_pairs(24, 8, generator=gen)
+    scale = torch.rand(24, generator=gen)
+
+    def step(x, y, tau):
+        return eo.evidential_loss(x, y, tau=tau, weights={"risk": 1.0, "kl": 0.1, "fmse": 1.0}, target_scale=scale,
+                                  backend="reference")
+
+    compiled = torch.compile(step, fullgraph=True)
+    xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+    eager = step(xe, y, 0.05)
+    eager.backward()
+    result = compiled(xc, y, 0.05)
+    result.backward()
+    torch.testing.assert_close(result, eager)
+    torch.testing.assert_close(xc.grad, xe.grad)
+    bad = x.clone()
+    bad[1, 1] = float("inf")
+    with pytest.raises(RuntimeError, match="x contains NaN or Inf"):
+        compiled(bad, y, 0.05)
+    with pytest.raises(RuntimeError, match="too small"):  # e^(1/0.01) overflows float32 row sums
+        compiled(random_pairs(24, 8, generator=gen, positive_cos=0.99)[0], y, 0.01)
+    with pytest.raises(RuntimeError, match="target_scale must lie in"):
+        torch.compile(lambda x: eo.evidential_loss(x, y, target_scale=scale * 3, backend="reference"),
+                      fullgraph=True)(x)

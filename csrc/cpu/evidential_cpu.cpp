@@ -1,8 +1,9 @@
-// CPU implementations of the evidential_ops operators (schemas in csrc/ops.cpp).
+// CPU implementations of the evidential_ops operators (schemas in csrc/ops.cpp; argument checks
+// in csrc/op_args.h, shared with every device; per-element and per-line math in csrc/kernels/).
 //
-// Shape of every op (README "Backends"): the K×K similarity matrix is visited tile by tile
-// (a tile GEMM from x and y, or a block of the given s) and never stored. Tiles are processed in
-// rounds in which no two tiles share a row block or a column block (tile (r, c) belongs to round
+// Shape of every op (README "Backends"): the similarity matrix is visited tile by tile (a tile
+// GEMM from x and y, or a block of the given s) and never stored. Tiles are processed in rounds
+// in which no two tiles share a row block or a column block (tile (r, c) belongs to round
 // (r + c) mod M), so the row statistics, the column statistics, dx and dy are all accumulated
 // without atomics, without per-thread partial buffers, and in an order that does not depend on
 // the number of threads: results are bitwise reproducible.
@@ -12,11 +13,13 @@
 
 #include <algorithm>
 #include <array>
-#include <cmath>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "../kernels/line_terms.h"
+#include "../kernels/line_finalise.h"
+#include "../op_args.h"
 #include "tile_args.h"
 #include "tile_isa.h"
 
@@ -25,17 +28,15 @@ namespace cpu {
 namespace {
 
 using at::Tensor;
-using generic::kNumLineStats;
-using generic::kNumTerms;
+using generic::LineArrays;
 
-constexpr int kNumGradientFields = 9;  // LineGradient's members
-
-int evidence_index(const std::string& evidence) {
-  static const char* kKinds[] = {"exp", "relu", "softplus", "exp_tanh"};
-  for (int i = 0; i < 4; ++i) {
-    if (evidence == kKinds[i]) return i;
+// The tile kernels of the active instruction set; a bad EO_CPU_ISA is a ValueError naming it.
+const TileKernels& kernels() {
+  try {
+    return active_tile_kernels();
+  } catch (const std::invalid_argument& error) {
+    TORCH_CHECK_VALUE(false, error.what());
   }
-  TORCH_CHECK_VALUE(false, "evidence must be one of exp, relu, softplus, exp_tanh; got '", evidence, "'");
 }
 
 std::int64_t block_size(std::int64_t n) { return n >= 2048 ? 256 : (n >= 512 ? 128 : 64); }
@@ -61,28 +62,7 @@ void for_each_tile(std::int64_t row_blocks, std::int64_t col_blocks, const Fn& f
   }
 }
 
-struct TermSelection {
-  double weight[kNumTerms];
-  bool enabled[kNumTerms];
-  TermFlags flags;
-};
-
-TermSelection select_terms(const Tensor& weights) {
-  TORCH_CHECK_VALUE(weights.dim() == 1 && weights.numel() == kNumTerms && weights.device().is_cpu(),
-                    "weights must be a CPU tensor of ", kNumTerms, " entries (risk, kl, mse, fmse, logdet)");
-  const Tensor w = weights.to(at::kDouble).contiguous();
-  const double* values = w.const_data_ptr<double>();
-  TermSelection t{};
-  for (int k = 0; k < kNumTerms; ++k) {
-    t.weight[k] = values[k];
-    t.enabled[k] = values[k] != 0.0;
-  }
-  t.flags = TermFlags{t.enabled[generic::kKl], t.enabled[generic::kFmse], t.enabled[generic::kLogdet]};
-  return t;
-}
-
-// Tiles, losses and opinions are float64 for float64 inputs and float32 otherwise (SPEC §5).
-at::ScalarType compute_type(at::ScalarType input) { return input == at::kDouble ? at::kDouble : at::kFloat; }
+TermFlags term_flags(const TermSelection& terms) { return TermFlags{terms.kl, terms.fmse, terms.logdet}; }
 
 // Where the values of a tile of s come from: a GEMM of embedding blocks, or a block of s itself.
 class TileSource {
@@ -162,31 +142,41 @@ struct Scratch {
 constexpr std::int64_t kStatChunks = 32;
 constexpr std::int64_t kMaxChunkedShortSide = 4096;
 
-// Accumulates the LineStat statistics of every row and column: stats (2, kNumLineStats, n).
-Tensor accumulate_stats(const TileSource& source, int evidence, double tau, bool has_targets, TermFlags flags,
-                        bool rows, bool cols) {
+// What one pass needs to know about its targets: none (opinions), or row i's target at column
+// i + offset.
+struct Targets {
+  bool present;
+  std::int64_t offset;
+};
+
+// The LineStat statistics of every row and column: (kNumLineStats, M) and (kNumLineStats, N),
+// float64, zeros for a direction not asked for. Columns of a strip are partial (its rows only).
+std::pair<Tensor, Tensor> accumulate_stats(const TileSource& source, int evidence, double inv_tau, Targets targets,
+                                           TermFlags flags, bool rows, bool cols) {
   const std::int64_t bm = block_size(source.rows()), bn = block_size(source.cols());
-  const std::int64_t n_max = std::max(source.rows(), source.cols());
-  Tensor stats = at::zeros({2, kNumLineStats, n_max}, at::TensorOptions().dtype(at::kDouble));
-  double* row_stats = rows ? stats[0].data_ptr<double>() : nullptr;
-  double* col_stats = cols ? stats[1].data_ptr<double>() : nullptr;
-  const TileKernels& kernels = active_tile_kernels();
-  const auto run_tile = [&](std::int64_t r, std::int64_t c, double* row_out, std::int64_t row_stride,
-                            double* col_out, std::int64_t col_stride) {
+  const auto options = at::TensorOptions().dtype(at::kDouble);
+  Tensor row_stats = at::zeros({kNumLineStats, source.rows()}, options);
+  Tensor col_stats = at::zeros({kNumLineStats, source.cols()}, options);
+  double* row_out = rows ? row_stats.data_ptr<double>() : nullptr;
+  double* col_out = cols ? col_stats.data_ptr<double>() : nullptr;
+  const TileKernels& tile_kernels = kernels();
+  const auto run_tile = [&](std::int64_t r, std::int64_t c, double* row_dst, std::int64_t row_stride,
+                            double* col_dst, std::int64_t col_stride) {
     Scratch scratch(bm, bn, source.type(), false);
     const std::int64_t r0 = r * bm, c0 = c * bn;
     ForwardTile t{};
     t.s = source.tile(r0, std::min(bm, source.rows() - r0), c0, std::min(bn, source.cols() - c0), scratch.tile);
     t.evidence = evidence;
-    t.inv_tau = 1.0 / tau;
-    t.has_targets = has_targets;
+    t.inv_tau = inv_tau;
+    t.has_targets = targets.present;
+    t.target_offset = targets.offset;
     t.terms = flags;
-    t.row_stats = row_out;
+    t.row_stats = row_dst;
     t.row_stride = row_stride;
-    t.col_stats = col_out;
+    t.col_stats = col_dst;
     t.col_stride = col_stride;
     t.scratch = scratch.lines.data();
-    kernels.forward(t);
+    tile_kernels.forward(t);
   };
 
   const std::int64_t row_blocks = num_blocks(source.rows(), bm), col_blocks = num_blocks(source.cols(), bn);
@@ -195,251 +185,267 @@ Tensor accumulate_stats(const TileSource& source, int evidence, double tau, bool
   const std::int64_t n_short = rows_short ? source.rows() : source.cols();
   if (long_blocks < 2 * short_blocks || n_short > kMaxChunkedShortSide) {
     for_each_tile(row_blocks, col_blocks, [&](std::int64_t r, std::int64_t c) {
-      run_tile(r, c, row_stats, n_max, col_stats, n_max);
+      run_tile(r, c, row_out, source.rows(), col_out, source.cols());
     });
-    return stats;
+    return {row_stats, col_stats};
   }
-  double* short_stats = rows_short ? row_stats : col_stats;
+  double* short_out = rows_short ? row_out : col_out;
   const std::int64_t chunks = std::min(kStatChunks, long_blocks);
-  Tensor partial = at::zeros({chunks, kNumLineStats, n_short}, at::TensorOptions().dtype(at::kDouble));
+  Tensor partial = at::zeros({chunks, kNumLineStats, n_short}, options);
   double* partials = partial.data_ptr<double>();
   at::parallel_for(0, chunks, 1, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t chunk = begin; chunk < end; ++chunk) {
-      double* mine = short_stats != nullptr ? partials + chunk * kNumLineStats * n_short : nullptr;
+      double* mine = short_out != nullptr ? partials + chunk * kNumLineStats * n_short : nullptr;
       for (std::int64_t b = chunk * long_blocks / chunks; b < (chunk + 1) * long_blocks / chunks; ++b) {
         for (std::int64_t a = 0; a < short_blocks; ++a) {
           if (rows_short) {
-            run_tile(a, b, mine, n_short, col_stats, n_max);
+            run_tile(a, b, mine, n_short, col_out, source.cols());
           } else {
-            run_tile(b, a, row_stats, n_max, mine, n_short);
+            run_tile(b, a, row_out, source.rows(), mine, n_short);
           }
         }
       }
     }
   });
-  if (short_stats != nullptr) {
+  if (short_out != nullptr) {
     at::parallel_for(0, n_short, 256, [&](std::int64_t begin, std::int64_t end) {
       for (int k = 0; k < kNumLineStats; ++k) {
         for (std::int64_t i = begin; i < end; ++i) {
           double sum = 0.0;
           for (std::int64_t chunk = 0; chunk < chunks; ++chunk) sum += partials[(chunk * kNumLineStats + k) * n_short + i];
-          short_stats[k * n_max + i] = sum;
+          short_out[k * n_short + i] = sum;
         }
       }
     });
   }
-  return stats;
+  return {row_stats, col_stats};
 }
 
-void check_finite_strengths(const Tensor& stats, bool rows, bool cols, double tau, const std::string& evidence) {
-  // Σα overflowed double: only exp evidence at |s|/τ beyond ~700 can do that. (A NaN strength
-  // comes from a NaN input passed with check_finite=False and is left to propagate.)
-  for (int d = 0; d < 2; ++d) {
-    if ((d == 0 && !rows) || (d == 1 && !cols)) continue;
-    const Tensor strength = stats[d][generic::kRest] + stats[d][generic::kTargetAlpha];
-    TORCH_CHECK_VALUE(!at::isinf(strength).any().item<bool>(), "tau=", tau, " is too small for evidence='",
-                      evidence, "': exp(s/tau) overflows double precision (|s|/tau > 709). Use a larger tau.");
-  }
+// Whether some line's Σα overflowed double: only exp evidence at |s|/τ beyond ~709 can do that.
+// (A NaN strength comes from a NaN input passed with check_finite=False and is left to propagate.)
+bool strength_overflowed(const Tensor& stats) {
+  return at::isinf(stats[generic::kRest] + stats[generic::kTargetAlpha]).any().item<bool>();
 }
 
-generic::LineInput line_input(const double* stats, std::int64_t stride, std::int64_t i, const double* scale,
-                              double n) {
-  generic::LineInput in;
-  for (int k = 0; k < kNumLineStats; ++k) in.stats[k] = stats[k * stride + i];
-  in.target_scale = scale != nullptr ? scale[i] : 1.0;
-  in.n = n;
-  return in;
+void check_finite_strengths(const Tensor& stats, double tau, const std::string& evidence) {
+  TORCH_CHECK_VALUE(!strength_overflowed(stats), "tau=", tau, " is too small for evidence='", evidence,
+                    "': exp(s/tau) overflows double precision (|s|/tau > 709). Use a larger tau.");
 }
+
+const double* scale_data(const Tensor& scale) { return scale.defined() ? scale.const_data_ptr<double>() : nullptr; }
 
 Tensor scale_vector(const c10::optional<Tensor>& target_scale) {
   if (!target_scale.has_value()) return Tensor();
   return target_scale->to(at::kDouble).contiguous();
 }
 
-// Σ_term weight·term of every line of one direction.
-Tensor finalise_losses(const Tensor& stats, int direction, const TermSelection& terms, const Tensor& scale,
-                       std::int64_t n_lines, double n_candidates, at::ScalarType out_type) {
-  Tensor losses = at::empty({n_lines}, at::TensorOptions().dtype(at::kDouble));
-  const double* st = stats[direction].const_data_ptr<double>();
-  const std::int64_t stride = stats.size(2);
-  const double* c = scale.defined() ? scale.const_data_ptr<double>() : nullptr;
-  double* out = losses.data_ptr<double>();
-  at::parallel_for(0, n_lines, 256, [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t i = begin; i < end; ++i) {
-      const generic::LineTerms lt = generic::line_terms(line_input(st, stride, i, c, n_candidates), terms.enabled);
-      double total = 0.0;
-      for (int k = 0; k < kNumTerms; ++k) total += terms.weight[k] * lt.value[k];
-      out[i] = total;
-    }
-  });
-  return losses.to(out_type);
+// One direction's lines: M rows reading c at i + offset, or N columns reading c at j; N candidates.
+LineArrays line_arrays(const Tensor& stats, const Tensor& scale, std::int64_t scale_offset, std::int64_t candidates) {
+  return LineArrays{stats.const_data_ptr<double>(), stats.size(1), scale_data(scale), scale_offset,
+                    static_cast<double>(candidates)};
 }
 
-// LineGradient of every line of one direction as kNumGradientFields × n arrays (zeros if off).
-Tensor line_gradients(const Tensor& stats, int direction, bool enabled, const TermSelection& terms, const Tensor& scale,
-                      const Tensor& upstream, std::int64_t n_lines, double n_candidates) {
-  Tensor g = at::zeros({kNumGradientFields, n_lines}, at::TensorOptions().dtype(at::kDouble));
+// Σ_term weight·term of every line of one direction (float64).
+Tensor finalise_losses(const LineArrays& lines, const std::array<double, kNumTerms>& weight,
+                       const TermSelection& terms) {
+  Tensor losses = at::empty({lines.n}, at::TensorOptions().dtype(at::kDouble));
+  double* out = losses.data_ptr<double>();
+  at::parallel_for(0, lines.n, 256, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t i = begin; i < end; ++i) out[i] = generic::line_loss(lines, i, weight.data(), terms.enabled);
+  });
+  return losses;
+}
+
+// LineGradient of every line of one direction as a (kNumGradientFields, n) array (zeros if off).
+Tensor line_constants(const LineArrays& lines, bool enabled, const std::array<double, kNumTerms>& weight,
+                      const TermSelection& terms, const Tensor& upstream) {
+  Tensor g = at::zeros({kNumGradientFields, lines.n}, at::TensorOptions().dtype(at::kDouble));
   if (!enabled) return g;
-  const double* st = stats[direction].const_data_ptr<double>();
-  const std::int64_t stride = stats.size(2);
-  const double* c = scale.defined() ? scale.const_data_ptr<double>() : nullptr;
   const Tensor up = upstream.to(at::kDouble).contiguous();
   const double* u = up.const_data_ptr<double>();
   double* out = g.data_ptr<double>();
-  at::parallel_for(0, n_lines, 256, [&](std::int64_t begin, std::int64_t end) {
+  at::parallel_for(0, lines.n, 256, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t i = begin; i < end; ++i) {
-      const generic::LineGradient lg =
-          generic::line_gradient(line_input(st, stride, i, c, n_candidates), terms.weight, u[i]);
-      const double fields[kNumGradientFields] = {lg.inv_strength, lg.all,          lg.off,
-                                                 lg.square,       lg.fisher,       lg.kl_v,
-                                                 lg.logdet_ratio, lg.logdet_remainder, lg.target};
-      for (int f = 0; f < kNumGradientFields; ++f) out[f * n_lines + i] = fields[f];
+      generic::store_line_gradient(lines, i, weight.data(), terms.enabled, u[i], out);
     }
   });
   return g;
 }
 
-LineGradientArrays gradient_arrays(const Tensor& g) {
-  const double* p = g.const_data_ptr<double>();
-  const std::int64_t n = g.size(1);
-  return LineGradientArrays{p, p + n, p + 2 * n, p + 3 * n, p + 4 * n, p + 5 * n, p + 6 * n, p + 7 * n, p + 8 * n};
+// Tensors that must live on the CPU with the inputs (a meta or CUDA tensor here would be read as
+// host memory).
+void check_on_cpu(const Tensor& t, const char* name) {
+  TORCH_CHECK_VALUE(t.device().is_cpu(), name, " must be a CPU tensor for the cpu kernels, got ", t.device());
 }
 
-void check_square(std::int64_t rows, std::int64_t cols) {
-  TORCH_CHECK_VALUE(rows == cols && rows >= 2, "the loss needs a square K×K problem with K >= 2, got ", rows, "×", cols);
-}
-
-// The ops are also callable directly (torch.ops.evidential_ops.*): shapes are checked here too,
-// in O(1), so that a bad call is an error rather than an out-of-bounds read.
-void check_embeddings(const Tensor& x, const Tensor& y) {
-  TORCH_CHECK_VALUE(x.dim() == 2 && y.dim() == 2 && x.size(1) == y.size(1) && x.size(1) >= 1,
-                    "x and y must be 2-D with the same embedding size D >= 1, got ", x.sizes(), " and ", y.sizes());
-  TORCH_CHECK_TYPE(x.is_floating_point() && x.scalar_type() == y.scalar_type(),
-                   "x and y must have the same floating dtype, got ", x.scalar_type(), " and ", y.scalar_type());
-}
-
-void check_similarity(const Tensor& s) {
-  TORCH_CHECK_VALUE(s.dim() == 2, "s must be 2-D, got ", s.sizes());
-  TORCH_CHECK_TYPE(s.is_floating_point(), "s must be a floating tensor, got ", s.scalar_type());
-}
-
-void check_target_scale(const c10::optional<Tensor>& target_scale, std::int64_t k) {
-  TORCH_CHECK_VALUE(!target_scale.has_value() || (target_scale->dim() == 1 && target_scale->size(0) == k),
-                    "target_scale must have shape (", k, ",)");
-}
-
-void check_backward_inputs(const Tensor& grad_rows, const Tensor& grad_cols, const Tensor& stats, std::int64_t k,
-                           bool rows, bool cols) {
-  TORCH_CHECK_VALUE(stats.scalar_type() == at::kDouble && stats.dim() == 3 && stats.size(0) == 2 &&
-                        stats.size(1) == kNumLineStats && stats.size(2) == k && stats.is_contiguous(),
-                    "stats must be the contiguous float64 (2, ", kNumLineStats, ", ", k,
-                    ") tensor of the forward, got ", stats.sizes());
-  TORCH_CHECK_VALUE(!rows || grad_rows.numel() == k, "grad_rows must have ", k, " entries, got ", grad_rows.numel());
-  TORCH_CHECK_VALUE(!cols || grad_cols.numel() == k, "grad_cols must have ", k, " entries, got ", grad_cols.numel());
-}
-
-std::tuple<Tensor, Tensor, Tensor> forward_impl(const TileSource& source, const c10::optional<Tensor>& target_scale,
-                                                const std::string& evidence, double tau, const Tensor& weights,
-                                                bool rows, bool cols, at::ScalarType out_type) {
-  check_square(source.rows(), source.cols());
-  check_target_scale(target_scale, source.rows());
-  TORCH_CHECK_VALUE(tau > 0.0, "tau must be > 0, got ", tau);
-  const TermSelection terms = select_terms(weights);
-  const Tensor stats = accumulate_stats(source, evidence_index(evidence), tau, true, terms.flags, rows, cols);
-  check_finite_strengths(stats, rows, cols, tau, evidence);
-  const Tensor scale = scale_vector(target_scale);
-  const std::int64_t k = source.rows();
-  const auto options = at::TensorOptions().dtype(out_type);
-  Tensor row_losses = rows ? finalise_losses(stats, 0, terms, scale, k, k, out_type) : at::zeros({k}, options);
-  Tensor col_losses = cols ? finalise_losses(stats, 1, terms, scale, k, k, out_type) : at::zeros({k}, options);
-  return {row_losses, col_losses, stats};
-}
-
-// What both backward ops need before their tiles: checked sizes, the term weights and the
-// per-line gradient constants (LineGradient arrays) of each direction.
-struct BackwardLines {
+struct LossOptions {
+  int evidence;
+  double inv_tau;
   TermSelection terms;
-  Tensor rows, cols;
+  std::array<double, kNumTerms> weight;
 };
 
-BackwardLines backward_lines(const TileSource& source, const Tensor& grad_rows, const Tensor& grad_cols,
-                             const c10::optional<Tensor>& target_scale, const Tensor& stats, const Tensor& weights,
-                             bool rows, bool cols) {
+LossOptions loss_options(const std::string& evidence, double tau, const Tensor& weights, std::int64_t terms,
+                         const Tensor& like) {
+  const int kind = evidence_index(evidence);
+  const double inv_tau = checked_inverse_tau(tau);
+  const TermSelection selection = select_terms(terms);
+  check_weights(weights, like);
+  check_on_cpu(weights, "weights");
+  return LossOptions{kind, inv_tau, selection, host_weights(weights, selection)};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> forward_impl(const TileSource& source,
+                                                        const c10::optional<Tensor>& target_scale,
+                                                        const std::string& evidence, double tau, const Tensor& weights,
+                                                        std::int64_t terms, bool rows, bool cols, const Tensor& like) {
   check_square(source.rows(), source.cols());
-  const std::int64_t k = source.rows();
-  check_target_scale(target_scale, k);
-  check_backward_inputs(grad_rows, grad_cols, stats, k, rows, cols);
-  const TermSelection terms = select_terms(weights);
+  check_target_scale(target_scale, source.rows(), like);
+  const LossOptions o = loss_options(evidence, tau, weights, terms, like);
+  auto [row_stats, col_stats] =
+      accumulate_stats(source, o.evidence, o.inv_tau, Targets{true, 0}, term_flags(o.terms), rows, cols);
+  if (rows) check_finite_strengths(row_stats, tau, evidence);
+  if (cols) check_finite_strengths(col_stats, tau, evidence);
   const Tensor scale = scale_vector(target_scale);
-  return {terms, line_gradients(stats, 0, rows, terms, scale, grad_rows, k, k),
-          line_gradients(stats, 1, cols, terms, scale, grad_cols, k, k)};
+  const std::int64_t k = source.rows();
+  const at::ScalarType out_type = compute_type(like.scalar_type());
+  const auto options = at::TensorOptions().dtype(out_type);
+  Tensor row_losses = rows ? finalise_losses(line_arrays(row_stats, scale, 0, k), o.weight, o.terms).to(out_type)
+                           : at::zeros({k}, options);
+  Tensor col_losses = cols ? finalise_losses(line_arrays(col_stats, scale, 0, k), o.weight, o.terms).to(out_type)
+                           : at::zeros({k}, options);
+  return {row_losses, col_losses, row_stats, col_stats};
 }
 
 // Runs the backward tile kernel over every tile; `consume(r0, nr, c0, nc, grad_tile)` then uses
 // ∂L/∂s of the tile (accumulates dx/dy, or stores ds). Rounds make consume's writes exclusive.
 template <typename Consume>
-void for_each_gradient_tile(const TileSource& source, const std::string& evidence, double tau, const TermSelection& terms,
+void for_each_gradient_tile(const TileSource& source, const LossOptions& o, std::int64_t target_offset,
                             const Tensor& row_g, const Tensor& col_g, const Consume& consume) {
   const std::int64_t bm = block_size(source.rows()), bn = block_size(source.cols());
-  const TileKernels& kernels = active_tile_kernels();
-  const int kind = evidence_index(evidence);
-  const LineGradientArrays rows = gradient_arrays(row_g), cols = gradient_arrays(col_g);
+  const TileKernels& tile_kernels = kernels();
   for_each_tile(num_blocks(source.rows(), bm), num_blocks(source.cols(), bn), [&](std::int64_t r, std::int64_t c) {
     Scratch scratch(bm, bn, source.type(), true);
     const std::int64_t r0 = r * bm, c0 = c * bn;
     const std::int64_t nr = std::min(bm, source.rows() - r0), nc = std::min(bn, source.cols() - c0);
     BackwardTile t{};
     t.s = source.tile(r0, nr, c0, nc, scratch.tile);
-    t.evidence = kind;
-    t.inv_tau = 1.0 / tau;
-    t.terms = terms.flags;
-    t.rows = rows;
-    t.cols = cols;
+    t.evidence = o.evidence;
+    t.inv_tau = o.inv_tau;
+    t.target_offset = target_offset;
+    t.terms = term_flags(o.terms);
+    t.row_constants = row_g.const_data_ptr<double>();
+    t.n_rows = source.rows();
+    t.col_constants = col_g.const_data_ptr<double>();
+    t.n_cols = source.cols();
     t.grad = scratch.grad.data_ptr();
     t.grad_is_double = source.type() == at::kDouble;
     t.grad_ld = nc;
     t.scratch = scratch.lines.data();
-    kernels.backward(t);
+    tile_kernels.backward(t);
     consume(r0, nr, c0, nc, at::from_blob(scratch.grad.data_ptr(), {nr, nc}, scratch.grad.options()));
   });
+}
+
+// What a backward op needs before its tiles: the options and the per-line gradient constants of
+// each direction. Rows [offset, offset + M) of an N×N problem (square: offset 0, M = N).
+struct BackwardLines {
+  LossOptions options;
+  Tensor rows, cols;
+};
+
+BackwardLines backward_lines(std::int64_t m, std::int64_t n, std::int64_t target_offset, const Tensor& grad_rows,
+                             const Tensor& grad_cols, const c10::optional<Tensor>& target_scale,
+                             const Tensor& row_stats, const Tensor& col_stats, const std::string& evidence, double tau,
+                             const Tensor& weights, std::int64_t terms, bool rows, bool cols, const Tensor& like) {
+  check_strip(m, n, target_offset);
+  check_target_scale(target_scale, n, like);
+  check_line_stats(row_stats, "row_stats", m, like);
+  check_line_stats(col_stats, "col_stats", n, like);
+  check_upstream(grad_rows, "grad_rows", m, rows, like);
+  check_upstream(grad_cols, "grad_cols", n, cols, like);
+  const LossOptions o = loss_options(evidence, tau, weights, terms, like);
+  const Tensor scale = scale_vector(target_scale);
+  const Tensor row_lines = row_stats.contiguous(), col_lines = col_stats.contiguous();
+  return {o, line_constants(line_arrays(row_lines, scale, target_offset, n), rows, o.weight, o.terms, grad_rows),
+          line_constants(line_arrays(col_lines, scale, 0, n), cols, o.weight, o.terms, grad_cols)};
+}
+
+TileSource embeddings_source(const Tensor& x, const Tensor& y) {
+  check_embeddings(x, y);
+  const at::ScalarType type = compute_type(x.scalar_type());
+  return TileSource(x.to(type).contiguous(), y.to(type).contiguous());
 }
 
 // ---------------------------------------------------------------------------------------------
 // Operators
 
-std::tuple<Tensor, Tensor, Tensor> loss_forward(const Tensor& x, const Tensor& y,
-                                                const c10::optional<Tensor>& target_scale, const std::string& evidence,
-                                                double tau, const Tensor& weights, bool rows, bool cols) {
-  check_embeddings(x, y);
-  const at::ScalarType type = compute_type(x.scalar_type());
-  TileSource source(x.to(type).contiguous(), y.to(type).contiguous());
-  return forward_impl(source, target_scale, evidence, tau, weights, rows, cols, compute_type(x.scalar_type()));
+std::tuple<Tensor, Tensor> line_stats(const Tensor& x, const Tensor& y, std::int64_t target_offset,
+                                      const std::string& evidence, double tau, std::int64_t terms, bool rows,
+                                      bool cols) {
+  const TileSource source = embeddings_source(x, y);
+  check_strip(source.rows(), source.cols(), target_offset);
+  const TermSelection selection = select_terms(terms);
+  auto [row_stats, col_stats] = accumulate_stats(source, evidence_index(evidence), checked_inverse_tau(tau),
+                                                 Targets{true, target_offset}, term_flags(selection), rows, cols);
+  // Columns of a strip are partial: only the caller's sum over every strip can overflow-check them.
+  if (rows) check_finite_strengths(row_stats, tau, evidence);
+  return {row_stats, col_stats};
 }
 
-std::tuple<Tensor, Tensor, Tensor> loss_forward_from_similarity(const Tensor& s,
-                                                                const c10::optional<Tensor>& target_scale,
-                                                                const std::string& evidence, double tau,
-                                                                const Tensor& weights, bool rows, bool cols) {
+std::tuple<Tensor, Tensor> line_losses(const Tensor& row_stats, const Tensor& col_stats,
+                                       const c10::optional<Tensor>& target_scale, std::int64_t target_offset,
+                                       const Tensor& weights, std::int64_t terms, bool rows, bool cols) {
+  check_on_cpu(row_stats, "row_stats");
+  const std::int64_t m = row_stats.dim() == 2 ? row_stats.size(1) : -1;
+  const std::int64_t n = col_stats.dim() == 2 ? col_stats.size(1) : -1;
+  check_line_stats(row_stats, "row_stats", m, row_stats);
+  check_line_stats(col_stats, "col_stats", n, row_stats);
+  check_strip(m, n, target_offset);
+  check_target_scale(target_scale, n, row_stats);
+  const TermSelection selection = select_terms(terms);
+  check_weights(weights, row_stats);
+  const std::array<double, kNumTerms> weight = host_weights(weights, selection);
+  TORCH_CHECK_VALUE(!(rows && strength_overflowed(row_stats)) && !(cols && strength_overflowed(col_stats)),
+                    "a line strength overflowed double precision: exp(s/tau) with |s|/tau > 709. Use a larger tau.");
+  const Tensor scale = scale_vector(target_scale);
+  const Tensor row_lines = row_stats.contiguous(), col_lines = col_stats.contiguous();
+  const auto options = at::TensorOptions().dtype(at::kDouble);
+  return {rows ? finalise_losses(line_arrays(row_lines, scale, target_offset, n), weight, selection)
+               : at::zeros({m}, options),
+          cols ? finalise_losses(line_arrays(col_lines, scale, 0, n), weight, selection) : at::zeros({n}, options)};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> loss_forward(const Tensor& x, const Tensor& y,
+                                                        const c10::optional<Tensor>& target_scale,
+                                                        const std::string& evidence, double tau, const Tensor& weights,
+                                                        std::int64_t terms, bool rows, bool cols) {
+  const TileSource source = embeddings_source(x, y);
+  return forward_impl(source, target_scale, evidence, tau, weights, terms, rows, cols, x);
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> loss_forward_from_similarity(
+    const Tensor& s, const c10::optional<Tensor>& target_scale, const std::string& evidence, double tau,
+    const Tensor& weights, std::int64_t terms, bool rows, bool cols) {
   check_similarity(s);
-  TileSource source(s);
-  return forward_impl(source, target_scale, evidence, tau, weights, rows, cols, compute_type(s.scalar_type()));
+  return forward_impl(TileSource(s), target_scale, evidence, tau, weights, terms, rows, cols, s);
 }
 
 std::tuple<Tensor, Tensor> loss_backward(const Tensor& grad_rows, const Tensor& grad_cols, const Tensor& x,
                                          const Tensor& y, const c10::optional<Tensor>& target_scale,
-                                         const Tensor& stats, const std::string& evidence, double tau,
-                                         const Tensor& weights, bool rows, bool cols,
+                                         const Tensor& row_stats, const Tensor& col_stats,
+                                         const std::string& evidence, double tau, const Tensor& weights,
+                                         std::int64_t terms, bool rows, bool cols, std::int64_t target_offset,
                                          std::array<bool, 2> output_mask) {
-  check_embeddings(x, y);
-  const at::ScalarType type = compute_type(x.scalar_type());
-  TileSource source(x.to(type).contiguous(), y.to(type).contiguous());
-  const BackwardLines lines =
-      backward_lines(source, grad_rows, grad_cols, target_scale, stats, weights, rows, cols);
+  const TileSource source = embeddings_source(x, y);
+  const BackwardLines lines = backward_lines(source.rows(), source.cols(), target_offset, grad_rows, grad_cols,
+                                             target_scale, row_stats, col_stats, evidence, tau, weights, terms, rows,
+                                             cols, x);
   const bool need_dx = output_mask[0];
   const bool need_dy = output_mask[1];
   Tensor dx = need_dx ? at::zeros_like(source.x()) : Tensor();
   Tensor dy = need_dy ? at::zeros_like(source.y()) : Tensor();
-  for_each_gradient_tile(source, evidence, tau, lines.terms, lines.rows, lines.cols,
+  for_each_gradient_tile(source, lines.options, target_offset, lines.rows, lines.cols,
                          [&](std::int64_t r0, std::int64_t nr, std::int64_t c0, std::int64_t nc, const Tensor& g) {
                            if (need_dx) {  // dx[r] += G·y[c]
                              Tensor dx_block = dx.narrow(0, r0, nr);
@@ -455,16 +461,16 @@ std::tuple<Tensor, Tensor> loss_backward(const Tensor& grad_rows, const Tensor& 
 }
 
 Tensor loss_backward_from_similarity(const Tensor& grad_rows, const Tensor& grad_cols, const Tensor& s,
-                                     const c10::optional<Tensor>& target_scale, const Tensor& stats,
-                                     const std::string& evidence, double tau, const Tensor& weights, bool rows,
-                                     bool cols) {
+                                     const c10::optional<Tensor>& target_scale, const Tensor& row_stats,
+                                     const Tensor& col_stats, const std::string& evidence, double tau,
+                                     const Tensor& weights, std::int64_t terms, bool rows, bool cols) {
   check_similarity(s);
-  TileSource source(s);
-  const BackwardLines lines =
-      backward_lines(source, grad_rows, grad_cols, target_scale, stats, weights, rows, cols);
-  const std::int64_t k = source.rows();
-  Tensor ds = at::empty({k, k}, s.options());
-  for_each_gradient_tile(source, evidence, tau, lines.terms, lines.rows, lines.cols,
+  const TileSource source(s);
+  check_square(source.rows(), source.cols());
+  const BackwardLines lines = backward_lines(source.rows(), source.cols(), 0, grad_rows, grad_cols, target_scale,
+                                             row_stats, col_stats, evidence, tau, weights, terms, rows, cols, s);
+  Tensor ds = at::empty({source.rows(), source.cols()}, s.options());
+  for_each_gradient_tile(source, lines.options, 0, lines.rows, lines.cols,
                          [&](std::int64_t r0, std::int64_t nr, std::int64_t c0, std::int64_t nc, const Tensor& g) {
                            ds.narrow(0, r0, nr).narrow(1, c0, nc).copy_(g);
                          });
@@ -473,20 +479,19 @@ Tensor loss_backward_from_similarity(const Tensor& grad_rows, const Tensor& grad
 
 std::tuple<Tensor, Tensor> opinion_impl(const TileSource& source, const std::string& evidence, double tau,
                                         at::ScalarType out_type) {
-  TORCH_CHECK_VALUE(tau > 0.0, "tau must be > 0, got ", tau);
-  const Tensor stats = accumulate_stats(source, evidence_index(evidence), tau, false, TermFlags{false, false, false},
-                                        true, true);
-  check_finite_strengths(stats, true, true, tau, evidence);
-  const Tensor strengths = stats.select(1, generic::kRest);  // no targets: rest is the whole sum
-  return {strengths[0].narrow(0, 0, source.rows()).log().to(out_type),
-          strengths[1].narrow(0, 0, source.cols()).log().to(out_type)};
+  TORCH_CHECK_VALUE(source.rows() >= 1 && source.cols() >= 1, "opinions need at least one query and candidate");
+  const int kind = evidence_index(evidence);
+  const double inv_tau = checked_inverse_tau(tau);
+  auto [row_stats, col_stats] =
+      accumulate_stats(source, kind, inv_tau, Targets{false, 0}, TermFlags{false, false, false}, true, true);
+  check_finite_strengths(row_stats, tau, evidence);
+  check_finite_strengths(col_stats, tau, evidence);
+  // No targets: rest is the whole sum S.
+  return {row_stats[generic::kRest].log().to(out_type), col_stats[generic::kRest].log().to(out_type)};
 }
 
 std::tuple<Tensor, Tensor> opinion(const Tensor& x, const Tensor& y, const std::string& evidence, double tau) {
-  check_embeddings(x, y);
-  const at::ScalarType type = compute_type(x.scalar_type());
-  return opinion_impl(TileSource(x.to(type).contiguous(), y.to(type).contiguous()), evidence, tau,
-                      compute_type(x.scalar_type()));
+  return opinion_impl(embeddings_source(x, y), evidence, tau, compute_type(x.scalar_type()));
 }
 
 std::tuple<Tensor, Tensor> opinion_from_similarity(const Tensor& s, const std::string& evidence, double tau) {
@@ -495,21 +500,13 @@ std::tuple<Tensor, Tensor> opinion_from_similarity(const Tensor& s, const std::s
 }
 
 }  // namespace
-
-std::string cpu_isa(const std::string& request) {
-  if (request.empty()) return active_tile_kernels().isa;
-  try {
-    return set_cpu_isa(request);
-  } catch (const std::invalid_argument& error) {
-    TORCH_CHECK_VALUE(false, error.what());
-  }
-}
-
 }  // namespace cpu
 }  // namespace evidential_ops
 
 TORCH_LIBRARY_IMPL(evidential_ops, CPU, m) {
   using namespace evidential_ops::cpu;
+  m.impl("line_stats", &line_stats);
+  m.impl("line_losses", &line_losses);
   m.impl("loss_forward", &loss_forward);
   m.impl("loss_forward_from_similarity", &loss_forward_from_similarity);
   m.impl("loss_backward", &loss_backward);

@@ -23,7 +23,8 @@ struct ForwardTile {
   TileRef s;
   int evidence;  // evidential_ops.config.EVIDENCE_KINDS index
   double inv_tau;
-  bool has_targets;  // loss: the diagonal is the target (kept out of the off-target sums)
+  bool has_targets;  // loss: row i's target, column i + target_offset, is kept out of the off-target sums
+  std::int64_t target_offset;
   TermFlags terms;
   double* row_stats;  // LineStat-major: stats[k * row_stride + i]; nullptr if rows not needed
   std::int64_t row_stride;
@@ -32,25 +33,18 @@ struct ForwardTile {
   double* scratch;  // >= 8·cols doubles, private to the calling thread
 };
 
-// Structure-of-arrays of LineGradient (csrc/kernels/line_terms.h), one entry per line.
-struct LineGradientArrays {
-  const double* inv_strength;
-  const double* all;
-  const double* off;
-  const double* square;
-  const double* fisher;
-  const double* kl_v;
-  const double* logdet_ratio;
-  const double* logdet_remainder;
-  const double* target;
-};
-
 struct BackwardTile {
   TileRef s;
   int evidence;
   double inv_tau;
+  std::int64_t target_offset;
   TermFlags terms;
-  LineGradientArrays rows, cols;  // zero constants for a direction that is not computed
+  // The (kNumGradientFields, n) LineGradient arrays of csrc/kernels/line_finalise.h of all rows
+  // and all columns; zero constants for a direction that is not computed.
+  const double* row_constants;
+  std::int64_t n_rows;
+  const double* col_constants;
+  std::int64_t n_cols;
   void* grad;  // ∂L/∂s of the tile, rows×cols, leading dim grad_ld, float or double
   bool grad_is_double;
   std::int64_t grad_ld;

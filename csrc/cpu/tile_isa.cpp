@@ -38,31 +38,51 @@ std::string best_isa() {
   return "generic";
 }
 
-std::string initial_isa() {
-  const char* requested = std::getenv("EO_CPU_ISA");
-  if (requested != nullptr && cpu_supports(requested)) return requested;
-  return best_isa();
+std::string checked_choice(const std::string& isa, const char* source) {
+  const std::string choice = isa == "best" ? best_isa() : isa;
+  if (choice != "generic" && choice != "avx2" && choice != "avx512") {
+    throw std::invalid_argument(std::string(source) + " must be 'best', 'generic', 'avx2' or 'avx512', got '" + isa + "'");
+  }
+  if (!cpu_supports(choice)) {
+    throw std::invalid_argument(std::string(source) + ": '" + choice + "' is not built or not supported by this CPU");
+  }
+  return choice;
 }
 
+std::string initial_isa() {
+  const char* requested = std::getenv("EO_CPU_ISA");
+  // A misspelt variable would otherwise silently benchmark the wrong kernels.
+  return requested != nullptr && *requested != '\0' ? checked_choice(requested, "EO_CPU_ISA") : best_isa();
+}
+
+// nullptr until the first op or request: EO_CPU_ISA is read then, and a bad value raises on
+// every use until it is fixed or a variant is chosen explicitly.
 std::atomic<const TileKernels*>& current() {
-  static std::atomic<const TileKernels*> kernels{kernels_for(initial_isa())};
+  static std::atomic<const TileKernels*> kernels{nullptr};
   return kernels;
 }
 
 }  // namespace
 
-const TileKernels& active_tile_kernels() { return *current().load(); }
+const TileKernels& active_tile_kernels() {
+  const TileKernels* kernels = current().load();
+  if (kernels == nullptr) {
+    const TileKernels* initial = kernels_for(initial_isa());
+    // Another thread may have chosen meanwhile (a request wins over the environment).
+    current().compare_exchange_strong(kernels, initial);
+    kernels = current().load();
+  }
+  return *kernels;
+}
 
 std::string set_cpu_isa(const std::string& isa) {
-  const std::string choice = isa == "best" ? best_isa() : isa;
-  if (choice != "generic" && choice != "avx2" && choice != "avx512") {
-    throw std::invalid_argument("isa must be 'best', 'generic', 'avx2' or 'avx512', got '" + isa + "'");
-  }
-  if (!cpu_supports(choice)) {
-    throw std::invalid_argument("isa '" + choice + "' is not built or not supported by this CPU");
-  }
+  const std::string choice = checked_choice(isa, "isa");
   current().store(kernels_for(choice));
   return choice;
+}
+
+std::string cpu_isa(const std::string& request) {
+  return request.empty() ? std::string(active_tile_kernels().isa) : set_cpu_isa(request);
 }
 
 }  // namespace cpu

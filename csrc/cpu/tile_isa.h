@@ -28,16 +28,16 @@ cpu::TileKernels tile_kernels();
 
 namespace cpu {
 
-// The variant in use: the best the CPU supports, or EO_CPU_ISA=generic|avx2|avx512 if set. The
-// table is immutable and outlives the program: an op takes it once and uses it throughout.
+// The variant in use: the best the CPU supports, or EO_CPU_ISA=generic|avx2|avx512|best if set
+// (std::invalid_argument for any other value, or a variant this CPU cannot run). The table is
+// immutable and outlives the program: an op takes it once and uses it throughout.
 const TileKernels& active_tile_kernels();
 
 // Switch variant ("best" = the default choice); returns the name now active. Raises for a
 // variant that was not built or that this CPU cannot run.
 std::string set_cpu_isa(const std::string& isa);
 
-// The cpu_isa operator: "" reports the active variant, anything else is set_cpu_isa (ValueError
-// for a bad request). Defined in evidential_cpu.cpp, which may use torch.
+// "" reports the active variant, anything else is set_cpu_isa (evidential_ops._C.cpu_isa).
 std::string cpu_isa(const std::string& request);
 
 }  // namespace cpu

@@ -9,6 +9,7 @@
 
 #include "../kernels/element_terms.h"
 #include "../kernels/evidence.h"
+#include "../kernels/line_finalise.h"
 #include "tile_args.h"
 
 namespace evidential_ops {
@@ -65,7 +66,8 @@ void forward_tile_impl(const cpu::ForwardTile& t) {
   for (std::int64_t i = 0; i < t.s.rows; ++i) {
     const std::int64_t gi = t.s.row0 + i;
     evidence_row(t.s, t.evidence, i, t.inv_tau, alpha, nullptr);
-    const std::int64_t target = t.has_targets ? gi - col0 : -1;  // local column of the target
+    // Local column of the target (outside [0, cols) when it lies in another tile, or for opinions).
+    const std::int64_t target = t.has_targets ? gi + t.target_offset - col0 : -1;
     double rest = 0.0, squares = 0.0, kl = 0.0, fisher = 0.0, log_trig = 0.0, remainder = 0.0;
 #pragma omp simd reduction(+ : rest, squares, kl, fisher, log_trig, remainder)
     for (std::int64_t j = 0; j < cols; ++j) {
@@ -109,25 +111,11 @@ void forward_tile_impl(const cpu::ForwardTile& t) {
         r[kRemainder * st] += remainder;
       }
     }
-    if (target >= 0 && target < cols) {  // the diagonal element: α_ii is the target of row i and column i
+    if (target >= 0 && target < cols) {  // α of the target is the target of row gi and of its column
       if (t.row_stats != nullptr) t.row_stats[kTargetAlpha * t.row_stride + gi] = alpha[target];
-      if (t.col_stats != nullptr) t.col_stats[kTargetAlpha * t.col_stride + gi] = alpha[target];
+      if (t.col_stats != nullptr) t.col_stats[kTargetAlpha * t.col_stride + col0 + target] = alpha[target];
     }
   }
-}
-
-LineGradient line_at(const cpu::LineGradientArrays& a, std::int64_t i) {
-  LineGradient g;
-  g.inv_strength = a.inv_strength[i];
-  g.all = a.all[i];
-  g.off = a.off[i];
-  g.square = a.square[i];
-  g.fisher = a.fisher[i];
-  g.kl_v = a.kl_v[i];
-  g.logdet_ratio = a.logdet_ratio[i];
-  g.logdet_remainder = a.logdet_remainder[i];
-  g.target = a.target[i];
-  return g;
 }
 
 template <bool kKl, bool kFmse, bool kLogdet>
@@ -135,29 +123,20 @@ void backward_tile_impl(const cpu::BackwardTile& t) {
   const std::int64_t cols = t.s.cols, col0 = t.s.col0;
   double* alpha = t.scratch;
   double* rho = t.scratch + cols;  // overwritten in place by ∂L/∂s
-  const cpu::LineGradientArrays& c = t.cols;
+  const LineGradientArrays rows = gradient_arrays(t.row_constants, t.n_rows);
+  const LineGradientArrays cols_constants = gradient_arrays(t.col_constants, t.n_cols);
   for (std::int64_t i = 0; i < t.s.rows; ++i) {
     const std::int64_t gi = t.s.row0 + i;
     evidence_row(t.s, t.evidence, i, t.inv_tau, alpha, rho);
-    const LineGradient row = line_at(t.rows, gi);
-    const std::int64_t target = gi - col0;
+    const LineGradient row = load_line_gradient(rows, gi);
+    const std::int64_t target = gi + t.target_offset - col0;
 #pragma omp simd
     for (std::int64_t j = 0; j < cols; ++j) {
       const double a = alpha[j];
       const double on_target = j == target ? 1.0 : 0.0;
       const double off = 1.0 - on_target;
       const ElementBackward f = element_backward<kKl, kFmse, kLogdet>(a);
-      const std::int64_t gj = col0 + j;
-      LineGradient column;
-      column.inv_strength = c.inv_strength[gj];
-      column.all = c.all[gj];
-      column.off = c.off[gj];
-      column.square = c.square[gj];
-      column.fisher = c.fisher[gj];
-      column.kl_v = c.kl_v[gj];
-      column.logdet_ratio = c.logdet_ratio[gj];
-      column.logdet_remainder = c.logdet_remainder[gj];
-      column.target = c.target[gj];
+      const LineGradient column = load_line_gradient(cols_constants, col0 + j);
       const double coefficient = line_share(a, off, on_target, f, row) + line_share(a, off, on_target, f, column);
       rho[j] = coefficient * rho[j] * t.inv_tau;  // ∂L/∂s = (α∂L/∂α)·(g'(x)/α)·(1/τ)
     }

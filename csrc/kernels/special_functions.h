@@ -187,21 +187,41 @@ EO_HOST_DEVICE double kl_v(double x) { return kl_v(x, polygammas(x)); }
 // r(x) = 1/ψ1(x) − x + ½ (SPEC §2.5) and r'(x) = −ψ2/ψ1² − 1: small, smooth, and the reason
 // the Fisher log-determinant has no cancellation. Series above 30 (the direct forms cancel).
 constexpr double kRSeriesFrom = 30.0;
-constexpr int kRTerms = 12;
-constexpr double kRCoeffs[kRTerms] = {
-    1.0 / 12,
-    1.0 / 24,
-    -1.0 / 720,
-    -11.0 / 480,
-    -113.0 / 12096,
-    527.0 / 24192,
-    79717.0 / 3628800,
-    -34253.0 / 1036800,
-    -28932091.0 / 479001600,
-    8115997.0 / 106444800,
-    574468115113.0 / 2615348736000,
-    -121081664357.0 / 475517952000,
-};
+
+// Σ_{k=1..12} c_k u^k (= r) and Σ −k·c_k u^k (= x·r'(x)), c_k the coefficients of r's
+// asymptotic series, as literal Horner steps: a constant array would not be visible in device
+// code, and the literals fold into the instruction stream on every target.
+EO_HOST_DEVICE double remainder_series(double u) {
+  double p = -121081664357.0 / 475517952000;
+  p = p * u + 574468115113.0 / 2615348736000;
+  p = p * u + 8115997.0 / 106444800;
+  p = p * u - 28932091.0 / 479001600;
+  p = p * u - 34253.0 / 1036800;
+  p = p * u + 79717.0 / 3628800;
+  p = p * u + 527.0 / 24192;
+  p = p * u - 113.0 / 12096;
+  p = p * u - 11.0 / 480;
+  p = p * u - 1.0 / 720;
+  p = p * u + 1.0 / 24;
+  p = p * u + 1.0 / 12;
+  return p * u;
+}
+
+EO_HOST_DEVICE double remainder_series_x_derivative(double u) {
+  double p = 12.0 * 121081664357.0 / 475517952000;
+  p = p * u - 11.0 * 574468115113.0 / 2615348736000;
+  p = p * u - 10.0 * 8115997.0 / 106444800;
+  p = p * u + 9.0 * 28932091.0 / 479001600;
+  p = p * u + 8.0 * 34253.0 / 1036800;
+  p = p * u - 7.0 * 79717.0 / 3628800;
+  p = p * u - 6.0 * 527.0 / 24192;
+  p = p * u + 5.0 * 113.0 / 12096;
+  p = p * u + 4.0 * 11.0 / 480;
+  p = p * u + 3.0 * 1.0 / 720;
+  p = p * u - 2.0 * 1.0 / 24;
+  p = p * u - 1.0 * 1.0 / 12;
+  return p * u;
+}
 
 struct FisherRemainder {
   double r;          // r(x)
@@ -212,12 +232,8 @@ struct FisherRemainder {
 EO_HOST_DEVICE FisherRemainder fisher_remainder(double x, const Polygammas& g) {
   const bool large = x >= kRSeriesFrom;
   const double u = g.inv_z;  // 1/x on the series branch
-  double r = 0.0, dr = 0.0;
-  for (int k = kRTerms; k >= 1; --k) {  // Horner for Σ c_k u^k and Σ −k c_k u^(k+1)
-    r = (r + kRCoeffs[k - 1]) * u;
-    dr = (dr - k * kRCoeffs[k - 1]) * u;
-  }
-  // dr = Σ −k c_k u^k = x·r'(x) on the series branch.
+  const double r = remainder_series(u);
+  const double dr = remainder_series_x_derivative(u);  // x·r'(x) on the series branch
   const double inv_trigamma = 1.0 / g.trigamma;
   const double r_prime_direct = -g.tetragamma * inv_trigamma * inv_trigamma - 1.0;
   FisherRemainder out;

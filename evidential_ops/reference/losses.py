@@ -32,16 +32,16 @@ def _compute_dtype(input_dtype: torch.dtype, compute_dtype: torch.dtype | None) 
 
 def check_no_overflow(s: Tensor, evidence: str, tau: float, dtype: torch.dtype) -> None:
     """Raise (naming τ) if S = Σ_j α_ij would overflow `dtype`; the fused kernels work in log
-    space and have no such limit, the materialised reference does."""
+    space and have no such limit, the materialised reference does. No host sync (checks.require)."""
     n = max(s.shape)
     limit = math.log(torch.finfo(dtype).max) - math.log(n) - 1.0
-    bound = max_log_alpha(evidence, tau, float(s.detach().abs().max()))
-    if bound > limit:
-        raise ValueError(
-            f"tau={tau} is too small for evidence={evidence!r} in {dtype}: the evidence reaches "
-            f"e^{bound:.1f} and the row strengths overflow. Use a larger tau, compute_dtype="
-            f"torch.float64, or a fused backend (which works in log space)."
-        )
+    bound = max_log_alpha(evidence, tau, s.detach().abs().amax().to(torch.float64))
+    checks.require(
+        bound <= limit,
+        f"tau={tau} is too small for evidence={evidence!r} in {dtype}: the evidence overflows and the "
+        f"row strengths overflow. Use a larger tau, compute_dtype=torch.float64, or a fused backend "
+        f"(which works in log space).",
+    )
 
 
 def similarity(x: Tensor, y: Tensor, *, normalize: bool, dtype: torch.dtype) -> Tensor:

@@ -31,6 +31,19 @@ def _split(x: Tensor, threshold: float) -> tuple[Tensor, Tensor, Tensor]:
     return large, x_large, x_small
 
 
+def _scaled_trigamma_series(u: Tensor) -> Tensor:
+    """z·ψ1(z) = 1 + u/2 + u²(1/6 − u²/30 + …) with u = 1/z, for z >= 10 (Bernoulli up to B14).
+
+    Kept scaled: ψ1 itself is u·(this), whose derivative −u²·(…) underflows for z > 1e154.
+    """
+    u2 = u * u
+    tail = 1.0 / 6 + u2 * (
+        -1.0 / 30
+        + u2 * (1.0 / 42 + u2 * (-1.0 / 30 + u2 * (5.0 / 66 + u2 * (-691.0 / 2730 + u2 * (7.0 / 6)))))
+    )
+    return 1.0 + u * 0.5 + u2 * tail
+
+
 def trigamma(x: Tensor) -> Tensor:
     """ψ1(x) for x >= 1, accurate to ~1e-15 relative in float64.
 
@@ -47,19 +60,19 @@ def trigamma(x: Tensor) -> Tensor:
     shift_sum = sum(1.0 / (x_small + k) ** 2 for k in range(steps))
     z = torch.where(small, x_small + steps, x)
     u = 1.0 / z
-    u2 = u * u
-    # 1/z + 1/(2z²) + 1/(6z³) − 1/(30z⁵) + 1/(42z⁷) − 1/(30z⁹) + 5/(66z¹¹) − 691/(2730z¹³) + 7/(6z¹⁵)
-    tail = 1.0 / 6 + u2 * (
-        -1.0 / 30
-        + u2 * (1.0 / 42 + u2 * (-1.0 / 30 + u2 * (5.0 / 66 + u2 * (-691.0 / 2730 + u2 * (7.0 / 6)))))
-    )
-    series = u * (1.0 + u * 0.5 + u2 * tail)
-    return series + torch.where(small, shift_sum, torch.zeros_like(shift_sum))
+    return u * _scaled_trigamma_series(u) + torch.where(small, shift_sum, torch.zeros_like(shift_sum))
 
 
 def log_trigamma(x: Tensor) -> Tensor:
-    """ln ψ1(x) for x >= 1 (UML eq. 8, first sum of the Fisher log-determinant)."""
-    return torch.log(trigamma(x))
+    """ln ψ1(x) for x >= 1 (UML eq. 8, first sum of the Fisher log-determinant).
+
+    ln(xψ1(x)) − ln x on the series branch: ln ψ1 itself would differentiate through ψ1' ≈ −1/x²,
+    which underflows to 0 for x > 1e154 and zeroes the gradient −1/x (the logdet's gradient at a
+    near-duplicate positive once α² overflows, s/τ > ~355).
+    """
+    large, x_large, x_small = _split(x, _SERIES_FROM)
+    scaled = torch.log(_scaled_trigamma_series(1.0 / x_large)) - torch.log(x_large)
+    return torch.where(large, scaled, torch.log(trigamma(x_small)))
 
 
 def digamma_difference(a: Tensor, r: Tensor) -> Tensor:

@@ -1,0 +1,250 @@
+"""The evidential_ops operator family, once for every device: layout, fakes, autograd.
+
+The schemas are C++ (csrc/ops.cpp); each device registers kernels on them
+(`TORCH_LIBRARY_IMPL(evidential_ops, CPU | CUDA, m)`). This module registers, for every device at
+once, what PyTorch needs around those kernels:
+
+- a fake (meta) implementation per op: output shapes, dtypes and devices, and the device checks
+  that keep a meta or foreign-device argument from reaching a kernel (torch.compile,
+  `torch.library.opcheck`, meta tensors);
+- the autograd formula of each loss op, which calls the backward op (itself an op with a fake), and
+  a backward of the backward ops that raises: double backward is not implemented.
+
+Kernel families written in Python (Triton) reuse all of this without copies: they define the
+same schemas (`schemas()`) under a namespace of their own, for instance with
+`torch.library.triton_op(f"{namespace}::{name}", kernel, mutates_args=(), schema=schemas()[name])`,
+and `register_family(namespace)` registers the same fakes and autograd there (README "Layout").
+
+Statistics layout (csrc/kernels/line_terms.h, line_finalise.h): `row_stats` (NUM_LINE_STATS, M)
+and `col_stats` (NUM_LINE_STATS, N), float64 on the inputs' device; row k of a direction's stats
+is LineStat k (α_target, Σ_{j≠y} α, Σ h(α), Σ (α·2^-511)², Σ α(α+1)ψ1(α), Σ ln ψ1(α), Σ r(α)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from . import extension
+from .checks import output_dtype
+from .config import TERMS, LossConfig
+
+NAMESPACE = "evidential_ops"
+LOSS_OPS = ("loss_forward", "loss_forward_from_similarity")
+BACKWARD_OPS = ("loss_backward", "loss_backward_from_similarity")
+OPS = ("line_stats", "line_losses", *LOSS_OPS, *BACKWARD_OPS, "opinion", "opinion_from_similarity")
+
+
+@dataclass(frozen=True)
+class StatsLayout:
+    """Sizes fixed by the compiled kernels (read from the extension, never copied)."""
+
+    num_line_stats: int
+    num_terms: int
+
+
+def _layout() -> StatsLayout | None:
+    module = extension.module()
+    if module is None:
+        return None
+    layout = StatsLayout(num_line_stats=module.NUM_LINE_STATS, num_terms=module.NUM_TERMS)
+    if layout.num_terms != len(TERMS):
+        raise ImportError(f"evidential_ops._C has {layout.num_terms} terms but config.TERMS has {len(TERMS)}: rebuild")
+    return layout
+
+
+LAYOUT = _layout()
+
+
+def terms_mask(config: LossConfig) -> int:
+    """Bit k set iff TERMS[k] is computed (the `terms` argument of the ops)."""
+    return sum(1 << k for k, on in enumerate(config.enabled) if on)
+
+
+def weights_tensor(config: LossConfig, device: torch.device | None = None) -> Tensor:
+    """The `weights` argument: float64 (5,), on the CPU unless a family wants it on its device.
+
+    A tensor, not a float list: under torch.compile an annealed weight (TCL's λ) then changes
+    without a recompile (float arguments of an op are specialised on their value).
+    """
+    return torch.tensor(config.weights, dtype=torch.float64, device=device)
+
+
+def _op(namespace: str, name: str):
+    return getattr(getattr(torch.ops, namespace), name)
+
+
+# ------------------------------------------------------------------------------------------ fakes
+
+
+def _same_device(t: Tensor | None, name: str, like: Tensor) -> None:
+    if t is not None and t.device != like.device:
+        raise ValueError(f"{name} is on {t.device} but the inputs are on {like.device}")
+
+
+def _check_weights(weights: Tensor, like: Tensor) -> None:
+    if weights.device.type != "cpu" and weights.device != like.device:
+        raise ValueError(f"weights must be on the CPU or on {like.device}, got {weights.device}")
+
+
+def _check_embeddings(x: Tensor, y: Tensor) -> None:
+    _same_device(y, "y", x)
+    if x.dim() != 2 or y.dim() != 2 or x.shape[1] != y.shape[1]:
+        raise ValueError(f"x and y must be 2-D with the same embedding size D, got {tuple(x.shape)} and {tuple(y.shape)}")
+    if x.dtype != y.dtype:
+        raise TypeError(f"x and y must have the same floating dtype, got {x.dtype} and {y.dtype}")
+
+
+def _check_stats(stats: Tensor, name: str, n: int, like: Tensor) -> None:
+    _same_device(stats, name, like)
+    if stats.dtype != torch.float64 or tuple(stats.shape) != (LAYOUT.num_line_stats, n):
+        raise ValueError(
+            f"{name} must be the float64 ({LAYOUT.num_line_stats}, {n}) statistics of the forward, "
+            f"got {stats.dtype} {tuple(stats.shape)}"
+        )
+
+
+def _stats_pair(like: Tensor, m: int, n: int) -> tuple[Tensor, Tensor]:
+    return (like.new_empty((LAYOUT.num_line_stats, m), dtype=torch.float64),
+            like.new_empty((LAYOUT.num_line_stats, n), dtype=torch.float64))
+
+
+def _register_fakes(namespace: str) -> None:
+    def fake(name):
+        return torch.library.register_fake(f"{namespace}::{name}")
+
+    @fake("line_stats")
+    def _(x, y, target_offset, evidence, tau, terms, rows, cols):
+        _check_embeddings(x, y)
+        return _stats_pair(x, x.shape[0], y.shape[0])
+
+    @fake("line_losses")
+    def _(row_stats, col_stats, target_scale, target_offset, weights, terms, rows, cols):
+        _same_device(col_stats, "col_stats", row_stats)
+        _same_device(target_scale, "target_scale", row_stats)
+        _check_weights(weights, row_stats)
+        m, n = row_stats.shape[1], col_stats.shape[1]
+        return row_stats.new_empty(m), row_stats.new_empty(n)
+
+    def forward_fake(like, target_scale, weights, m, n):
+        _same_device(target_scale, "target_scale", like)
+        _check_weights(weights, like)
+        dtype = output_dtype(like.dtype)
+        return (like.new_empty(m, dtype=dtype), like.new_empty(n, dtype=dtype), *_stats_pair(like, m, n))
+
+    @fake("loss_forward")
+    def _(x, y, target_scale, evidence, tau, weights, terms, rows, cols):
+        _check_embeddings(x, y)
+        return forward_fake(x, target_scale, weights, x.shape[0], y.shape[0])
+
+    @fake("loss_forward_from_similarity")
+    def _(s, target_scale, evidence, tau, weights, terms, rows, cols):
+        return forward_fake(s, target_scale, weights, s.shape[0], s.shape[1])
+
+    def backward_checks(like, grad_rows, grad_cols, target_scale, row_stats, col_stats, weights, m, n):
+        for t, name in ((grad_rows, "grad_rows"), (grad_cols, "grad_cols"), (target_scale, "target_scale")):
+            _same_device(t, name, like)
+        _check_stats(row_stats, "row_stats", m, like)
+        _check_stats(col_stats, "col_stats", n, like)
+        _check_weights(weights, like)
+
+    @fake("loss_backward")
+    def _(grad_rows, grad_cols, x, y, target_scale, row_stats, col_stats, evidence, tau, weights, terms, rows, cols,
+          target_offset, output_mask):
+        _check_embeddings(x, y)
+        backward_checks(x, grad_rows, grad_cols, target_scale, row_stats, col_stats, weights, x.shape[0], y.shape[0])
+        # new_empty, not empty_like: the kernels return contiguous gradients for any input strides.
+        dx = x.new_empty(x.shape) if output_mask[0] else x.new_empty(0)
+        dy = y.new_empty(y.shape) if output_mask[1] else y.new_empty(0)
+        return dx, dy
+
+    @fake("loss_backward_from_similarity")
+    def _(grad_rows, grad_cols, s, target_scale, row_stats, col_stats, evidence, tau, weights, terms, rows, cols):
+        backward_checks(s, grad_rows, grad_cols, target_scale, row_stats, col_stats, weights, s.shape[0], s.shape[1])
+        return s.new_empty(s.shape)
+
+    @fake("opinion")
+    def _(x, y, evidence, tau):
+        _check_embeddings(x, y)
+        dtype = output_dtype(x.dtype)
+        return x.new_empty(x.shape[0], dtype=dtype), x.new_empty(y.shape[0], dtype=dtype)
+
+    @fake("opinion_from_similarity")
+    def _(s, evidence, tau):
+        dtype = output_dtype(s.dtype)
+        return s.new_empty(s.shape[0], dtype=dtype), s.new_empty(s.shape[1], dtype=dtype)
+
+
+# --------------------------------------------------------------------------------------- autograd
+
+
+def _register_autograd(namespace: str) -> None:
+    ops = getattr(torch.ops, namespace)
+
+    def setup_embeddings(ctx, inputs, output):
+        x, y, target_scale, evidence, tau, weights, terms, rows, cols = inputs
+        _, _, row_stats, col_stats = output
+        ctx.save_for_backward(x, y, target_scale, row_stats, col_stats, weights)
+        ctx.options = (evidence, tau, terms, rows, cols)
+
+    def backward_embeddings(ctx, grad_rows, grad_cols, _grad_row_stats, _grad_col_stats):
+        x, y, target_scale, row_stats, col_stats, weights = ctx.saved_tensors
+        evidence, tau, terms, rows, cols = ctx.options
+        mask = [bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])]
+        dx, dy = ops.loss_backward(grad_rows, grad_cols, x, y, target_scale, row_stats, col_stats,
+                                   evidence, tau, weights, terms, rows, cols, 0, mask)
+        return (dx if mask[0] else None), (dy if mask[1] else None), None, None, None, None, None, None, None
+
+    def setup_similarity(ctx, inputs, output):
+        s, target_scale, evidence, tau, weights, terms, rows, cols = inputs
+        _, _, row_stats, col_stats = output
+        ctx.save_for_backward(s, target_scale, row_stats, col_stats, weights)
+        ctx.options = (evidence, tau, terms, rows, cols)
+
+    def backward_similarity(ctx, grad_rows, grad_cols, _grad_row_stats, _grad_col_stats):
+        s, target_scale, row_stats, col_stats, weights = ctx.saved_tensors
+        evidence, tau, terms, rows, cols = ctx.options
+        ds = ops.loss_backward_from_similarity(grad_rows, grad_cols, s, target_scale, row_stats, col_stats,
+                                               evidence, tau, weights, terms, rows, cols)
+        return ds, None, None, None, None, None, None, None
+
+    torch.library.register_autograd(f"{namespace}::loss_forward", backward_embeddings, setup_context=setup_embeddings)
+    torch.library.register_autograd(
+        f"{namespace}::loss_forward_from_similarity", backward_similarity, setup_context=setup_similarity
+    )
+
+    # Without an autograd kernel, create_graph=True would hand back gradients that silently carry
+    # no history (a second grad returns zeros). Differentiating them is an explicit error instead.
+    for name in BACKWARD_OPS:
+        def no_double_backward(ctx, *grads, _name=name):
+            raise NotImplementedError(
+                f"double backward through {namespace}::{_name} is not implemented (the fused evidential "
+                f"loss is differentiable once); use backend='reference' for higher-order gradients"
+            )
+
+        torch.library.register_autograd(f"{namespace}::{name}", no_double_backward, setup_context=_nothing_to_save)
+
+
+def _nothing_to_save(ctx, inputs, output) -> None:
+    pass
+
+
+def register_family(namespace: str) -> None:
+    """Register the fakes and autograd formulas of every op in `namespace` (valid on any device)."""
+    _register_fakes(namespace)
+    _register_autograd(namespace)
+
+
+def schemas() -> dict[str, str]:
+    """The schema of each op, without its name: what `define_family` defines elsewhere."""
+    out = {}
+    for name in OPS:
+        schema = str(_op(NAMESPACE, name).default._schema)
+        out[name] = schema[schema.index("("):]
+    return out
+
+
+if LAYOUT is not None:
+    register_family(NAMESPACE)

@@ -1,0 +1,57 @@
+"""Which fused backends the backend-parametrised suite runs, and what each one is tested with.
+
+A backend joins the suite by registering (evidential_ops.backends): every fused backend that
+`eo.available_backends()` lists gets a `FusedCase`. What differs between backends is only where
+their tensors live and which sizes and dtypes they can be tested with here (the Triton
+interpreter, for instance, runs float32 only and slowly): the tests themselves are shared.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+import evidential_ops as eo
+
+ALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+@dataclass(frozen=True)
+class FusedCase:
+    """One fused backend under test.
+
+    device: where its input tensors live. dtypes: input dtypes it is tested with.
+    max_k: the largest K the suite gives it (tests with larger sizes shrink or skip).
+    realistic: (K, D) of the realistic-size accuracy test.
+    """
+
+    name: str
+    device: torch.device
+    dtypes: tuple[torch.dtype, ...] = ALL_DTYPES
+    max_k: int = 4096
+    realistic: tuple[int, int] = (1024, 512)
+
+    def __str__(self) -> str:  # pytest ids
+        return self.name
+
+
+def _case(name: str) -> FusedCase | None:
+    if name == "cpu":
+        return FusedCase("cpu", torch.device("cpu"))
+    if name == "cuda":
+        return FusedCase("cuda", torch.device("cuda")) if torch.cuda.is_available() else None
+    if name == "triton":
+        if torch.cuda.is_available():
+            return FusedCase("triton", torch.device("cuda"))
+        if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter: CPU tensors, float32, small K
+            return FusedCase("triton", torch.device("cpu"), dtypes=(torch.float32,), max_k=160, realistic=(160, 203))
+        return None
+    raise AssertionError(f"no test case for fused backend {name!r}: add one here")
+
+
+def fused_cases() -> list[FusedCase]:
+    """Every registered fused backend that can run on this machine."""
+    cases = [_case(name) for name in eo.available_backends() if name != "reference"]
+    return [case for case in cases if case is not None]

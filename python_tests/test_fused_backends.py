@@ -1,0 +1,547 @@
+"""Every fused backend against the float64 reference: one suite, parametrised over the backends.
+
+A backend joins by registering (python_tests/fused_backends.py says how it is tested). Tolerances
+are docs/SPEC.md §5's: from a similarity matrix, float32 losses within 1e-5 relative (1e-4 for
+fmse/logdet) and gradients within 1e-4 (max-abs relative); from embeddings the float32 tile GEMM
+adds 8·√D·2⁻²⁴/τ; float16/bfloat16 inputs within 1e-2. Near-zero terms get an absolute floor of
+1e-10, kl/logdet are relative to max(|ref|, 1e-3). Beside them, flash-attention's rule: the fused
+error is at most 2× the error of the reference computed in the input's own precision.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import evidential_ops as eo
+from conftest import hard_pairs, random_pairs
+from fused_backends import fused_cases
+
+CASES = fused_cases()
+pytestmark = pytest.mark.skipif(not CASES, reason="no fused backend built")
+
+ALL_WEIGHTS = {"risk": 1.0, "kl": 0.1, "mse": 0.5, "fmse": 0.7, "logdet": -0.01}
+LOSS_RTOL = {"risk": 1e-5, "kl": 1e-5, "mse": 1e-5, "fmse": 1e-4, "logdet": 1e-4}
+GRAD_RTOL = 1e-4
+FLOAT32_ROUNDING = 4 * 2.0**-24  # floor of the 2× rule: a float32 result's own rounding
+
+
+@pytest.fixture(params=CASES, ids=str)
+def fused(request):
+    return request.param
+
+
+def need(fused, *, dtype=torch.float32, k: int = 0):
+    if dtype not in fused.dtypes:
+        pytest.skip(f"{fused.name} is not tested with {dtype} here")
+    if k > fused.max_k:
+        pytest.skip(f"{fused.name} is tested up to K = {fused.max_k} here")
+
+
+def gemm_allowance(d: int, tau: float) -> float:
+    return 8 * math.sqrt(d) * 2.0**-24 / tau
+
+
+def rel_error(got: torch.Tensor, ref: torch.Tensor, term: str) -> float:
+    got, ref = got.double().cpu(), ref.double().cpu()
+    if term in ("kl", "logdet", "all"):
+        return float(((got - ref).abs() / ref.abs().clamp_min(1e-3)).max())
+    return float(((got - ref).abs() / (ref.abs() + 1e-10 / LOSS_RTOL[term])).max())
+
+
+def grad_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    got, ref = got.double().cpu(), ref.double().cpu()
+    return float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+
+
+def run(fn, inputs, upstream):
+    """Per-line losses and the gradient of Σ upstream·losses w.r.t. each input."""
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    rows, cols = fn(*leaves)
+    total = sum((part * w.to(part)).sum() for part, w in zip((rows, cols), upstream) if part.numel())
+    grads = torch.autograd.grad(total, leaves)
+    return rows.detach(), cols.detach(), grads
+
+
+def compare(fused, inputs, kwargs, upstream, *, from_similarity, loss_tol, grad_tol, terms, two_x_rule=False):
+    """The fused backend on `inputs` (moved to its device) against the float64 reference."""
+    fused_fn = eo.evidential_loss_from_similarity if from_similarity else eo.evidential_loss
+    ref_fn = eo.reference.evidential_loss_from_similarity if from_similarity else eo.reference.evidential_loss
+    device = fused.device
+    kw_device = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in kwargs.items()}
+    rows, cols, grads = run(lambda *t: fused_fn(*t, backend=fused.name, reduction="none", **kw_device),
+                            [t.to(device) for t in inputs], [u.to(device) for u in upstream])
+    ref_rows, ref_cols, ref_grads = run(lambda *t: ref_fn(*t, reduction="none", **kwargs), inputs, upstream)
+    term = terms if isinstance(terms, str) else "all"
+    errors = []
+    for got, ref in ((rows, ref_rows), (cols, ref_cols)):
+        assert got.shape == ref.shape
+        if got.numel():
+            assert got.device.type == device.type
+            assert torch.isfinite(got).all()
+            errors.append(rel_error(got, ref, term))
+            assert errors[-1] <= loss_tol, (term, errors[-1])
+    grad_errors = []
+    for got, ref, leaf in zip(grads, ref_grads, inputs):
+        assert got.dtype == leaf.dtype and torch.isfinite(got).all()
+        grad_errors.append(grad_error(got, ref))
+        assert grad_errors[-1] <= grad_tol, grad_errors[-1]
+    if two_x_rule:
+        # flash-attention's rule: the same loss by the reference in the input's precision.
+        plain = lambda *t: eo.evidential_loss_from_similarity(*t, backend="reference", reduction="none", **kwargs) \
+            if from_similarity else eo.evidential_loss(*t, backend="reference", reduction="none", **kwargs)
+        p_rows, p_cols, p_grads = run(plain, inputs, upstream)
+        plain_loss = max(rel_error(g, r, term) for g, r in ((p_rows, ref_rows), (p_cols, ref_cols)) if g.numel())
+        plain_grad = max(grad_error(g, r) for g, r in zip(p_grads, ref_grads))
+        assert max(errors) <= max(2 * plain_loss, FLOAT32_ROUNDING), (max(errors), plain_loss)
+        assert max(grad_errors) <= max(2 * plain_grad, FLOAT32_ROUNDING), (max(grad_errors), plain_grad)
+
+
+# ---------------------------------------------------------------- accuracy, every term and option
+
+
+@pytest.mark.parametrize("regime", ["random", "hard"])
+@pytest.mark.parametrize("term", list(LOSS_RTOL))
+def test_each_term_from_similarity_matches_reference(fused, gen, regime, term):
+    k = 113
+    x, y = (hard_pairs if regime == "hard" else random_pairs)(k, 203, generator=gen, dtype=torch.float64)
+    s = (x @ y.T).float()  # the reference sees the same rounded similarities
+    c = torch.rand(k, generator=gen)
+    upstream = (torch.rand(k, generator=gen) + 0.5, torch.rand(k, generator=gen) + 0.5)
+    kwargs = dict(evidence="exp", tau=0.05, weights={term: 1.0}, target_scale=c)
+    compare(fused, (s,), kwargs, upstream, from_similarity=True, loss_tol=LOSS_RTOL[term], grad_tol=GRAD_RTOL,
+            terms=term)
+
+
+@pytest.mark.parametrize("evidence,tau", [("exp", 0.05), ("relu", 1.0), ("relu", 0.1), ("softplus", 0.05),
+                                          ("exp_tanh", 0.1)])
+@pytest.mark.parametrize("direction", ["rows", "cols", "both"])
+def test_every_evidence_and_direction_from_embeddings(fused, gen, evidence, tau, direction):
+    k, d = 113, 203
+    x, y = random_pairs(k, d, generator=gen, positive_cos=0.8)
+    c = torch.rand(k, generator=gen)
+    upstream = (torch.rand(k, generator=gen), torch.rand(k, generator=gen))
+    kwargs = dict(evidence=evidence, tau=tau, weights=ALL_WEIGHTS, direction=direction, target_scale=c)
+    tol = 1e-4 + gemm_allowance(d, tau)
+    compare(fused, (x, y), kwargs, upstream, from_similarity=False, loss_tol=tol,
+            grad_tol=GRAD_RTOL + gemm_allowance(d, tau), terms="all", two_x_rule=True)
+
+
+@pytest.mark.parametrize("weights", [{"risk": 1.0, "kl": 0.1}, ALL_WEIGHTS], ids=["tcl", "all"])
+def test_realistic_size_hard_regime(fused, gen, weights):
+    k, d = fused.realistic
+    x, y = hard_pairs(k, d, generator=gen)
+    upstream = (torch.full((k,), 1.0 / k), torch.full((k,), 1.0 / k))
+    tol = 1e-4 + gemm_allowance(d, 0.05)
+    compare(fused, (x, y), dict(evidence="exp", tau=0.05, weights=weights), upstream, from_similarity=False,
+            loss_tol=tol, grad_tol=GRAD_RTOL + gemm_allowance(d, 0.05), terms="all", two_x_rule=True)
+
+
+def test_odd_sizes_several_blocks(fused, gen):
+    k, d = 300, 64  # several kernel blocks: partial last block, multi-round schedules
+    need(fused, k=k)
+    x, y = hard_pairs(k, d, generator=gen)
+    upstream = (torch.rand(k, generator=gen), torch.rand(k, generator=gen))
+    tol = 1e-4 + gemm_allowance(d, 0.05)
+    compare(fused, (x, y), dict(weights=ALL_WEIGHTS), upstream, from_similarity=False, loss_tol=tol,
+            grad_tol=GRAD_RTOL + gemm_allowance(d, 0.05), terms="all")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_inputs_within_1e_2(fused, gen, dtype):
+    need(fused, dtype=dtype)
+    k, d = 113, 203
+    x, y = random_pairs(k, d, generator=gen, positive_cos=0.9)
+    x, y = x.to(dtype), y.to(dtype)
+    upstream = (torch.full((k,), 1.0), torch.full((k,), 1.0))
+    compare(fused, (x, y), dict(weights=ALL_WEIGHTS), upstream, from_similarity=False, loss_tol=1e-2, grad_tol=1e-2,
+            terms="all")
+    s = (x.float() @ y.float().T).to(dtype)
+    compare(fused, (s,), dict(weights=ALL_WEIGHTS), upstream, from_similarity=True, loss_tol=1e-2, grad_tol=1e-2,
+            terms="all")
+
+
+def test_float64_inputs_are_exact(fused, gen):
+    need(fused, dtype=torch.float64)
+    x, y = hard_pairs(113, 203, generator=gen, dtype=torch.float64)
+    upstream = (torch.rand(113, generator=gen, dtype=torch.float64),) * 2
+    compare(fused, (x, y), dict(weights=ALL_WEIGHTS), upstream, from_similarity=False, loss_tol=1e-9, grad_tol=1e-9,
+            terms="all")
+
+
+@pytest.mark.parametrize("term", list(LOSS_RTOL))
+def test_gradcheck_float64(fused, gen, term):
+    need(fused, dtype=torch.float64)
+    x, y = random_pairs(7, 5, generator=gen, dtype=torch.float64, positive_cos=0.7)
+    x, y = x.to(fused.device).requires_grad_(), y.to(fused.device).requires_grad_()
+    c = torch.rand(7, generator=gen, dtype=torch.float64).to(fused.device)
+    fn = lambda x, y: eo.evidential_loss(x, y, tau=0.2, weights={term: 1.0}, target_scale=c, backend=fused.name,
+                                         reduction="sum")
+    assert torch.autograd.gradcheck(fn, (x, y), eps=1e-6, atol=1e-6, rtol=1e-5)
+    s = (x.detach() @ y.detach().T).requires_grad_()
+    fn_s = lambda s: eo.evidential_loss_from_similarity(s, tau=0.2, weights={term: 1.0}, target_scale=c,
+                                                        backend=fused.name)
+    assert torch.autograd.gradcheck(fn_s, (s,), eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+def test_target_scale_bool_and_extremes(fused, gen):
+    x, y = random_pairs(64, 32, generator=gen)
+    labels = torch.rand(64, generator=gen) > 0.4
+    for scale in (labels, torch.zeros(64), torch.ones(64)):
+        a = eo.evidential_loss(x.to(fused.device), y.to(fused.device), weights=ALL_WEIGHTS,
+                               target_scale=scale.to(fused.device), reduction="none", backend=fused.name)
+        b = eo.reference.evidential_loss(x, y, weights=ALL_WEIGHTS, target_scale=scale, reduction="none")
+        for got, ref in zip(a, b):
+            assert rel_error(got, ref, "all") <= 1e-4 + gemm_allowance(32, 0.05)
+
+
+# ---------------------------------------------------------------- numerics at the edges
+
+
+@pytest.mark.parametrize("tau", [0.02, 0.01])
+def test_small_tau_finite_and_correct(fused, gen, tau):
+    """e = exp(s/τ) reaches e^100 at τ = 0.01: beyond float32, never a NaN here (SPEC §1)."""
+    k, d = 113, 203
+    x, y = hard_pairs(k, d, generator=gen)
+    upstream = (torch.full((k,), 1.0 / k),) * 2
+    tol = 1e-4 + gemm_allowance(d, tau)
+    compare(fused, (x, y), dict(tau=tau, weights=ALL_WEIGHTS), upstream, from_similarity=False, loss_tol=tol,
+            grad_tol=GRAD_RTOL + gemm_allowance(d, tau), terms="all")
+    s = (x.double() @ y.double().T).float()
+    compare(fused, (s,), dict(tau=tau, weights=ALL_WEIGHTS), upstream, from_similarity=True, loss_tol=1e-4,
+            grad_tol=GRAD_RTOL, terms="all")
+
+
+def test_logdet_gradient_where_alpha_squared_overflows(fused, gen):
+    """s/τ ≈ 500 (τ = 1/500, near-duplicate positives): α² overflows double, and the logdet
+    gradient at the target must stay ≈ −1/τ·(…), not collapse to 0 (the reference once did)."""
+    need(fused, dtype=torch.float64)
+    x, y = hard_pairs(16, 24, generator=gen, dtype=torch.float64, cos=0.999)
+    s = (x @ y.T).requires_grad_()
+    ref = eo.reference.evidential_loss_from_similarity(s, tau=1 / 500, weights={"logdet": 1.0}, reduction="sum")
+    (ref_grad,) = torch.autograd.grad(ref, s)
+    s_dev = s.detach().to(fused.device).requires_grad_()
+    got = eo.evidential_loss_from_similarity(s_dev, tau=1 / 500, weights={"logdet": 1.0}, reduction="sum",
+                                             backend=fused.name)
+    (got_grad,) = torch.autograd.grad(got, s_dev)
+    diagonal = ref_grad.diagonal()
+    assert float(diagonal.abs().min()) > 100  # about −2000 per target entry, not 0
+    torch.testing.assert_close(got_grad.cpu(), ref_grad, rtol=1e-8, atol=1e-8)
+
+
+def test_overflow_beyond_double_is_an_error_naming_tau(fused):
+    need(fused, dtype=torch.float64)
+    s = torch.full((4, 4), 10.0, dtype=torch.float64, device=fused.device)
+    with pytest.raises(ValueError, match="tau=0.01"):
+        eo.evidential_loss_from_similarity(s, tau=0.01, backend=fused.name)
+
+
+def test_tau_whose_inverse_overflows_is_an_error(fused):
+    x = torch.zeros(4, 3, device=fused.device)
+    with pytest.raises(ValueError, match="tau"):
+        eo.evidential_loss(x, x, tau=1e-320, backend=fused.name)
+    with pytest.raises(ValueError, match="tau"):
+        eo.opinion(x, x, tau=1e-320, backend=fused.name)
+
+
+def test_nan_input_with_check_finite_false_gives_nan_not_a_plausible_loss(fused, gen):
+    x, y = random_pairs(40, 8, generator=gen)
+    x[3, 2] = float("nan")
+    loss = eo.evidential_loss(x.to(fused.device), y.to(fused.device), weights=ALL_WEIGHTS, backend=fused.name,
+                              check_finite=False)
+    assert torch.isnan(loss)
+
+
+# ---------------------------------------------------------------- strips (torch.distributed's pieces)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_strips_compose_to_the_square_loss_and_gradient(fused, gen, dtype):
+    """Rows [o, o + M) of an N×N problem: line_stats per strip, column statistics summed over
+    the strips, line_losses and loss_backward with the offset give the square op's results."""
+    need(fused, dtype=dtype)
+    n, d = 70, 24
+    x, y = hard_pairs(n, d, generator=gen, dtype=dtype)
+    x, y = x.to(fused.device), y.to(fused.device)
+    c = torch.rand(n, generator=gen).to(fused.device)
+    config = eo.checks.loss_config(evidence="exp", tau=0.05, weights=ALL_WEIGHTS, direction="both", reduction="none")
+    ops, mask = eo.backends.resolve(fused.name, x.device).ops, eo.ops.terms_mask(config)
+    w = eo.ops.weights_tensor(config)
+    rows, cols, row_stats, col_stats = ops.loss_forward(x, y, c, "exp", 0.05, w, mask, True, True)
+    grad_rows, grad_cols = torch.rand(n, generator=gen).to(x), torch.rand(n, generator=gen).to(x)
+    dx, dy = ops.loss_backward(grad_rows, grad_cols, x, y, c, row_stats, col_stats, "exp", 0.05, w, mask, True, True,
+                               0, [True, True])
+    bounds = [0, 13, 41, n]  # uneven strips
+    strips = [ops.line_stats(x[a:b], y, a, "exp", 0.05, mask, True, True) for a, b in zip(bounds, bounds[1:])]
+    summed_cols = sum(col for _, col in strips)
+    torch.testing.assert_close(summed_cols, col_stats, rtol=1e-12, atol=0)
+    dy_sum = torch.zeros_like(dy)
+    for (a, b), (strip_rows, _) in zip(zip(bounds, bounds[1:]), strips):
+        torch.testing.assert_close(strip_rows, row_stats[:, a:b], rtol=1e-12, atol=0)
+        strip_losses, col_losses = ops.line_losses(strip_rows, summed_cols, c, a, w, mask, True, True)
+        torch.testing.assert_close(strip_losses, rows[a:b].double(), rtol=1e-6, atol=0)
+        torch.testing.assert_close(col_losses, cols.double(), rtol=1e-6, atol=0)
+        dx_strip, dy_part = ops.loss_backward(grad_rows[a:b], grad_cols, x[a:b], y, c, strip_rows, summed_cols,
+                                              "exp", 0.05, w, mask, True, True, a, [True, True])
+        torch.testing.assert_close(dx_strip, dx[a:b], rtol=1e-5, atol=1e-6 * float(dx.abs().max()))
+        dy_sum += dy_part
+    torch.testing.assert_close(dy_sum, dy, rtol=1e-5, atol=1e-6 * float(dy.abs().max()))
+
+
+def test_strip_arguments_are_checked(fused, gen):
+    x, y = random_pairs(10, 8, generator=gen)
+    x, y = x.to(fused.device), y.to(fused.device)
+    ops = eo.backends.resolve(fused.name, x.device).ops
+    with pytest.raises(ValueError, match="strip"):
+        ops.line_stats(x[:4], y, 7, "exp", 0.05, 1, True, True)  # rows 7..10 of a 10-row problem: one too many
+    with pytest.raises(ValueError, match="strip"):
+        ops.line_stats(x[:4], y, -1, "exp", 0.05, 1, True, True)
+    with pytest.raises(ValueError, match="terms"):
+        ops.line_stats(x, y, 0, "exp", 0.05, 0, True, True)
+
+
+# ---------------------------------------------------------------- autograd plumbing
+
+
+def test_needs_input_grad_is_honoured(fused, gen):
+    x, y = random_pairs(70, 16, generator=gen)
+    x, y = x.to(fused.device).requires_grad_(), y.to(fused.device)
+    eo.evidential_loss(x, y, backend=fused.name).backward()
+    assert x.grad is not None and y.grad is None
+    with torch.no_grad():
+        assert eo.evidential_loss(x, y, backend=fused.name).requires_grad is False
+
+
+def test_double_backward_is_a_clear_error(fused, gen):
+    x, y = random_pairs(20, 8, generator=gen)
+    x = x.to(fused.device).requires_grad_()
+    loss = eo.evidential_loss(x, y.to(fused.device), backend=fused.name)
+    (g,) = torch.autograd.grad(loss, x, create_graph=True)
+    with pytest.raises(NotImplementedError, match="double backward through .*loss_backward"):
+        torch.autograd.grad(g.sum(), x)
+    s = (x.detach() @ y.to(fused.device).T).requires_grad_()
+    (gs,) = torch.autograd.grad(eo.evidential_loss_from_similarity(s, backend=fused.name), s, create_graph=True)
+    with pytest.raises(NotImplementedError, match="loss_backward_from_similarity"):
+        torch.autograd.grad(gs.sum(), s)
+
+
+def test_torch_func_is_a_clear_error_and_the_reference_is_the_way(fused, gen):
+    x, y = random_pairs(30, 8, generator=gen, dtype=fused.dtypes[0])
+    x, y = x.to(fused.device), y.to(fused.device)
+
+    def loss(x, backend):
+        return eo.evidential_loss(x, y, weights=ALL_WEIGHTS, backend=backend, check_finite=False)
+
+    with pytest.raises(NotImplementedError, match=f"torch.func transforms .* {fused.name!r}"):
+        torch.func.grad(loss)(x, fused.name)
+    with pytest.raises(NotImplementedError, match="vmap"):
+        torch.vmap(loss, in_dims=(0, None))(torch.stack([x, x]), fused.name)
+    x_leaf = x.clone().requires_grad_()
+    loss(x_leaf, fused.name).backward()
+    torch.testing.assert_close(torch.func.grad(loss)(x, "reference"), x_leaf.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_non_contiguous_inputs(fused, gen):
+    x, y = random_pairs(65, 40, generator=gen)
+    x, y = x.to(fused.device), y.to(fused.device)
+    x_nc = torch.stack([x, x], dim=2).reshape(65, 80)[:, ::2]  # column stride 2, same values
+    assert not x_nc.is_contiguous() and torch.equal(x_nc, x)
+    y_nc = y.T.contiguous().T
+    torch.testing.assert_close(
+        eo.evidential_loss(x_nc, y_nc, weights=ALL_WEIGHTS, backend=fused.name),
+        eo.evidential_loss(x, y, weights=ALL_WEIGHTS, backend=fused.name),
+    )
+    s = x @ y.T
+    torch.testing.assert_close(
+        eo.evidential_loss_from_similarity(s.T.contiguous().T, backend=fused.name, reduction="none"),
+        eo.evidential_loss_from_similarity(s, backend=fused.name, reduction="none"),
+    )
+
+
+def test_opcheck(fused, gen):
+    x, y = random_pairs(70, 12, generator=gen)
+    x, y = x.to(fused.device), y.to(fused.device)
+    c = torch.rand(70, generator=gen, dtype=torch.float64).to(fused.device)
+    config = eo.checks.loss_config(evidence="exp", tau=0.05, weights=ALL_WEIGHTS, direction="both", reduction="mean")
+    backend = eo.backends.resolve(fused.name, x.device)
+    ops, w, mask = backend.ops, backend.weights(config, x), eo.ops.terms_mask(config)
+    torch.library.opcheck(ops.loss_forward, (x.requires_grad_(), y.requires_grad_(), c, "exp", 0.05, w, mask, True,
+                                             True))
+    s = (x @ y.T).detach().requires_grad_()
+    torch.library.opcheck(ops.loss_forward_from_similarity, (s, None, "exp_tanh", 0.1, w, mask, True, False))
+    torch.library.opcheck(ops.opinion, (x.detach(), y.detach()[:33], "exp", 0.05))
+    torch.library.opcheck(ops.opinion_from_similarity, (s.detach()[:20], "relu", 1.0))
+    torch.library.opcheck(ops.line_stats, (x.detach()[10:30], y.detach(), 10, "exp", 0.05, mask, True, True))
+    row_stats, col_stats = ops.line_stats(x.detach(), y.detach(), 0, "exp", 0.05, mask, True, True)
+    torch.library.opcheck(ops.line_losses, (row_stats[:, 5:9], col_stats, c, 5, w, mask, True, True))
+    # Transposed inputs: the fakes must promise the contiguous gradients the kernels return.
+    xt, yt = x.detach().T.contiguous().T.requires_grad_(), y.detach().T.contiguous().T.requires_grad_()
+    torch.library.opcheck(ops.loss_forward, (xt, yt, None, "softplus", 0.05, w, mask, True, True))
+    st = s.detach().T.contiguous().T.requires_grad_()
+    torch.library.opcheck(ops.loss_forward_from_similarity, (st, c, "exp", 0.05, w, mask, True, True))
+
+
+def test_direct_op_calls_check_their_arguments(fused, gen):
+    """The ops are reachable without the Python checks (torch.ops.<family>.*): a wrong size, tau
+    or device must be a ValueError/TypeError, never an out-of-bounds read or uninitialised memory."""
+    x, y = random_pairs(40, 8, generator=gen)
+    x, y = x.to(fused.device), y.to(fused.device)
+    config = eo.checks.loss_config(evidence="exp", tau=0.05, weights=ALL_WEIGHTS, direction="both", reduction="mean")
+    backend = eo.backends.resolve(fused.name, x.device)
+    ops, w, mask = backend.ops, backend.weights(config, x), eo.ops.terms_mask(config)
+    rows, cols, row_stats, col_stats = ops.loss_forward(x, y, None, "exp", 0.05, w, mask, True, True)
+    ones = torch.ones(39, dtype=torch.float64, device=x.device)
+    with pytest.raises(ValueError, match="target_scale"):
+        ops.loss_forward(x, y, ones, "exp", 0.05, w, mask, True, True)
+    with pytest.raises(ValueError, match="embedding size"):
+        ops.loss_forward(x, y[:, :7], None, "exp", 0.05, w, mask, True, True)
+    with pytest.raises(ValueError, match="square"):
+        ops.loss_forward(x, y[:39], None, "exp", 0.05, w, mask, True, True)
+    with pytest.raises(ValueError, match="row_stats"):
+        ops.loss_backward(rows, cols, x, y, None, row_stats[:, :39], col_stats, "exp", 0.05, w, mask, True, True, 0,
+                          [True, True])
+    with pytest.raises(ValueError, match="grad_rows"):
+        ops.loss_backward(rows[:39], cols, x, y, None, row_stats, col_stats, "exp", 0.05, w, mask, True, True, 0,
+                          [True, True])
+    with pytest.raises(ValueError, match="grad_cols"):
+        ops.loss_backward_from_similarity(rows, cols[:1], x @ y.T, None, row_stats, col_stats, "exp", 0.05, w, mask,
+                                          True, True)
+    for bad_tau in (0.0, -1.0, float("nan"), 1e-320):
+        with pytest.raises(ValueError, match="tau"):
+            ops.loss_backward(rows, cols, x, y, None, row_stats, col_stats, "exp", bad_tau, w, mask, True, True, 0,
+                              [True, True])
+        with pytest.raises(ValueError, match="tau"):
+            ops.loss_backward_from_similarity(rows, cols, x @ y.T, None, row_stats, col_stats, "exp", bad_tau, w,
+                                              mask, True, True)
+        with pytest.raises(ValueError, match="tau"):
+            ops.loss_forward(x, y, None, "exp", bad_tau, w, mask, True, True)
+    with pytest.raises(ValueError, match="weights"):
+        ops.loss_forward(x, y, None, "exp", 0.05, torch.tensor([1.0, float("nan"), 0, 0, 0], dtype=torch.float64),
+                         mask, True, True)
+    with pytest.raises(TypeError, match="dtype"):
+        ops.opinion(x, y.double(), "exp", 0.05)
+
+
+def test_direct_op_calls_reject_tensors_on_another_device(fused, gen):
+    x, y = random_pairs(20, 8, generator=gen)
+    x, y = x.to(fused.device), y.to(fused.device)
+    config = eo.checks.loss_config(evidence="exp", tau=0.05, weights=ALL_WEIGHTS, direction="both", reduction="mean")
+    backend = eo.backends.resolve(fused.name, x.device)
+    ops, w, mask = backend.ops, backend.weights(config, x), eo.ops.terms_mask(config)
+    meta_scale = torch.ones(20, device="meta")
+    meta_weights = w.to("meta")
+    with pytest.raises(ValueError, match="target_scale is on meta"):
+        ops.loss_forward(x, y, meta_scale, "exp", 0.05, w, mask, True, True)
+    with pytest.raises(ValueError, match="weights"):
+        ops.loss_forward(x, y, None, "exp", 0.05, meta_weights, mask, True, True)
+    with pytest.raises(ValueError, match="y is on meta"):
+        ops.opinion(x, y.to("meta"), "exp", 0.05)
+    _, _, row_stats, col_stats = ops.loss_forward(x, y, None, "exp", 0.05, w, mask, True, True)
+    with pytest.raises(ValueError, match="row_stats is on meta"):
+        ops.loss_backward(torch.ones(20, device=x.device), torch.ones(20, device=x.device), x, y, None,
+                          row_stats.to("meta"), col_stats, "exp", 0.05, w, mask, True, True, 0, [True, True])
+
+
+def test_meta_tensors_through_the_public_api(fused):
+    x = torch.empty(32, 8, device="meta")
+    loss = eo.evidential_loss(x, x, weights=ALL_WEIGHTS, backend=fused.name)
+    assert loss.device.type == "meta" and loss.shape == ()
+    rows, cols = eo.evidential_loss(x, x, reduction="none", backend=fused.name)
+    assert rows.shape == (32,) and cols.shape == (32,)
+    op = eo.opinion(x[:5], x, backend=fused.name)
+    assert op.row_uncertainty.shape == (5,) and op.col_uncertainty.device.type == "meta"
+
+
+# ---------------------------------------------------------------- torch.compile
+
+
+def test_torch_compile_fullgraph_training_step_with_check_finite(fused, gen):
+    """The default check_finite=True must not break the graph (the check runs inside it)."""
+    x, y = random_pairs(96, 24, generator=gen)
+    x, y = x.to(fused.device), y.to(fused.device)
+    scale = torch.rand(96, generator=gen).to(fused.device)
+
+    def step(x, y):
+        return eo.evidential_loss(x, y, weights=ALL_WEIGHTS, target_scale=scale, backend=fused.name)
+
+    compiled = torch.compile(step, fullgraph=True)
+    xe, ye = x.clone().requires_grad_(), y.clone().requires_grad_()
+    xc, yc = x.clone().requires_grad_(), y.clone().requires_grad_()
+    eager = step(xe, ye)
+    eager.backward()
+    result = compiled(xc, yc)
+    result.backward()
+    torch.testing.assert_close(result, eager)
+    torch.testing.assert_close(xc.grad, xe.grad)
+    torch.testing.assert_close(yc.grad, ye.grad)
+    bad = x.clone()
+    bad[0, 0] = float("nan")
+    with pytest.raises((RuntimeError, ValueError), match="x contains NaN or Inf"):
+        compiled(bad, y)
+        if fused.device.type == "cuda":
+            torch.cuda.synchronize()
+
+
+def test_torch_compile_does_not_recompile_for_each_annealed_weight(fused, gen):
+    """TCL anneals λ every epoch: a new λ must not cost a new graph (weights reach the op as a
+    tensor). At most two frames: dynamo specialises a first value of 0.0."""
+    from torch._dynamo.testing import CompileCounter
+
+    x, y = random_pairs(48, 16, generator=gen)
+    x, y = x.to(fused.device), y.to(fused.device)
+    counter = CompileCounter()
+
+    @torch.compile(backend=counter, fullgraph=True)
+    def step(x, y, lam):
+        return eo.evidential_loss(x, y, weights={"risk": 1.0, "kl": lam}, backend=fused.name, check_finite=False)
+
+    for epoch in range(10):
+        lam = min(1.0, 0.005 * epoch)
+        torch.testing.assert_close(step(x, y, lam),
+                                   eo.evidential_loss(x, y, weights={"risk": 1.0, "kl": lam}, backend=fused.name))
+    assert counter.frame_count <= 2
+    with pytest.raises((RuntimeError, ValueError), match="weights"):
+        step(x, y, float("nan"))
+
+
+# ---------------------------------------------------------------- opinions
+
+
+# (1, 3000), (7, 500), (300, 70): skinny problems (rows, then columns short).
+@pytest.mark.parametrize("n_q,n_g", [(1, 3000), (7, 500), (300, 70), (113, 113)])
+@pytest.mark.parametrize("evidence", eo.EVIDENCE_KINDS)
+def test_opinion_matches_reference(fused, gen, n_q, n_g, evidence):
+    need(fused, k=max(n_q, n_g))
+    x, _ = random_pairs(n_q, 48, generator=gen)
+    y, _ = random_pairs(n_g, 48, generator=gen)
+    tau = 0.05 if evidence != "relu" else 0.5
+    got = eo.opinion(x.to(fused.device), y.to(fused.device), evidence=evidence, tau=tau, backend=fused.name)
+    ref = eo.reference.opinion(x, y, evidence=evidence, tau=tau)
+    for name in ("row_log_strength", "row_uncertainty", "col_log_strength", "col_uncertainty"):
+        a, b = getattr(got, name).cpu(), getattr(ref, name)
+        assert a.shape == b.shape
+        # Relative error of S and u; for ln S that is its absolute error (ln S ≈ 0 when a
+        # line has a single candidate, N_q = 1, where a relative error of ln S means nothing).
+        error = (a.double() - b).abs() / (1.0 if "log" in name else b.abs().clamp_min(1e-30))
+        assert float(error.max()) <= 1e-5 + gemm_allowance(48, tau), name
+    s = x @ y.T
+    got_s = eo.opinion_from_similarity(s.to(fused.device), evidence=evidence, tau=tau, backend=fused.name)
+    ref_s = eo.reference.opinion_from_similarity(s, evidence=evidence, tau=tau)
+    torch.testing.assert_close(got_s.row_log_strength.double().cpu(), ref_s.row_log_strength, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got_s.col_log_strength.double().cpu(), ref_s.col_log_strength, rtol=1e-6, atol=1e-6)
+
+
+def test_opinion_small_tau_does_not_overflow(fused, gen):
+    x, y = random_pairs(20, 16, generator=gen, positive_cos=0.999)
+    op = eo.opinion(x.to(fused.device), y.to(fused.device), tau=0.005, backend=fused.name)  # e^200
+    ref = eo.reference.opinion(x, y, tau=0.005)
+    assert torch.isfinite(op.row_log_strength).all()
+    torch.testing.assert_close(op.row_log_strength.double().cpu(), ref.row_log_strength, rtol=1e-5, atol=0)
+
+
+def test_auto_prefers_a_fused_backend(fused, gen):
+    x, y = random_pairs(16, 8, generator=gen)
+    x, y = x.to(fused.device), y.to(fused.device)
+    assert eo.backends.resolve("auto", x.device).name != "reference"
