@@ -14,16 +14,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
 
 from . import available_backends, build_info
-from .benchmark import LOSS_CASES, compare, format_table
+from .benchmark import LOSS_CASES, compare, device_name, format_table
 from .pipelines.cli import add_subcommands
 
 
 def _bench(args) -> int:
-    print(f"backends: {available_backends()}  ({build_info()}; {torch.get_num_threads()} threads)")
-    results = compare(sizes=args.sizes, d=args.dim, cases=args.cases, repeats=args.repeats)
+    print(f"backends: {available_backends()}  ({build_info()}; {device_name(args.device)})")
+    results = compare(sizes=args.sizes, d=args.dim, cases=args.cases, repeats=args.repeats, device=args.device)
     print(format_table(results))
     return 0
 
@@ -37,6 +36,7 @@ def main(argv=None) -> int:
     p.add_argument("--dim", type=int, default=512, help="embedding size D")
     p.add_argument("--cases", nargs="+", default=list(LOSS_CASES), choices=list(LOSS_CASES))
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--device", default="cpu", help="torch device of the inputs (default cpu)")
     p.set_defaults(run=_bench)
     add_subcommands(sub)
     args = parser.parse_args(argv)

@@ -1,14 +1,19 @@
-"""Speed comparison of the loss implementations (used by the CLI and by bench/).
+"""Speed and memory comparison of the loss implementations (used by the CLI and by bench/).
 
 Every comparison is made in one process, one run: the fused backends against the plain-PyTorch
 reference run eagerly and under torch.compile, and against the floor of three matrix products
-(s = x·yᵀ, dx = G·y, dy = Gᵀ·x) that any implementation of the loss and its gradient must do.
+(s = x·yᵀ, dx = G·y, dy = Gᵀ·x) that any implementation of the loss and its gradient must do,
+at the same precision. On CUDA tensors steps are timed with CUDA events (the host waits for the
+device once per measurement, not per kernel) and the peak extra device memory of a step is
+`torch.cuda.max_memory_allocated` after a reset, minus what was allocated before it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -18,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from . import backends, checks, reference
+from .config import MATMUL_PRECISIONS
 from .losses import evidential_loss
 
 
@@ -49,12 +55,40 @@ LOSS_CASES = {
 BASELINES = ("reference", "naive", "compiled", "floor")
 
 
-def make_inputs(k: int, d: int, *, seed: int = 0, dtype: torch.dtype = torch.float32):
-    """Unit-norm (K, D) embeddings with positives at cosine ≈ 0.6, as mid-training."""
+def make_inputs(k: int, d: int, *, seed: int = 0, dtype: torch.dtype = torch.float32, device="cpu"):
+    """Unit-norm (K, D) embeddings with positives at cosine ≈ 0.6, as mid-training (drawn on the
+    CPU with a seeded generator, so every device sees the same values)."""
     g = torch.Generator().manual_seed(seed)
     x = F.normalize(torch.randn(k, d, generator=g), dim=1)
     y = F.normalize(0.6 * x + 0.8 * F.normalize(torch.randn(k, d, generator=g), dim=1), dim=1)
-    return x.to(dtype).requires_grad_(), y.to(dtype).requires_grad_()
+    return x.to(device=device, dtype=dtype).requires_grad_(), y.to(device=device, dtype=dtype).requires_grad_()
+
+
+@contextlib.contextmanager
+def matmul_precision(precision: str):
+    """TF32 in CUDA matmuls only for precision "tf32" (the floor and the baselines at the
+    precision the fused op is asked for); "ieee" keeps exact float32 products."""
+    checks.choice(precision, "precision", MATMUL_PRECISIONS)
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+def device_name(device) -> str:
+    """The GPU's name, or the CPU's model and core count."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    brand = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            brand = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), brand)
+    except OSError:
+        pass
+    return f"{brand} ({torch.get_num_threads()} threads)"
 
 
 def plain_pytorch_loss(x: torch.Tensor, y: torch.Tensor, case: LossCase) -> torch.Tensor:
@@ -72,11 +106,11 @@ def naive_pytorch_loss(x: torch.Tensor, y: torch.Tensor, case: LossCase) -> torc
     """
     alpha = reference.evidence(x @ y.T, case.evidence, case.tau) + 1.0
     k = alpha.shape[0]
-    eye = torch.eye(k, dtype=alpha.dtype)
+    eye = torch.eye(k, dtype=alpha.dtype, device=alpha.device)
 
     def line_losses(a: torch.Tensor) -> torch.Tensor:
         strength = a.sum(1, keepdim=True)
-        total = torch.zeros(k, dtype=a.dtype)
+        total = torch.zeros(k, dtype=a.dtype, device=a.device)
         w = case.weights
         if w.get("risk"):
             total = total + w["risk"] * (torch.digamma(strength[:, 0]) - torch.digamma(a.diagonal()))
@@ -102,11 +136,13 @@ def naive_pytorch_loss(x: torch.Tensor, y: torch.Tensor, case: LossCase) -> torc
     return line_losses(alpha).mean() + line_losses(alpha.T).mean()
 
 
-def step_function(impl: str, case: LossCase) -> Callable[[torch.Tensor, torch.Tensor], None]:
-    """A closure running forward + backward of `impl` on (x, y)."""
+def step_function(impl: str, case: LossCase, *, device="cpu",
+                  precision: str = "ieee") -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """A closure running forward + backward of `impl` on (x, y) (tensors on `device`), with
+    matmuls at `precision` ("ieee" or "tf32"; bf16/fp16 inputs run their products in bf16/fp16)."""
     if impl == "floor":
         def floor(x, y):
-            with torch.no_grad():
+            with torch.no_grad(), matmul_precision(precision):
                 s = x @ y.T
                 x.grad = s @ y  # stand-ins for G·y and Gᵀ·x: same shapes, same cost
                 y.grad = s.T @ x
@@ -116,48 +152,96 @@ def step_function(impl: str, case: LossCase) -> Callable[[torch.Tensor, torch.Te
         fn = fn or torch.compile(plain_pytorch_loss, dynamic=False)
         def plain(x, y):
             x.grad = y.grad = None
-            fn(x, y, case).backward()
+            with matmul_precision(precision):
+                fn(x, y, case).backward()
         return plain
-    backends.resolve(impl, torch.device("cpu"))  # a clear error for a backend that is not built
+    backends.resolve(impl, torch.device(device))  # a clear error for a backend that is not built
 
     def fused(x, y):
         x.grad = y.grad = None
-        evidential_loss(x, y, backend=impl, check_finite=False, **case.keywords).backward()
+        evidential_loss(x, y, backend=impl, check_finite=False, matmul_precision=precision,
+                        **case.keywords).backward()
     return fused
 
 
-def median_seconds(fn: Callable[[], None], *, repeats: int = 3, warmup: int = 1) -> float:
-    """Median wall time of `repeats` calls of fn after `warmup` untimed ones."""
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def seconds_of(fn: Callable[[], None], device="cpu") -> float:
+    """Wall time of one call: CUDA events around it on a GPU (kernels are asynchronous), the
+    host clock on the CPU."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        _synchronize(device)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    start_time = time.perf_counter()
+    fn()
+    return time.perf_counter() - start_time
+
+
+def timings(fn: Callable[[], None], *, repeats: int = 3, warmup: int = 1, device="cpu") -> list[float]:
+    """Seconds of `repeats` calls of fn after `warmup` untimed ones."""
     for _ in range(warmup):
         fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    _synchronize(torch.device(device))
+    return [seconds_of(fn, device) for _ in range(repeats)]
 
 
-def default_impls() -> list[str]:
-    """Every fused backend that is built, then the plain-PyTorch baselines and the GEMM floor."""
-    return [b for b in backends.available_backends() if b != "reference"] + list(BASELINES)
+def median_seconds(fn: Callable[[], None], *, repeats: int = 3, warmup: int = 1, device="cpu") -> float:
+    """Median time of `repeats` calls of fn after `warmup` untimed ones."""
+    return statistics.median(timings(fn, repeats=repeats, warmup=warmup, device=device))
 
 
-def compare(sizes=(1024,), d: int = 512, cases=("tcl", "uml", "duq"), impls=None, repeats: int = 3):
+def peak_extra_device_mib(fn: Callable[[], None], device) -> float:
+    """Peak CUDA memory allocated during one call of fn beyond what was allocated before it
+    (inputs, their previous gradients released), in MiB. CUDA only: the CPU figure needs a fresh
+    process (bench/memory_probe.py)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"peak_extra_device_mib measures CUDA memory, got device {device}")
+    _synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    _synchronize(device)
+    return (torch.cuda.max_memory_allocated(device) - before) / 2**20
+
+
+def fused_backends(device="cpu") -> list[str]:
+    """The built fused backends that run on `device`."""
+    device = torch.device(device)
+    return [b for b in backends.available_backends()
+            if b != "reference" and backends.resolve(b, device).supports(device)]
+
+
+def default_impls(device="cpu") -> list[str]:
+    """Every fused backend built for `device`, then the plain-PyTorch baselines and the GEMM floor."""
+    return fused_backends(device) + list(BASELINES)
+
+
+def compare(sizes=(1024,), d: int = 512, cases=("tcl", "uml", "duq"), impls=None, repeats: int = 3,
+            device="cpu"):
     """Median fwd+bwd seconds of each implementation, all measured in this one run.
 
     Returns a list of dicts {case, k, impl, seconds}.
     """
     if impls is None:
-        impls = default_impls()
+        impls = default_impls(device)
     results = []
     for k in sizes:
-        x, y = make_inputs(k, d)
+        x, y = make_inputs(k, d, device=device)
         for case_name in cases:
             case = LOSS_CASES[case_name]
             for impl in impls:
-                step = functools.partial(step_function(impl, case), x, y)
-                seconds = median_seconds(step, repeats=repeats)
+                step = functools.partial(step_function(impl, case, device=device), x, y)
+                seconds = median_seconds(step, repeats=repeats, device=device)
                 results.append({"case": case_name, "k": k, "impl": impl, "seconds": seconds})
     return results
 

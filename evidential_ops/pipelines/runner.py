@@ -19,7 +19,6 @@ from pathlib import Path
 import torch
 
 from .. import benchmark
-from ..backends import available_backends
 from ..data import SyntheticConfig, load_precomputed, make_synthetic_benchmark
 from ..data.types import CrossModalBenchmark
 from . import plots
@@ -177,13 +176,14 @@ def run_evaluation(checkpoint, out_dir, *, device: str = "cpu") -> dict:
     return metrics
 
 
-def speed(method: str, *, k: int = 1024, d: int = 512, repeats: int = 3) -> list[dict]:
-    """Forward + backward milliseconds of the method's loss: the fused backend vs plain PyTorch
-    eager, both the package's reference ("reference", stable forms) and the textbook formulas
-    ("naive") (`evidential_ops.benchmark`; torch.compile's warm-up is too slow for a demo)."""
-    fused = [b for b in available_backends() if b != "reference"][:1]
+def speed(method: str, *, k: int = 1024, d: int = 512, repeats: int = 3, device: str = "cpu") -> list[dict]:
+    """Forward + backward milliseconds of the method's loss on `device`: the fused backend vs
+    plain PyTorch eager, both the package's reference ("reference", stable forms) and the
+    textbook formulas ("naive") (`evidential_ops.benchmark`; torch.compile's warm-up is too slow
+    for a demo)."""
+    fused = benchmark.fused_backends(device)[:1]
     results = benchmark.compare(sizes=[k], d=d, cases=SPEED_CASES[method],
-                                impls=fused + ["reference", "naive"], repeats=repeats)
+                                impls=fused + ["reference", "naive"], repeats=repeats, device=device)
     out = []
     for case in SPEED_CASES[method]:
         times = {r["impl"]: r["seconds"] for r in results if r["case"] == case}
@@ -203,7 +203,7 @@ def run_demo(method: str, recipe: Recipe, source: DataSource, out_dir, *, seed: 
     rewritten with it, and a console report."""
     metrics = run_training(method, recipe, source, out_dir, seed=seed, quiet=quiet, device=device, log=log)
     if bench_k is not None:
-        metrics["speed"] = speed(method, k=bench_k)
+        metrics["speed"] = speed(method, k=bench_k, device=device)
         with open(Path(os.fspath(out_dir)) / "metrics.json", "w") as f:
             json.dump(jsonable(metrics), f, indent=2, allow_nan=False)
     log(report(metrics))
