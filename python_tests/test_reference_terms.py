@@ -280,3 +280,25 @@ def test_hard_regime_gradients_are_finite_and_match_float32_reference(gen):
         grads.append(xx.grad.double())
     error = (grads[1] - grads[0]).abs().max() / grads[0].abs().max()
     assert error < 1e-3, error
+
+
+def test_logdet_gradient_survives_where_alpha_squared_overflows():
+    """At s/τ ≈ 500 (τ = 1/500, positives at cosine ≈ 1) α² overflows double. The reference's
+    ln ψ1 used to differentiate through ψ1' ≈ −1/α² (underflowed to 0) and returned a logdet
+    gradient of 0 at the target; the stable form gives the finite-difference value (about
+    −(1/τ)·(1 + 1/(2α)) per entry of the line's ln ψ1(α_y) + ln ψ1(S) terms)."""
+    tau = 1.0 / 500
+    s = torch.full((4, 4), 0.2, dtype=torch.float64)
+    s.fill_diagonal_(0.999)
+    s.requires_grad_()
+    loss = R.evidential_loss_from_similarity(s, tau=tau, weights={"logdet": 1.0}, reduction="sum")
+    (grad,) = torch.autograd.grad(loss, s)
+    h = 1e-9
+    bumped = s.detach().clone()
+    bumped[1, 1] += h
+    lowered = s.detach().clone()
+    lowered[1, 1] -= h
+    fd = (R.evidential_loss_from_similarity(bumped, tau=tau, weights={"logdet": 1.0}, reduction="sum")
+          - R.evidential_loss_from_similarity(lowered, tau=tau, weights={"logdet": 1.0}, reduction="sum")) / (2 * h)
+    assert float(grad[1, 1]) < -1000
+    assert float(grad[1, 1]) == pytest.approx(float(fd), rel=1e-5)
