@@ -121,7 +121,7 @@ def evidential_loss(
                             direction=direction, target_scale=target_scale, normalize=normalize,
                             reduction=reduction, backend=backend, check_finite=check_finite,
                             matmul_precision=matmul_precision)
-    except (ValueError, TypeError, RuntimeError, NotImplementedError) as e:
+    except Exception as e:  # whatever this rank's checks raise, the other ranks must hear of it
         error = e
     layout, _ = comm.agree(group, FIELDS, values, error, must_match=MUST_MATCH, value_checks=VALUE_CHECKS,
                            rows_field="rows", who=WHO)
@@ -224,8 +224,8 @@ class _GlobalBatchLoss(torch.autograd.Function):
                                                        rows, cols)
             if rows:
                 row_losses = plan.stats_to_losses(row_stats, col_stats, True, False)[0]
-        except (ValueError, RuntimeError) as e:  # e.g. τ so small that a row strength overflows
-            local_error = e
+        except Exception as e:  # an overflowing row strength, out of memory...: any error of one
+            local_error = e      # rank's kernels must stop the others too (the flag below)
         # One all-reduce: [column statistics | Σ own row losses | error flag].
         n_stats = ops.LAYOUT.num_line_stats
         buffer = torch.zeros(n_stats * k * cols + (rows and summed) + 1, dtype=torch.float64, device=x.device)
