@@ -147,6 +147,27 @@ def upstream_mean(rank, world):
     return {"dx": rel(xr.grad, mean * strip(xs.grad, sizes, rank)), "dy": rel(yr.grad, mean * strip(ys.grad, sizes, rank))}
 
 
+def ddp_flag(rank, world):
+    """ddp=True: the same value, x and y gradients × W, for every reduction, fused and reference."""
+    x, y, _ = batch(world, seed=13)
+    sizes = SIZES[world]
+    out = {}
+    for backend in ("cpu", "reference"):
+        for reduction in ("mean", "sum", "none"):
+            grads, values = [], []
+            for ddp in (False, True):
+                xr, yr = strip(x, sizes, rank).clone().requires_grad_(), strip(y, sizes, rank).clone().requires_grad_()
+                got = eod.evidential_loss(xr, yr, ddp=ddp, backend=backend, reduction=reduction)
+                total = got[0].sum() + 2.0 * got[1].sum() if reduction == "none" else got
+                total.backward()
+                grads.append((xr.grad, yr.grad))
+                values.append(float(total.detach()))
+            (dx, dy), (dx_ddp, dy_ddp) = grads
+            out[f"{backend}/{reduction}"] = {"value": abs(values[1] - values[0]) / abs(values[0]),
+                                             "dx": rel(dx_ddp, world * dx), "dy": rel(dy_ddp, world * dy)}
+    return out
+
+
 def no_grad_and_module(rank, world):
     x, y, _ = batch(world, seed=7)
     sizes = SIZES[world]
@@ -376,5 +397,5 @@ def duq_steps(rank, world):
 
 CASES = {fn.__name__: fn for fn in (
     f64_all_terms, f64_directions_and_terms, f64_reductions, f64_normalize, f32_spec, bf16, upstream_mean,
-    no_grad_and_module, reference_backend, volume, bad_inputs, ddp_step, compiled, tcl_step, duq_steps,
+    ddp_flag, no_grad_and_module, reference_backend, volume, bad_inputs, ddp_step, compiled, tcl_step, duq_steps,
 )}

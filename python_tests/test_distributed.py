@@ -31,7 +31,7 @@ F32_GRAD = 1e-4
 GROUP_TIMEOUT_S = 420  # a whole group (spawn, imports, every case) on a loaded 2-core machine
 
 TWO_RANK_CASES = ["f64_all_terms", "f64_directions_and_terms", "f64_reductions", "f64_normalize", "f32_spec",
-                  "bf16", "upstream_mean", "no_grad_and_module", "reference_backend", "volume", "bad_inputs",
+                  "bf16", "upstream_mean", "ddp_flag", "no_grad_and_module", "reference_backend", "volume", "bad_inputs",
                   "ddp_step", "compiled", "tcl_step", "duq_steps"]
 THREE_RANK_CASES = ["f64_all_terms", "f32_spec", "upstream_mean", "volume", "bad_inputs", "ddp_step"]
 
@@ -105,6 +105,12 @@ def test_replicated_loss_uses_the_mean_of_its_upstream_gradients(group):
     # rank r backpropagates (r + 1)·L: every rank gets mean_r(r + 1)·∂L/∂(its rows).
     for result in group["upstream_mean"]:
         assert result["dx"] <= F64 and result["dy"] <= F64, result
+
+
+def test_ddp_flag_scales_the_gradients_by_the_world_size(two):
+    for per_case in two["ddp_flag"]:
+        for case, result in per_case.items():
+            assert result["value"] == 0.0 and result["dx"] <= F64 and result["dy"] <= F64, (case, result)
 
 
 def test_no_grad_and_the_module_form(two):

@@ -66,8 +66,9 @@ class GlobalBatch:
 def enable_global_batch(model: nn.Module, group=None, **ddp_kwargs) -> GlobalBatch:
     """Make `model.training_step` data-parallel over `group` (None: the default group).
 
-    ddp_kwargs go to DistributedDataParallel (e.g. device_ids=[local_rank] on GPUs). Parameters
-    are broadcast from rank 0 on the way in. Returns the `GlobalBatch` (also `global_batch(model)`).
+    Call it once the model is on its device, on every rank. ddp_kwargs go to
+    DistributedDataParallel (e.g. device_ids=[local_rank] on GPUs). Parameters are broadcast from
+    rank 0 on the way in. Returns the `GlobalBatch` (also `global_batch(model)`).
     """
     state = GlobalBatch(model, group, **ddp_kwargs)
     object.__setattr__(model, _ATTRIBUTE, state)  # a plain attribute: not a submodule, not in state_dict
