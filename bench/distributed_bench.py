@@ -104,22 +104,30 @@ def _rank(rank: int, world: int, store: str, k: int, d: int, cases, repeats: int
         dist.destroy_process_group()
 
 
-def distributed(k: int, d: int, world: int, cases, repeats: int, timeout: float = 1800) -> list[dict]:
+def distributed(k: int, d: int, world: int, cases, repeats: int, timeout: float) -> list[dict]:
+    """Run the W ranks; within `timeout` seconds or they are killed and this raises."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
+    deadline = time.monotonic() + timeout
     with tempfile.TemporaryDirectory() as tmp:
         procs = [ctx.Process(target=_rank, args=(r, world, str(pathlib.Path(tmp) / "store"), k, d, cases, repeats,
-                                                 queue)) for r in range(world)]
+                                                 queue), daemon=True) for r in range(world)]
         for p in procs:
             p.start()
-        results = [None] * world
-        for _ in range(world):
-            rank, result = queue.get(timeout=timeout)
-            results[rank] = result
-        for p in procs:
-            p.join(timeout=60)
-            if p.exitcode != 0:
-                raise RuntimeError(f"rank process exited with {p.exitcode}")
+        try:
+            results = [None] * world
+            for _ in range(world):
+                rank, result = queue.get(timeout=max(1.0, deadline - time.monotonic()))
+                results[rank] = result
+            for p in procs:
+                p.join(timeout=60)
+                if p.exitcode != 0:
+                    raise RuntimeError(f"rank process exited with {p.exitcode}")
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join()
     return results
 
 
@@ -127,12 +135,12 @@ def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).abs().max() / b.double().abs().max())
 
 
-def run(k: int, d: int, world: int, cases, repeats: int) -> dict:
+def run(k: int, d: int, world: int, cases, repeats: int, timeout: float = 1800) -> dict:
     threads = torch.get_num_threads()
     full = single_process(k, d, cases, repeats, threads)
     one = single_process(k, d, cases, repeats, 1) if threads != 1 else full
     torch.set_num_threads(threads)
-    ranks = distributed(k, d, world, cases, repeats)
+    ranks = distributed(k, d, world, cases, repeats, timeout)
     sizes = ranks[0]["sizes"]
     rows = []
     for name in cases:
@@ -196,8 +204,9 @@ def main(argv=None) -> int:
     p.add_argument("--cases", nargs="+", default=list(LOSS_CASES), choices=list(LOSS_CASES))
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", default=str(RESULTS / "distributed_cpu"), help="writes OUT.json and OUT.md")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds the distributed part may take")
     args = p.parse_args(argv)
-    result = run(args.k_global, args.dim, args.world, args.cases, args.repeats)
+    result = run(args.k_global, args.dim, args.world, args.cases, args.repeats, args.timeout)
     out = pathlib.Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(not torch.distributed.is_available(), reason="to
 def test_distributed_bench_smoke(tmp_path):
     out = tmp_path / "distributed"
     assert distributed_bench.main(["--k-global", "192", "--dim", "32", "--repeats", "1", "--cases", "tcl",
-                                   "--out", str(out)]) == 0
+                                   "--out", str(out), "--timeout", "300"]) == 0
     result = json.loads(out.with_suffix(".json").read_text())
     (row,) = result["rows"]
     assert row["sizes"] == [96, 96] and row["loss_same_on_every_rank"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -213,9 +214,17 @@ def test_torchrun_trains_tcl_with_two_processes(tmp_path):
            "-m", "evidential_ops", "train", "--method", "tcl", "--out", str(out),
            "--n-train", "40", "--n-val", "4", "--n-test", "10", "--n-ood", "6", "--epochs", "2",
            "--batch-size", "16", "--embed-dim", "16", "--quiet"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("== tcl") == 1  # rank 0 alone reports
+    # A session of its own: on a timeout the launcher and both workers go, not the launcher alone.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        pytest.fail(f"torchrun did not finish in 300 s:\n{stdout}\n{stderr}")
+    assert proc.returncode == 0, stdout + stderr
+    assert stdout.count("== tcl") == 1  # rank 0 alone reports
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["distributed"] == {"world_size": 2, "backend": "gloo", "per_rank_batch": 8, "global_batch": 16}
     assert metrics["train"]["batches_per_epoch"] == 2  # 40 samples / 2 ranks / 8 per rank
