@@ -15,6 +15,7 @@ Every K×K evidential term (TCL's L_u, UML's L^e, DUQ's ISUM) goes through the f
 `evidential_ops.reference.methods`. Default small encoders are in `models.encoders`.
 """
 
+from .data_parallel import enable_global_batch
 from .dual_encoder import DualEncoder, embed_split
 from .duq import DUQ, DUQForward, DUQOutput
 from .encoders import AttentionPoolEncoder, BagOfWordsEncoder, GRUTextEncoder, MaxPoolEncoder, MLPEncoder
@@ -42,5 +43,6 @@ __all__ = [
     "UMLStep",
     "default_tcl_encoder",
     "default_vse_encoder",
+    "enable_global_batch",
     "embed_split",
 ]

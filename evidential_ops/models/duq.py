@@ -41,6 +41,7 @@ from ..methods import (
 )
 from ..methods.duq import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GAMMA, DEFAULT_NUM_SAMPLES
 from ._steps import apply_step, check_grad_clip, check_optimizer, module_device, move_batch
+from .data_parallel import global_batch, run_synced
 from .dual_encoder import DualEncoder, embed_split
 from .encoders import AttentionPoolEncoder, GRUTextEncoder
 
@@ -53,7 +54,8 @@ INITIAL_LOGIT_SCALE = 1.0 / 0.07  # CLIP's initial temperature
 @dataclass(frozen=True)
 class DUQForward:
     """One batch through DUQ. s, d: (B, B) text × video similarities and distances; mu_text,
-    log_sigma_text, mu_video, log_sigma_video: (B, D_p) Gaussian parameters; logit_scale: 0-D λ."""
+    log_sigma_text, mu_video, log_sigma_video: (B, D_p) Gaussian parameters; logit_scale: 0-D λ;
+    z_text, z_video: (B, D) the embeddings of s (the global-batch ISUM needs them)."""
 
     s: Tensor
     d: Tensor
@@ -62,6 +64,8 @@ class DUQForward:
     mu_video: Tensor
     log_sigma_video: Tensor
     logit_scale: Tensor
+    z_text: Tensor | None = None
+    z_video: Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -158,7 +162,7 @@ class DUQ(nn.Module):
         samples_v = duq_probabilistic_embeddings(mu_v, ls_v, num_samples=self.num_samples, generator=generator)
         return DUQForward(s=z_text @ z_video.T, d=duq_distance_matrix(samples_t, samples_v),
                           mu_text=mu_t, log_sigma_text=ls_t, mu_video=mu_v, log_sigma_video=ls_v,
-                          logit_scale=self.logit_scale)
+                          logit_scale=self.logit_scale, z_text=z_text, z_video=z_video)
 
     def isum_loss(self, s: Tensor) -> Tensor:
         """L_S^U (eq. 7) by the fused op: mse of relu evidence (τ = 1), rows + columns, summed / B."""
@@ -166,11 +170,18 @@ class DUQ(nn.Module):
                                                 reduction="sum", backend=self.backend)
         return total / s.shape[0]
 
+    def global_isum_loss(self, z_text: Tensor, z_video: Tensor) -> Tensor:
+        """L_S^U of the global batch of every rank (after `models.enable_global_batch`): the same
+        loss from the embeddings, (1/B)(Σ rows + Σ columns) = mean(rows) + mean(cols), B = K_global."""
+        return global_batch(self).evidential_loss(z_text, z_video, evidence="relu", tau=1.0, weights={"mse": 1.0},
+                                                  backend=self.backend)
+
     def losses(self, out: DUQForward) -> dict:
         """Every term of eq. 15 (scalars) and their weighted sum under "loss"."""
         parts = {
             "loss_s": duq_similarity_loss(out.s, logit_scale=out.logit_scale),
-            "loss_s_u": self.isum_loss(out.s),
+            "loss_s_u": (self.isum_loss(out.s) if global_batch(self) is None
+                         else self.global_isum_loss(out.z_text, out.z_video)),
             "loss_d": duq_distance_loss(out.d, logit_scale=out.logit_scale),
             "loss_d_u": duq_distance_uncertainty_loss(out.d),
             "loss_kl": duq_gaussian_kl(out.mu_text, out.log_sigma_text) + duq_gaussian_kl(out.mu_video, out.log_sigma_video),
@@ -186,7 +197,7 @@ class DUQ(nn.Module):
         checks.integer(epoch, "epoch", minimum=0)
         check_optimizer(optimizer)
         self.train()
-        parts = self.losses(self(batch, generator=generator))
+        parts = self.losses(run_synced(self, self, batch, generator=generator))
         loss = apply_step(parts.pop("loss"), optimizer, self.parameters(), self.grad_clip)
         info = {k: float(v.detach()) for k, v in parts.items()}
         info.update(loss=loss, logit_scale=float(self.logit_scale.detach()))

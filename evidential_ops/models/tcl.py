@@ -25,13 +25,13 @@ from torch import Tensor, nn
 from .. import checks
 from ..backends import check_name
 from ..data.types import CrossModalSplit
-from ..losses import evidential_loss
 from ..metrics import TopK, retrieval_metrics
 from ..opinion import belief, opinion
 from ..methods import tcl_consistency_loss, tcl_ensemble_similarity, tcl_kl_weight
 from ..methods.tcl import DEFAULT_TAU
 from ..results import Opinion
 from ._steps import apply_step, check_grad_clip, check_optimizer, module_device, move_batch
+from .data_parallel import loss_function, run_synced
 from .dual_encoder import DualEncoder, embed_split
 from .encoders import AttentionPoolEncoder, GRUTextEncoder
 
@@ -155,14 +155,15 @@ class TCL(nn.Module):
         """Step-1 L_u of SPEC §3 "TCL" on one batch (scalar, differentiable in both models).
 
         Fused `evidential_loss` from the (K, D) embeddings: rows of model A (direction="rows")
-        plus columns of model B (direction="cols"), weights {risk: 1, kl: λ(epoch)}.
+        plus columns of model B (direction="cols"), weights {risk: 1, kl: λ(epoch)}. After
+        `models.enable_global_batch`, both are the loss of the global batch of all ranks.
         """
         batch = move_batch(batch, module_device(self))
         x_a, y_a = self.model_a(batch)
         x_b, y_b = self.model_b(batch)
         keywords = dict(evidence=self.evidence, tau=self.tau, weights=self._weights(epoch), backend=self.backend)
-        return (evidential_loss(x_a, y_a, direction="rows", **keywords)
-                + evidential_loss(x_b, y_b, direction="cols", **keywords))
+        loss = loss_function(self)  # the global batch's loss after models.enable_global_batch
+        return loss(x_a, y_a, direction="rows", **keywords) + loss(x_b, y_b, direction="cols", **keywords)
 
     def consistency_loss(self, batch) -> Tensor:
         """Step-2 L_c of SPEC §3 "TCL" with a fresh forward of both models (scalar).
@@ -185,11 +186,13 @@ class TCL(nn.Module):
         epoch = checks.integer(epoch, "epoch", minimum=0)
         check_optimizer(optimizer)
         self.train()
-        loss_u = apply_step(self.uncertainty_loss(batch, epoch), optimizer, self.parameters(), self.grad_clip)
+        loss_u = apply_step(run_synced(self, self.uncertainty_loss, batch, epoch), optimizer, self.parameters(),
+                            self.grad_clip)
         rounds = []
         if epoch >= self.consistency_start_epoch:
             for _ in range(self.t_max):
-                rounds.append(apply_step(self.consistency_loss(batch), optimizer, self.parameters(), self.grad_clip))
+                rounds.append(apply_step(run_synced(self, self.consistency_loss, batch), optimizer, self.parameters(),
+                                         self.grad_clip))
         loss_c = sum(rounds) / len(rounds) if rounds else math.nan
         return {"loss": loss_u + (loss_c if rounds else 0.0), "loss_u": loss_u, "loss_c": loss_c,
                 "kl_weight": self.kl_weight(epoch)}

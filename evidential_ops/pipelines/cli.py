@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 from .analysis import jsonable
+from .distributed import launched_by_torchrun, refuse_torchrun, run_training_distributed
 from .recipes import METHODS, get_recipe
 from .runner import DataSource, report, run_demo, run_evaluation, run_training
 
@@ -68,14 +69,21 @@ def _recipe(args, method: str):
 def _train(args) -> int:
     out = Path(args.out or os.path.join("runs", args.method))
     recipe = _recipe(args, args.method)
-    metrics = run_training(args.method, recipe, _source(args, recipe, args.seed), out, seed=args.seed,
-                           quiet=args.quiet, device=args.device)
+    if launched_by_torchrun():  # data-parallel, global-batch loss; rank 0 writes (pipelines/distributed.py)
+        metrics = run_training_distributed(args.method, recipe, _source(args, recipe, args.seed), out,
+                                           seed=args.seed, quiet=args.quiet, device=args.device)
+        if metrics is None:
+            return 0
+    else:
+        metrics = run_training(args.method, recipe, _source(args, recipe, args.seed), out, seed=args.seed,
+                               quiet=args.quiet, device=args.device)
     print(report(metrics))
     print(f"wrote {out / 'checkpoint.pt'}, {out / 'metrics.json'} and plots")
     return 0
 
 
 def _eval(args) -> int:
+    refuse_torchrun("eval")
     out = Path(args.out or Path(args.checkpoint).parent / "eval")
     metrics = run_evaluation(args.checkpoint, out, device=args.device)
     print(report(metrics))
@@ -84,6 +92,7 @@ def _eval(args) -> int:
 
 
 def _demo(args) -> int:
+    refuse_torchrun("demo")
     methods = METHODS if args.method == "all" else (args.method,)
     root = Path(args.out or os.path.join("runs", "demo" if args.method == "all" else args.method))
     bench_k = None if args.no_bench else args.bench_size
