@@ -72,6 +72,20 @@ def _rmw_partial(ptr, cols, cmask, values):
 
 
 @triton.jit
+def _element_kl_h(xs, small, digamma, lgamma, log_z, u):
+    """h(α) of an element as float64. float32: the direct form below 8, (x − 1)ψ(x) − lnΓ(x) − x with
+    ψ and lnΓ shifted from x + 8, cancels to ~2e-6 absolute in float32 — too much for a KL that sums
+    K of them and is itself small (SPEC: 1e-5). That branch runs in float64 (one log, one division);
+    the series branch (α >= 8, no cancellation) stays in CT."""
+    h = sp.kl_h(xs, small, digamma, lgamma, log_z, u).to(tl.float64)
+    if xs.dtype != tl.float64:
+        small64, xs64, zz64, log_z64, u64 = sp.plain_argument(xs.to(tl.float64))
+        digamma64, _t, _tt, lgamma64, _xt, _x2tt = sp.polygammas_scaled(small64, xs64, zz64, log_z64, u64)
+        h = tl.where(small, sp.kl_h(xs64, small64, digamma64, lgamma64, log_z64, u64), h)
+    return h
+
+
+@triton.jit
 def stats_kernel(
     a_ptr, b_ptr, stride_ai, stride_ak, stride_bj, stride_bk,
     own_ptr, n_own, other_ptr, n_other, part_ptr,
@@ -151,7 +165,7 @@ def stats_kernel(
                 digamma, trigamma, tetragamma, lgamma, x_trigamma, x2_tetragamma = \
                     sp.polygammas_scaled(small, xs, zz, log_z, u)
                 if KL:
-                    kl_c = tl.where(off, sp.kl_h(xs, small, digamma, lgamma, log_z, u).to(tl.float64), 0.0)
+                    kl_c = tl.where(off, _element_kl_h(xs, small, digamma, lgamma, log_z, u), 0.0)
                     if OWN:
                         acc_kl += tl.sum(kl_c, 1)
                     if OTHER:
