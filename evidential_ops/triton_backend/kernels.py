@@ -88,7 +88,7 @@ def _element_kl_h(xs, small, digamma, lgamma, log_z, u):
 @triton.jit
 def stats_kernel(
     a_ptr, b_ptr, stride_ai, stride_ak, stride_bj, stride_bk,
-    own_ptr, n_own, other_ptr, n_other, part_ptr,
+    own_ptr, n_own, other_ptr, n_other, part_ptr, n_programs, blocks_per_program,
     D, t_off, inv_tau: tl.float64,
     EVIDENCE: tl.constexpr, HAS_TARGET: tl.constexpr,
     MSE: tl.constexpr, KL: tl.constexpr, FMSE: tl.constexpr, LOGDET: tl.constexpr,
@@ -104,7 +104,6 @@ def stats_kernel(
     zero-initialised, NS = `_num_partials`, slots in LineStat order of the enabled statistics.
     """
     pid = tl.program_id(0)
-    n_programs = tl.num_programs(0)
     CT: tl.constexpr = tl.float64 if F64 else tl.float32
     PRECISION: tl.constexpr = "tf32" if TF32 else "ieee"
     NS: tl.constexpr = 1 + MSE + KL + FMSE + 2 * LOGDET
@@ -112,9 +111,11 @@ def stats_kernel(
     SLOT_KL: tl.constexpr = 1 + MSE
     SLOT_FI: tl.constexpr = 1 + MSE + KL
     SLOT_LT: tl.constexpr = 1 + MSE + KL + FMSE
-    row_blocks = tl.cdiv(n_own, BLOCK_M)
     part = part_ptr + pid * NS * n_other
-    for rb in range(pid, row_blocks, n_programs):
+    # Row blocks pid, pid + n_programs, ... (the loop bound is a plain argument: the interpreter
+    # of triton 3.6 cannot take a program id as a range bound)
+    for it in range(0, blocks_per_program):
+        rb = pid + it * n_programs
         rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
         rmask = rows < n_own
         acc_target = tl.zeros((BLOCK_M,), tl.float64)

@@ -271,13 +271,13 @@ def _stats_pass(source: _Source, own: Tensor, other: Tensor, partials: Tensor | 
     f64 = _compute_f64(source.dtype)
     variant = (evidence, tuple(flags.values()), other_pass, source.from_s)
 
-    def run(config, n_programs=None, out_own=own, out_other=other, out_part=partials):
+    def run(config, out_own=own, out_other=other, out_part=partials):
         row_blocks = triton_cdiv(source.n_own, config.block_m)
-        programs = n_programs if n_programs is not None else (
-            out_part.shape[0] if out_part is not None else row_blocks)
+        programs = out_part.shape[0] if out_part is not None else row_blocks
         _launch(kernels.stats_kernel, (programs,),
                 source.a, source.b, *source.strides, out_own, source.n_own, out_other, source.n_other,
-                out_part if out_part is not None else out_own, source.d, t_off, inv_tau,
+                out_part if out_part is not None else out_own, programs, triton_cdiv(row_blocks, programs),
+                source.d, t_off, inv_tau,
                 EVIDENCE=evidence, HAS_TARGET=int(has_target), **flags, OWN=1, OTHER=int(out_part is not None),
                 FROM_S=int(source.from_s), F64=int(f64), TF32=_tf32(source.dtype, precision),
                 BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=max(config.block_k, 16),
