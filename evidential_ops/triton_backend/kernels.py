@@ -104,6 +104,7 @@ def stats_kernel(
     zero-initialised, NS = `_num_partials`, slots in LineStat order of the enabled statistics.
     """
     pid = tl.program_id(0)
+    inv_tau = tl.full([], inv_tau, tl.float64)  # (float arguments: see `line_loss_kernel`)
     CT: tl.constexpr = tl.float64 if F64 else tl.float32
     PRECISION: tl.constexpr = "tf32" if TF32 else "ieee"
     NS: tl.constexpr = 1 + MSE + KL + FMSE + 2 * LOGDET
@@ -330,6 +331,7 @@ def grad_kernel(
     owns its rows, so no other program touches them)."""
     CT: tl.constexpr = tl.float64 if F64 else tl.float32
     PRECISION: tl.constexpr = "tf32" if TF32 else "ieee"
+    inv_tau = tl.full([], inv_tau, tl.float64)
     rb = tl.program_id(0)
     rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < n_own
@@ -376,6 +378,7 @@ def grad_similarity_kernel(
 ):
     """ds = ∂L/∂s of a given s, one (BLOCK_M, BLOCK_N) tile per program, in s's dtype."""
     CT: tl.constexpr = tl.float64 if F64 else tl.float32
+    inv_tau = tl.full([], inv_tau, tl.float64)
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = rows < n_rows
@@ -405,6 +408,12 @@ def _line_input(stats_ptr, n, idx, mask, scale_ptr, scale_offset, HAS_SCALE: tl.
 
 
 @triton.jit
+def _f64_scalars(a, b, c, d, e, f):
+    return (tl.full([], a, tl.float64), tl.full([], b, tl.float64), tl.full([], c, tl.float64),
+            tl.full([], d, tl.float64), tl.full([], e, tl.float64), tl.full([], f, tl.float64))
+
+
+@triton.jit
 def _weight(weights_ptr, host_value, index: tl.constexpr, W_FROM_PTR: tl.constexpr):
     if W_FROM_PTR:
         return tl.load(weights_ptr + index)
@@ -424,7 +433,11 @@ def line_loss_kernel(stats_ptr, n, scale_ptr, scale_offset, candidates: tl.float
                      w0: tl.float64, w1: tl.float64, w2: tl.float64, w3: tl.float64, w4: tl.float64, out_ptr,
                      HAS_SCALE: tl.constexpr, W_FROM_PTR: tl.constexpr, RISK: tl.constexpr, KL: tl.constexpr, MSE: tl.constexpr,
                      FMSE: tl.constexpr, LOGDET: tl.constexpr, BLOCK: tl.constexpr):
-    """Σ_term weight·term of each line (line_finalise.h `line_loss`, line_terms.h `line_terms`)."""
+    """Σ_term weight·term of each line (line_finalise.h `line_loss`, line_terms.h `line_terms`).
+
+    Float arguments are made float64 tensors first: the interpreter hands them over as Python
+    floats, which become float32 constants once they pass through a helper function."""
+    candidates, w0, w1, w2, w3, w4 = _f64_scalars(candidates, w0, w1, w2, w3, w4)
     idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = idx < n
     a, rest, c = _line_input(stats_ptr, n, idx, mask, scale_ptr, scale_offset, HAS_SCALE)
@@ -475,6 +488,7 @@ def line_gradient_kernel(stats_ptr, n, scale_ptr, scale_offset, candidates: tl.f
     """The LineGradient constants of each line (line_terms.h `line_gradient`) into (9, n): what the
     tile kernels combine with each element into α·∂(upstream·L)/∂α. A term that is not enabled, or
     has weight 0, contributes nothing (not even 0·inf)."""
+    candidates, w0, w1, w2, w3, w4 = _f64_scalars(candidates, w0, w1, w2, w3, w4)
     idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = idx < n
     a, rest, c = _line_input(stats_ptr, n, idx, mask, scale_ptr, scale_offset, HAS_SCALE)
