@@ -8,18 +8,19 @@ OUT ?= runs/demo
 METHOD ?= tcl
 PYTEST_ARGS ?=
 
-.PHONY: install demo test bench ctest nvcc-check clean
+.PHONY: install demo test bench ctest nvcc-check triton-aot-check triton-test clean
 
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install --quiet "$(TORCH_SPEC)"
 	$(PIP) install --quiet setuptools wheel ninja
-	$(PIP) install --quiet --no-build-isolation -e ".[test,plots]"
+	$(PIP) install --quiet --no-build-isolation -e ".[test,plots,triton]"
 
 demo: install
 	$(PYTHON) -m evidential_ops demo --method $(METHOD) --out $(OUT)
 
-test: install ctest nvcc-check
+test: install ctest nvcc-check triton-aot-check
 	$(PYTHON) -m pytest python_tests -q $(PYTEST_ARGS)
+	$(MAKE) triton-test PYTHON="$(PYTHON)"
 	$(PYTHON) -m pytest bench -q --benchmark-disable
 
 bench: install
@@ -36,6 +37,18 @@ ctest:
 # skipped, saying so, where nvcc is missing. Needs no GPU.
 nvcc-check:
 	bash csrc/tests/nvcc_check.sh
+
+# Every Triton kernel configuration compiled ahead of time for sm_90 and sm_80 (registers and
+# spills printed; a spill in a default configuration on sm_90 fails). Needs no GPU; skipped,
+# saying so, where triton cannot compile.
+triton-aot-check:
+	env -u TRITON_INTERPRET $(PYTHON) -m evidential_ops.triton_backend.aot_check
+
+# The Triton kernels in Triton's interpreter on CPU tensors (float32): the backend-parametrised
+# suite's triton cases and the Triton-specific tests.
+triton-test:
+	TRITON_INTERPRET=1 $(PYTHON) -m pytest python_tests/test_fused_backends.py python_tests/test_triton_backend.py \
+		-q -k triton $(PYTEST_ARGS)
 
 clean:
 	rm -rf build *.egg-info evidential_ops/*.so .pytest_cache .benchmarks

@@ -1,0 +1,209 @@
+"""Ahead-of-time compile check of the Triton kernels: no GPU needed.
+
+    python -m evidential_ops.triton_backend.aot_check [--arch 90 80] [--quick]
+
+Compiles every kernel in every configuration of configs.SPACE (and the defaults) for
+GPUTarget("cuda", 90, 32) and ("cuda", 80, 32), each in its heaviest specialisations (all five
+terms; exp evidence, whose scaled path is the longest; float32 and bfloat16 inputs; both
+directions at once), runs the ptxas that ships with Triton with -v on the PTX, and prints the
+registers, stack frame and spill bytes of each. Exits 1 if anything fails to compile or a default
+configuration spills on sm_90 (--strict-arch; spills on sm_80 are reported); exits 0 with a message where triton cannot compile here (not
+importable, or no ptxas). Run by `make triton-aot-check` (part of `make test`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+# The term sets of the methods (README "How each paper maps onto the API") with their evidence,
+# and every term at once (the test suite's combination). Default configurations must compile
+# without spills for the methods' sets; the all-terms set is compiled and reported.
+TERM_SETS = {
+    "tcl": (dict(MSE=0, KL=1, FMSE=0, LOGDET=0), 0),   # risk + kl, exp
+    "uml": (dict(MSE=0, KL=0, FMSE=1, LOGDET=1), 3),   # fmse + logdet, exp_tanh
+    "duq": (dict(MSE=1, KL=0, FMSE=0, LOGDET=0), 1),   # mse, relu
+    "all": (dict(MSE=1, KL=1, FMSE=1, LOGDET=1), 0),   # every term, exp
+}
+REQUIRED = ("tcl", "uml", "duq")
+# Input paths of the tile products: float32 "ieee" (FMA), float32 "tf32" and bfloat16 (tensor cores).
+DTYPE_PATHS = {"f32": ("fp32", 0), "tf32": ("fp32", 1), "bf16": ("bf16", 0)}
+
+
+@dataclass
+class Job:
+    kernel: str
+    config: str
+    variant: str
+    default: bool  # a default configuration in a required term set: must not spill
+    fn: object
+    signature: dict
+    constexprs: dict
+    num_warps: int
+    num_stages: int
+
+
+def _signature(fn, types: dict, constexprs: dict) -> dict:
+    """Triton signature: every parameter typed ("*fp32", "i32", "fp64") or "constexpr"."""
+    return {name: "constexpr" if name in constexprs else types[name] for name in fn.arg_names}
+
+
+def _variants(default: bool, quick: bool):
+    """(term set, dtype path) pairs: all of them for a default configuration; for the others the
+    all-terms set in each dtype path and TCL in bfloat16."""
+    if default:
+        return [(t, d) for t in TERM_SETS for d in DTYPE_PATHS]
+    return [] if quick else [("all", d) for d in DTYPE_PATHS] + [("tcl", "bf16")]
+
+
+def jobs(quick: bool = False) -> list[Job]:
+    from . import configs, kernels
+
+    out = []
+    for kernel in ("stats", "grad"):
+        for config in dict.fromkeys((configs.DEFAULT[kernel], *configs.SPACE[kernel])):
+            is_default = config == configs.DEFAULT[kernel]
+            for term_set, path in _variants(is_default, quick):
+                flags, evidence = TERM_SETS[term_set]
+                dtype, tf32 = DTYPE_PATHS[path]
+                sources = [False] + ([True] if kernel == "stats" and is_default and path == "f32" else [])
+                for from_s in sources:
+                    if kernel == "stats":
+                        fn = kernels.stats_kernel
+                        constexprs = dict(EVIDENCE=evidence, HAS_TARGET=1, **flags, OWN=1, OTHER=1,
+                                          FROM_S=int(from_s), F64=0, TF32=tf32, BLOCK_M=config.block_m,
+                                          BLOCK_N=config.block_n, BLOCK_K=max(config.block_k, 16))
+                        types = dict(a_ptr=f"*{dtype}", b_ptr=f"*{dtype}", stride_ai="i32", stride_ak="i32",
+                                     stride_bj="i32", stride_bk="i32", own_ptr="*fp64", n_own="i32",
+                                     other_ptr="*fp64", n_other="i32", part_ptr="*fp64", n_programs="i32",
+                                     blocks_per_program="i32", D="i32", t_off="i32", inv_tau="fp64")
+                    else:
+                        fn = kernels.grad_kernel
+                        constexprs = dict(EVIDENCE=evidence, **flags, F64=0, TF32=tf32, ACCUMULATE=1,
+                                          BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                                          BLOCK_K=max(config.block_k, 16), BLOCK_D=config.block_d)
+                        types = dict(a_ptr=f"*{dtype}", b_ptr=f"*{dtype}", stride_ai="i32", stride_ak="i32",
+                                     stride_bj="i32", stride_bk="i32", out_ptr="*fp32", stride_oi="i32",
+                                     stride_ok="i32", own_ptr="*fp64", n_own="i32", other_ptr="*fp64",
+                                     n_other="i32", D="i32", t_off="i32", inv_tau="fp64")
+                    variant = f"{term_set} {path}" + (" from-s" if from_s else "")
+                    out.append(Job(kernel, config.name(), variant, is_default and term_set in REQUIRED, fn,
+                                   _signature(fn, types, constexprs), constexprs, config.num_warps,
+                                   config.num_stages))
+    for config in dict.fromkeys((configs.DEFAULT["grad_similarity"], *configs.SPACE["grad_similarity"])):
+        is_default = config == configs.DEFAULT["grad_similarity"]
+        for term_set in (tuple(TERM_SETS) if is_default else () if quick else ("all",)):
+            flags, evidence = TERM_SETS[term_set]
+            fn = kernels.grad_similarity_kernel
+            constexprs = dict(EVIDENCE=evidence, **flags, F64=0, BLOCK_M=config.block_m, BLOCK_N=config.block_n)
+            types = dict(s_ptr="*fp32", stride_si="i32", stride_sj="i32", ds_ptr="*fp32", stride_di="i32",
+                         stride_dj="i32", row_ptr="*fp64", n_rows="i32", col_ptr="*fp64", n_cols="i32",
+                         inv_tau="fp64")
+            out.append(Job("grad_similarity", config.name(), f"{term_set} f32", is_default and term_set in REQUIRED,
+                           fn, _signature(fn, types, constexprs), constexprs, config.num_warps, config.num_stages))
+    # per-line kernels (fixed launch: BLOCK = 128 lines, 4 warps), every term
+    line_types = dict(stats_ptr="*fp64", n="i32", scale_ptr="*fp64", scale_offset="i32", candidates="fp64",
+                      weights_ptr="*fp64", w0="fp64", w1="fp64", w2="fp64", w3="fp64", w4="fp64",
+                      upstream_ptr="*fp64", out_ptr="*fp64")
+    all_flags = TERM_SETS["all"][0]
+    for name, fn in (("line_loss", kernels.line_loss_kernel), ("line_gradient", kernels.line_gradient_kernel)):
+        constexprs = dict(HAS_SCALE=1, W_FROM_PTR=1, RISK=1, **all_flags, BLOCK=128)
+        types = {k: v for k, v in line_types.items() if k in fn.arg_names}
+        out.append(Job(name, "b128w4", "all f64", True, fn, _signature(fn, types, constexprs), constexprs, 4, 1))
+    constexprs = dict(**all_flags, BLOCK=128)
+    types = dict(part_ptr="*fp64", n_partials="i32", stats_ptr="*fp64", n="i32")
+    out.append(Job("reduce_partials", "b128w4", "all f64", True, kernels.reduce_partials_kernel,
+                   _signature(kernels.reduce_partials_kernel, types, constexprs), constexprs, 4, 1))
+    return out
+
+
+def compile_with_log(job: Job, target) -> tuple[object, str]:
+    """Compile `job` for `target`; the ptxas -v log of Triton's own ptxas run (its options, its
+    ptxas), captured through the TRITON_DUMP_PTXAS_LOG knob."""
+    import contextlib
+    import io
+
+    import triton
+    from triton import knobs
+
+    src = triton.compiler.ASTSource(fn=job.fn, signature=job.signature, constexprs=job.constexprs)
+    buffer = io.StringIO()
+    with knobs.nvidia.scope():
+        knobs.nvidia.dump_ptxas_log = True
+        with contextlib.redirect_stdout(buffer):
+            compiled = triton.compile(src, target=target,
+                                      options=dict(num_warps=job.num_warps, num_stages=job.num_stages))
+    return compiled, buffer.getvalue()
+
+
+def resources(log: str) -> dict:
+    """Registers, stack frame and spill bytes from a ptxas -v log (one entry function)."""
+    regs = re.search(r"Used (\d+) registers", log)
+    frame = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    target = re.search(r"for '(sm_\w+)'", log)
+    if regs is None:
+        raise RuntimeError("no ptxas -v output captured (a cached compile?): set TRITON_ALWAYS_COMPILE=1")
+    return dict(target=target.group(1) if target else "?", registers=int(regs.group(1)),
+                stack=int(frame.group(1)) if frame else 0, spill_stores=int(frame.group(2)) if frame else 0,
+                spill_loads=int(frame.group(3)) if frame else 0)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", type=int, nargs="+", default=[90, 80])
+    parser.add_argument("--quick", action="store_true", help="default configurations only")
+    parser.add_argument("--strict-arch", type=int, nargs="*", default=[90],
+                        help="archs on which a spill in a default configuration fails the check (default: 90, the "
+                             "Hopper GPUs the benchmarks target; spills elsewhere are reported)")
+    args = parser.parse_args(argv)
+    os.environ.pop("TRITON_INTERPRET", None)  # compile for real, whatever the caller's environment
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    os.environ["TRITON_ALWAYS_COMPILE"] = "1"  # the ptxas log exists only for a real compile
+    try:
+        import triton
+        from triton.backends.compiler import GPUTarget
+    except Exception as error:  # noqa: BLE001
+        print(f"triton-aot-check: triton cannot compile here ({type(error).__name__}: {error}): skipping")
+        return 0
+    all_jobs = [j for j in jobs(args.quick) if j.default or not args.quick]
+    print(f"triton-aot-check: triton {triton.__version__}, {len(all_jobs)} kernel variants x {len(args.arch)} archs")
+    print(f"{'kernel':16s} {'config':18s} {'variant':34s} {'arch':7s} {'regs':>4s} {'stack':>5s} {'spill st/ld':>11s}")
+    failures, default_spills = [], []
+    start = time.time()
+    for arch in args.arch:
+        target = GPUTarget("cuda", arch, 32)
+        for job in all_jobs:
+            try:
+                _compiled, log = compile_with_log(job, target)
+                res = resources(log)
+            except Exception as error:  # noqa: BLE001
+                failures.append(f"{job.kernel} {job.config} {job.variant} sm_{arch}: {type(error).__name__}: "
+                                f"{str(error).splitlines()[0] if str(error) else ''}")
+                print(f"{job.kernel:16s} {job.config:18s} {job.variant:34s} sm_{arch}  FAILED")
+                continue
+            spills = res["spill_stores"] + res["spill_loads"]
+            mark = "*" if job.default else " "
+            print(f"{job.kernel:16s} {job.config + mark:18s} {job.variant:34s} {res['target']:7s} {res['registers']:4d} "
+                  f"{res['stack']:5d} {res['spill_stores']:5d}/{res['spill_loads']:<5d}")
+            if job.default and spills:
+                default_spills.append((arch in args.strict_arch, f"{job.kernel} {job.config} {job.variant} "
+                                                                 f"{res['target']} ({spills} bytes)"))
+    print(f"triton-aot-check: compiled in {time.time() - start:.0f} s (* = default configuration)")
+    for failure in failures:
+        print(f"triton-aot-check: FAILED {failure}")
+    for strict, spill in default_spills:
+        print(f"triton-aot-check: {'SPILLS' if strict else 'warning: spills'} in a default configuration: {spill}")
+    strict_spills = [spill for strict, spill in default_spills if strict]
+    print(f"triton-aot-check: {len(failures)} compile failures, {len(strict_spills)} default-configuration spills on "
+          f"sm_{'/'.join(map(str, args.strict_arch))}, {len(default_spills) - len(strict_spills)} elsewhere")
+    return 1 if failures or strict_spills else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,575 @@
+"""The Triton kernels of the op family (README "Backends", csrc/ops.cpp for the ops).
+
+Tile kernels (one evaluation of the special functions per element, s never stored):
+- `stats_kernel`: forward. A program owns blocks of BLOCK_M "own" lines (rows of a = x, or
+  columns when called transposed with a = y) and sweeps every BLOCK_N tile of the "other" lines:
+  the tile of s is a `tl.dot` over D (or a block of a given s), then evidence, element terms and
+  the statistics of csrc/kernels/line_terms.h. Own-line statistics are complete in registers at
+  the end of the sweep; the other lines' (columns') statistics are summed per program into a
+  float64 partial buffer (G, NS, n_other) that `reduce_partials_kernel` adds up in a fixed order:
+  deterministic, no atomics.
+- `grad_kernel`: backward, one direction. A program owns BLOCK_M lines, recomputes each tile of
+  s, forms ∂L/∂s in registers from both lines' constants and accumulates d(own) = G·b: dx row-
+  parallel, dy column-parallel (the same kernel on the transposed problem). Never a K×K buffer.
+- `grad_similarity_kernel`: backward of the from-similarity op: ds tile by tile.
+Per-line kernels (float64, O(K)): `line_loss_kernel` and `line_gradient_kernel` port
+csrc/kernels/line_terms.h (`line_terms`, `line_gradient`).
+
+Numerics (README "Triton backend"): per-element math runs in CT = float32 for float32/float16/
+bfloat16 inputs and float64 for float64 inputs; every reduction (row and column statistics,
+across tiles and within a tile) is float64, so strips of rows sum to the square problem's column
+statistics to ~1e-16 and the statistics layout is exactly the C++ one. exp evidence beyond float32
+(τ = 0.01: e^100) is carried as α = a_s·2^k (special.exp_scaled); ln α and 1/α feed the series.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from . import special as sp
+
+# LineStat indices (csrc/kernels/line_terms.h) and the LineGradient field order (line_finalise.h).
+TARGET_ALPHA, REST, KL_H, SQUARES, FISHER, LOG_TRIGAMMA, REMAINDER = range(7)
+NUM_LINE_STATS = 7
+NUM_GRADIENT_FIELDS = 9
+
+
+@triton.jit
+def _num_partials(MSE: tl.constexpr, KL: tl.constexpr, FMSE: tl.constexpr, LOGDET: tl.constexpr):
+    return 1 + MSE + KL + FMSE + 2 * LOGDET
+
+
+@triton.jit
+def _s_tile(a_ptr, b_ptr, rows, cols, rmask, cmask, stride_ai, stride_ak, stride_bj, stride_bk, D,
+            FROM_S: tl.constexpr, PRECISION: tl.constexpr, ACC: tl.constexpr,
+            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The (BLOCK_M, BLOCK_N) tile of s = a·bᵀ in ACC (float32, float64 for float64 inputs), or of a
+    given s (element (i, j) at a_ptr + i·stride_ai + j·stride_ak)."""
+    rows = rows.to(tl.int64)  # K² elements of a given s exceed int32 offsets from K = 46341
+    cols = cols.to(tl.int64)
+    if FROM_S:
+        s = tl.load(a_ptr + rows[:, None] * stride_ai + cols[None, :] * stride_ak,
+                    mask=rmask[:, None] & cmask[None, :], other=0.0)
+        return s.to(ACC)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), ACC)
+        for k0 in range(0, D, BLOCK_K):
+            ks = k0 + tl.arange(0, BLOCK_K)
+            kmask = ks < D
+            a = tl.load(a_ptr + rows[:, None] * stride_ai + ks[None, :] * stride_ak,
+                        mask=rmask[:, None] & kmask[None, :], other=0.0)
+            b = tl.load(b_ptr + cols[:, None] * stride_bj + ks[None, :] * stride_bk,
+                        mask=cmask[:, None] & kmask[None, :], other=0.0)
+            acc = tl.dot(a, tl.trans(b), acc, input_precision=PRECISION)
+        return acc
+
+
+@triton.jit
+def _rmw_partial(ptr, cols, cmask, values):
+    old = tl.load(ptr + cols, mask=cmask, other=0.0)
+    tl.store(ptr + cols, old + values, mask=cmask)
+
+
+@triton.jit
+def _element_kl_h(xs, small, digamma, lgamma, log_z, u):
+    """h(α) of an element as float64. float32: the direct form below 8, (x − 1)ψ(x) − lnΓ(x) − x with
+    ψ and lnΓ shifted from x + 8, cancels to ~2e-6 absolute in float32 — too much for a KL that sums
+    K of them and is itself small (SPEC: 1e-5). That branch runs in float64 (one log, one division);
+    the series branch (α >= 8, no cancellation) stays in CT."""
+    h = sp.kl_h(xs, small, digamma, lgamma, log_z, u).to(tl.float64)
+    if xs.dtype != tl.float64:
+        small64, xs64, zz64, log_z64, u64 = sp.plain_argument(xs.to(tl.float64))
+        digamma64, _t, _tt, lgamma64, _xt, _x2tt = sp.polygammas_scaled(small64, xs64, zz64, log_z64, u64)
+        h = tl.where(small, sp.kl_h(xs64, small64, digamma64, lgamma64, log_z64, u64), h)
+    return h
+
+
+@triton.jit
+def stats_kernel(
+    a_ptr, b_ptr, stride_ai, stride_ak, stride_bj, stride_bk,
+    own_ptr, n_own, other_ptr, n_other, part_ptr, n_programs, blocks_per_program,
+    D, t_off, inv_tau: tl.float64,
+    EVIDENCE: tl.constexpr, HAS_TARGET: tl.constexpr,
+    MSE: tl.constexpr, KL: tl.constexpr, FMSE: tl.constexpr, LOGDET: tl.constexpr,
+    OWN: tl.constexpr, OTHER: tl.constexpr, FROM_S: tl.constexpr,
+    F64: tl.constexpr, TF32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """Line statistics (float64, csrc/kernels/line_terms.h layout) of the own lines (OWN) and
+    per-program partials of the other lines (OTHER). Own line i's target is other line i + t_off.
+
+    own_ptr: (7, n_own) float64, zero-initialised; other_ptr: (7, n_other), only LineStat 0 (the
+    target α, a single element) is written there; part_ptr: (num_programs, NS, n_other) float64,
+    zero-initialised, NS = `_num_partials`, slots in LineStat order of the enabled statistics.
+    """
+    pid = tl.program_id(0)
+    inv_tau = tl.full([], inv_tau, tl.float64)  # (float arguments: see `line_loss_kernel`)
+    CT: tl.constexpr = tl.float64 if F64 else tl.float32
+    PRECISION: tl.constexpr = "tf32" if TF32 else "ieee"
+    NS: tl.constexpr = 1 + MSE + KL + FMSE + 2 * LOGDET
+    SLOT_SQ: tl.constexpr = 1
+    SLOT_KL: tl.constexpr = 1 + MSE
+    SLOT_FI: tl.constexpr = 1 + MSE + KL
+    SLOT_LT: tl.constexpr = 1 + MSE + KL + FMSE
+    part = part_ptr + pid * NS * n_other
+    # Row blocks pid, pid + n_programs, ... (the loop bound is a plain argument: the interpreter
+    # of triton 3.6 cannot take a program id as a range bound)
+    for it in range(0, blocks_per_program):
+        rb = pid + it * n_programs
+        rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
+        rmask = rows < n_own
+        acc_target = tl.zeros((BLOCK_M,), tl.float64)
+        acc_rest = tl.zeros((BLOCK_M,), tl.float64)
+        acc_sq = tl.zeros((BLOCK_M,), tl.float64)
+        acc_kl = tl.zeros((BLOCK_M,), tl.float64)
+        acc_fi = tl.zeros((BLOCK_M,), tl.float64)
+        acc_lt = tl.zeros((BLOCK_M,), tl.float64)
+        acc_rr = tl.zeros((BLOCK_M,), tl.float64)
+        for c0 in range(0, n_other, BLOCK_N):
+            cols = c0 + tl.arange(0, BLOCK_N)
+            cmask = cols < n_other
+            s = _s_tile(a_ptr, b_ptr, rows, cols, rmask, cmask, stride_ai, stride_ak, stride_bj, stride_bk, D,
+                        FROM_S, PRECISION, CT, BLOCK_M, BLOCK_N, BLOCK_K)
+            a_s, k, _rho = sp.evidence_alpha(s, inv_tau, EVIDENCE, CT)
+            valid = rmask[:, None] & cmask[None, :]
+            if HAS_TARGET:
+                on_target = cols[None, :] == rows[:, None] + t_off
+            else:
+                on_target = cols[None, :] < 0
+            off = valid & (~on_target)
+            scale = sp.pow2(k, tl.zeros_like(s).to(tl.float64))  # 2^k
+            alpha64 = a_s.to(tl.float64) * scale
+            rest_c = tl.where(off, alpha64, 0.0)
+            if OWN:
+                acc_rest += tl.sum(rest_c, 1)
+            if OTHER:
+                _rmw_partial(part, cols, cmask, tl.sum(rest_c, 0))
+            if HAS_TARGET:
+                target_c = tl.where(valid & on_target, alpha64, 0.0)
+                if OWN:
+                    acc_target += tl.sum(target_c, 1)
+                if OTHER:
+                    # column j's target row is j − t_off: store it where that row is in this block
+                    has_target = (cols - t_off >= rb * BLOCK_M) & (cols - t_off < rb * BLOCK_M + BLOCK_M) & \
+                        (cols - t_off < n_own) & cmask
+                    tl.store(other_ptr + cols, tl.sum(target_c, 0), mask=has_target)
+            if MSE:
+                # Σ (α·2^-511)² (line_terms.h kSquareScale): float64, formed without overflow
+                scaled = a_s.to(tl.float64) * sp.pow2(k - 511, alpha64)
+                sq_c = tl.where(off, scaled * scaled, 0.0)
+                if OWN:
+                    acc_sq += tl.sum(sq_c, 1)
+                if OTHER:
+                    _rmw_partial(part + SLOT_SQ * n_other, cols, cmask, tl.sum(sq_c, 0))
+            if KL or FMSE or LOGDET:
+                small, xs, zz, log_z, u = sp.scaled_argument(a_s, k)
+                digamma, trigamma, tetragamma, lgamma, x_trigamma, x2_tetragamma = \
+                    sp.polygammas_scaled(small, xs, zz, log_z, u)
+                if KL:
+                    kl_c = tl.where(off, _element_kl_h(xs, small, digamma, lgamma, log_z, u), 0.0)
+                    if OWN:
+                        acc_kl += tl.sum(kl_c, 1)
+                    if OTHER:
+                        _rmw_partial(part + SLOT_KL * n_other, cols, cmask, tl.sum(kl_c, 0))
+                if FMSE:
+                    # (α + 1)·(αψ1(α)): αψ1 → 1 while α(α + 1) alone overflows
+                    fisher_s = (a_s + sp.pow2(-k, a_s)) * x_trigamma
+                    fi_c = tl.where(off, fisher_s.to(tl.float64) * scale, 0.0)
+                    if OWN:
+                        acc_fi += tl.sum(fi_c, 1)
+                    if OTHER:
+                        _rmw_partial(part + SLOT_FI * n_other, cols, cmask, tl.sum(fi_c, 0))
+                if LOGDET:
+                    lt = sp.log_trigamma(small, trigamma, x_trigamma, log_z)
+                    rr, _xrp = sp.fisher_remainder(a_s, trigamma, tetragamma, u)
+                    lt_c = tl.where(valid, lt.to(tl.float64), 0.0)
+                    rr_c = tl.where(valid, rr.to(tl.float64), 0.0)
+                    if OWN:
+                        acc_lt += tl.sum(lt_c, 1)
+                        acc_rr += tl.sum(rr_c, 1)
+                    if OTHER:
+                        _rmw_partial(part + SLOT_LT * n_other, cols, cmask, tl.sum(lt_c, 0))
+                        _rmw_partial(part + (SLOT_LT + 1) * n_other, cols, cmask, tl.sum(rr_c, 0))
+        if OWN:
+            tl.store(own_ptr + 1 * n_own + rows, acc_rest, mask=rmask)
+            if HAS_TARGET:
+                tl.store(own_ptr + rows, acc_target, mask=rmask)
+            if KL:
+                tl.store(own_ptr + 2 * n_own + rows, acc_kl, mask=rmask)
+            if MSE:
+                tl.store(own_ptr + 3 * n_own + rows, acc_sq, mask=rmask)
+            if FMSE:
+                tl.store(own_ptr + 4 * n_own + rows, acc_fi, mask=rmask)
+            if LOGDET:
+                tl.store(own_ptr + 5 * n_own + rows, acc_lt, mask=rmask)
+                tl.store(own_ptr + 6 * n_own + rows, acc_rr, mask=rmask)
+
+
+@triton.jit
+def reduce_partials_kernel(part_ptr, n_partials, stats_ptr, n,
+                           MSE: tl.constexpr, KL: tl.constexpr, FMSE: tl.constexpr, LOGDET: tl.constexpr,
+                           BLOCK: tl.constexpr):
+    """stats[LineStat of slot, j] = Σ_g part[g, slot, j], g in order: the second, deterministic pass
+    of the column statistics (float64)."""
+    NS: tl.constexpr = 1 + MSE + KL + FMSE + 2 * LOGDET
+    cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    cmask = cols < n
+    for slot in tl.static_range(NS):
+        acc = tl.zeros((BLOCK,), tl.float64)
+        for g in range(0, n_partials):
+            acc += tl.load(part_ptr + (g * NS + slot) * n + cols, mask=cmask, other=0.0)
+        if slot == 0:
+            stat = 1  # rest
+        elif MSE and slot == 1:
+            stat = 3
+        elif KL and slot == 1 + MSE:
+            stat = 2
+        elif FMSE and slot == 1 + MSE + KL:
+            stat = 4
+        elif slot == 1 + MSE + KL + FMSE:
+            stat = 5
+        else:
+            stat = 6
+        tl.store(stats_ptr + stat * n + cols, acc, mask=cmask)
+
+
+# ------------------------------------------------------------------------------------ backward
+
+
+@triton.jit
+def _load_constants(ptr, idx, mask, n):
+    """LineGradient fields (line_finalise.h order) of lines idx: float64 vectors."""
+    inv_s = tl.load(ptr + idx, mask=mask, other=0.0)
+    c_all = tl.load(ptr + 1 * n + idx, mask=mask, other=0.0)
+    c_off = tl.load(ptr + 2 * n + idx, mask=mask, other=0.0)
+    c_sq = tl.load(ptr + 3 * n + idx, mask=mask, other=0.0)
+    c_fi = tl.load(ptr + 4 * n + idx, mask=mask, other=0.0)
+    c_kv = tl.load(ptr + 5 * n + idx, mask=mask, other=0.0)
+    c_lr = tl.load(ptr + 6 * n + idx, mask=mask, other=0.0)
+    c_lrem = tl.load(ptr + 7 * n + idx, mask=mask, other=0.0)
+    c_t = tl.load(ptr + 8 * n + idx, mask=mask, other=0.0)
+    return inv_s, c_all, c_off, c_sq, c_fi, c_kv, c_lr, c_lrem, c_t
+
+
+@triton.jit
+def _line_share(p, off, on_target, f_kv, f_slope, f_ratio, f_xrp, c_all, c_off, c_sq, c_fi, c_kv, c_lr, c_lrem, c_t,
+                MSE: tl.constexpr, KL: tl.constexpr, FMSE: tl.constexpr, LOGDET: tl.constexpr):
+    """One line's share of α·∂L/∂α at an element (element_terms.h `line_share`)."""
+    inner = c_off
+    if MSE:
+        inner = inner + c_sq * p
+    if FMSE:
+        inner = inner + c_fi * f_slope
+    out = p * (c_all + off * inner) + on_target * c_t
+    if KL:
+        out = out + off * c_kv * f_kv
+    if LOGDET:
+        out = out + c_lr * f_ratio + c_lrem * f_xrp
+    return out
+
+
+@triton.jit
+def _gradient_tile(s, rows, cols, valid, t_off, inv_tau, own_ptr, n_own, other_ptr, n_other, rmask, cmask,
+                   EVIDENCE: tl.constexpr, MSE: tl.constexpr, KL: tl.constexpr, FMSE: tl.constexpr,
+                   LOGDET: tl.constexpr, CT: tl.constexpr):
+    """∂L/∂s of a tile (CT; 0 outside `valid`): (α∂L/∂α of the own line + of the other line)·ρ/τ."""
+    a_s, k, rho = sp.evidence_alpha(s, inv_tau, EVIDENCE, CT)
+    on_target = (cols[None, :] == rows[:, None] + t_off)
+    on = tl.where(on_target, 1.0, 0.0).to(CT)
+    off = 1.0 - on
+    alpha64 = a_s.to(tl.float64) * sp.pow2(k, tl.zeros_like(s).to(tl.float64))
+    f_kv = tl.zeros_like(a_s)
+    f_slope = tl.zeros_like(a_s)
+    f_ratio = tl.zeros_like(a_s)
+    f_xrp = tl.zeros_like(a_s)
+    if KL or FMSE or LOGDET:
+        small, xs, zz, log_z, u = sp.scaled_argument(a_s, k)
+        digamma, trigamma, tetragamma, lgamma, x_trigamma, x2_tetragamma = \
+            sp.polygammas_scaled(small, xs, zz, log_z, u)
+        if KL:
+            _v, f_kv = sp.kl_v(a_s, trigamma, u)
+        if FMSE:
+            # f'(α) = (2α + 1)ψ1 + α(α + 1)ψ2 from the scaled αψ1, α²ψ2 (element_terms.h)
+            alpha_tetragamma = tl.where(small, xs * tetragamma, x2_tetragamma * u)
+            f_slope = 2.0 * x_trigamma + trigamma + x2_tetragamma + alpha_tetragamma
+        if LOGDET:
+            f_ratio = x2_tetragamma / x_trigamma
+            _r, f_xrp = sp.fisher_remainder(a_s, trigamma, tetragamma, u)
+    o_inv_s, o_all, o_off, o_sq, o_fi, o_kv, o_lr, o_lrem, o_t = _load_constants(own_ptr, rows, rmask, n_own)
+    t_inv_s, t_all, t_off_c, t_sq, t_fi, t_kv, t_lr, t_lrem, t_t = _load_constants(other_ptr, cols, cmask, n_other)
+    p_own = (alpha64 * o_inv_s[:, None]).to(CT)
+    p_other = (alpha64 * t_inv_s[None, :]).to(CT)
+    share = _line_share(p_own, off, on, f_kv, f_slope, f_ratio, f_xrp,
+                        o_all[:, None].to(CT), o_off[:, None].to(CT), o_sq[:, None].to(CT), o_fi[:, None].to(CT),
+                        o_kv[:, None].to(CT), o_lr[:, None].to(CT), o_lrem[:, None].to(CT), o_t[:, None].to(CT),
+                        MSE, KL, FMSE, LOGDET)
+    share += _line_share(p_other, off, on, f_kv, f_slope, f_ratio, f_xrp,
+                         t_all[None, :].to(CT), t_off_c[None, :].to(CT), t_sq[None, :].to(CT), t_fi[None, :].to(CT),
+                         t_kv[None, :].to(CT), t_lr[None, :].to(CT), t_lrem[None, :].to(CT), t_t[None, :].to(CT),
+                         MSE, KL, FMSE, LOGDET)
+    g = share * rho * sp.splat(inv_tau, s, CT)
+    return tl.where(valid, g, 0.0)
+
+
+@triton.jit
+def grad_kernel(
+    a_ptr, b_ptr, stride_ai, stride_ak, stride_bj, stride_bk,
+    out_ptr, stride_oi, stride_ok,
+    own_ptr, n_own, other_ptr, n_other,
+    D, t_off, inv_tau: tl.float64,
+    EVIDENCE: tl.constexpr, MSE: tl.constexpr, KL: tl.constexpr, FMSE: tl.constexpr, LOGDET: tl.constexpr,
+    F64: tl.constexpr, TF32: tl.constexpr, ACCUMULATE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """d(a)[own rows] = Σ_tiles G·b, G = ∂L/∂s of the tile. own_ptr/other_ptr: (9, n) float64
+    LineGradient arrays of the own and other lines (zeros for a direction not computed).
+
+    ACCUMULATE = False (D <= BLOCK_D): the (BLOCK_M, BLOCK_D) accumulator stays in registers across
+    the sweep and is stored once, in out's dtype. ACCUMULATE = True: D is cut into BLOCK_D chunks
+    and each tile's G·b chunk is added into out (float32/float64, zero-initialised; the program
+    owns its rows, so no other program touches them)."""
+    CT: tl.constexpr = tl.float64 if F64 else tl.float32
+    PRECISION: tl.constexpr = "tf32" if TF32 else "ieee"
+    inv_tau = tl.full([], inv_tau, tl.float64)
+    rb = tl.program_id(0)
+    rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < n_own
+    dks = tl.arange(0, BLOCK_D)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), CT)
+    for c0 in range(0, n_other, BLOCK_N):
+        cols = c0 + tl.arange(0, BLOCK_N)
+        cmask = cols < n_other
+        s = _s_tile(a_ptr, b_ptr, rows, cols, rmask, cmask, stride_ai, stride_ak, stride_bj, stride_bk, D,
+                    False, PRECISION, CT, BLOCK_M, BLOCK_N, BLOCK_K)
+        valid = rmask[:, None] & cmask[None, :]
+        g = _gradient_tile(s, rows, cols, valid, t_off, inv_tau, own_ptr, n_own, other_ptr, n_other, rmask, cmask,
+                           EVIDENCE, MSE, KL, FMSE, LOGDET, CT)
+        # Operand of the second product: the input dtype for 16-bit inputs (as flash attention
+        # does for dS), float32/float64 otherwise.
+        g_op = g.to(b_ptr.dtype.element_ty)
+        if ACCUMULATE:
+            for d0 in range(0, D, BLOCK_D):
+                dk = d0 + dks
+                dmask = dk < D
+                b = tl.load(b_ptr + cols[:, None] * stride_bj + dk[None, :] * stride_bk,
+                            mask=cmask[:, None] & dmask[None, :], other=0.0)
+                optr = out_ptr + rows[:, None] * stride_oi + dk[None, :] * stride_ok
+                omask = rmask[:, None] & dmask[None, :]
+                part = tl.load(optr, mask=omask, other=0.0)
+                part = tl.dot(g_op, b, part, input_precision=PRECISION)
+                tl.store(optr, part, mask=omask)
+        else:
+            dmask = dks < D
+            b = tl.load(b_ptr + cols[:, None] * stride_bj + dks[None, :] * stride_bk,
+                        mask=cmask[:, None] & dmask[None, :], other=0.0)
+            acc = tl.dot(g_op, b, acc, input_precision=PRECISION)
+    if not ACCUMULATE:
+        tl.store(out_ptr + rows[:, None] * stride_oi + dks[None, :] * stride_ok,
+                 acc.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & (dks < D)[None, :])
+
+
+@triton.jit
+def grad_similarity_kernel(
+    s_ptr, stride_si, stride_sj, ds_ptr, stride_di, stride_dj,
+    row_ptr, n_rows, col_ptr, n_cols, inv_tau: tl.float64,
+    EVIDENCE: tl.constexpr, MSE: tl.constexpr, KL: tl.constexpr, FMSE: tl.constexpr, LOGDET: tl.constexpr,
+    F64: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """ds = ∂L/∂s of a given s, one (BLOCK_M, BLOCK_N) tile per program, in s's dtype."""
+    CT: tl.constexpr = tl.float64 if F64 else tl.float32
+    inv_tau = tl.full([], inv_tau, tl.float64)
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = rows < n_rows
+    cmask = cols < n_cols
+    valid = rmask[:, None] & cmask[None, :]
+    r64 = rows.to(tl.int64)
+    c64 = cols.to(tl.int64)
+    s = tl.load(s_ptr + r64[:, None] * stride_si + c64[None, :] * stride_sj, mask=valid, other=0.0).to(CT)
+    g = _gradient_tile(s, rows, cols, valid, 0, inv_tau, row_ptr, n_rows, col_ptr, n_cols, rmask, cmask,
+                       EVIDENCE, MSE, KL, FMSE, LOGDET, CT)
+    tl.store(ds_ptr + r64[:, None] * stride_di + c64[None, :] * stride_dj, g.to(ds_ptr.dtype.element_ty),
+             mask=valid)
+
+
+# ------------------------------------------------------------------------- per line (float64)
+
+
+@triton.jit
+def _line_input(stats_ptr, n, idx, mask, scale_ptr, scale_offset, HAS_SCALE: tl.constexpr):
+    a = tl.load(stats_ptr + idx, mask=mask, other=1.0)
+    rest = tl.load(stats_ptr + 1 * n + idx, mask=mask, other=1.0)
+    if HAS_SCALE:
+        c = tl.load(scale_ptr + idx + scale_offset, mask=mask, other=1.0)
+    else:
+        c = tl.full(a.shape, 1.0, tl.float64)
+    return a, rest, c
+
+
+@triton.jit
+def _f64_scalars(a, b, c, d, e, f):
+    return (tl.full([], a, tl.float64), tl.full([], b, tl.float64), tl.full([], c, tl.float64),
+            tl.full([], d, tl.float64), tl.full([], e, tl.float64), tl.full([], f, tl.float64))
+
+
+@triton.jit
+def _weight(weights_ptr, host_value, index: tl.constexpr, W_FROM_PTR: tl.constexpr):
+    if W_FROM_PTR:
+        return tl.load(weights_ptr + index)
+    else:
+        return host_value
+
+
+@triton.jit
+def _kl_h_of(x):
+    small, xs, zz, log_z, u = sp.plain_argument(x)
+    digamma, trigamma, tetragamma, lgamma, x_trigamma, x2_tetragamma = sp.polygammas_scaled(small, xs, zz, log_z, u)
+    return sp.kl_h(xs, small, digamma, lgamma, log_z, u)
+
+
+@triton.jit
+def line_loss_kernel(stats_ptr, n, scale_ptr, scale_offset, candidates: tl.float64, weights_ptr,
+                     w0: tl.float64, w1: tl.float64, w2: tl.float64, w3: tl.float64, w4: tl.float64, out_ptr,
+                     HAS_SCALE: tl.constexpr, W_FROM_PTR: tl.constexpr, RISK: tl.constexpr, KL: tl.constexpr, MSE: tl.constexpr,
+                     FMSE: tl.constexpr, LOGDET: tl.constexpr, BLOCK: tl.constexpr):
+    """Σ_term weight·term of each line (line_finalise.h `line_loss`, line_terms.h `line_terms`).
+
+    Float arguments are made float64 tensors first: the interpreter hands them over as Python
+    floats, which become float32 constants once they pass through a helper function."""
+    candidates, w0, w1, w2, w3, w4 = _f64_scalars(candidates, w0, w1, w2, w3, w4)
+    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = idx < n
+    a, rest, c = _line_input(stats_ptr, n, idx, mask, scale_ptr, scale_offset, HAS_SCALE)
+    nn = candidates
+    strength = a + rest
+    q = rest / strength
+    p_target = a / strength
+    target_error_sq = (c - 1.0 + q) * (c - 1.0 + q)
+    total = tl.zeros(a.shape, tl.float64)
+    if RISK:
+        total += _weight(weights_ptr, w0, 0, W_FROM_PTR) * (c * sp.digamma_difference(a, rest))
+    if KL:
+        a_tilde = c + (1.0 - c) * a
+        s_tilde = rest + a_tilde
+        kl_stat = tl.load(stats_ptr + 2 * n + idx, mask=mask, other=0.0)
+        digamma_s = sp.polygammas(s_tilde)[0]
+        lgamma_n = sp.polygammas(tl.full(a.shape, 1.0, tl.float64) * nn)[3]
+        kl = kl_stat + _kl_h_of(a_tilde) - _kl_h_of(s_tilde) + (nn - 1.0) * digamma_s - lgamma_n
+        total += _weight(weights_ptr, w1, 1, W_FROM_PTR) * kl
+    if MSE:
+        t = 6.703903964971299e+153 / strength  # 2^511 / S
+        off_sq = (tl.load(stats_ptr + 3 * n + idx, mask=mask, other=0.0) * t) * t
+        mse = target_error_sq + off_sq + (q * (1.0 + p_target) - off_sq) / (strength + 1.0)
+        total += _weight(weights_ptr, w2, 2, W_FROM_PTR) * mse
+    if FMSE:
+        trigamma_a = sp.polygammas(a)[1]
+        target_part = (target_error_sq + p_target * q / (strength + 1.0)) * trigamma_a
+        fisher = tl.load(stats_ptr + 4 * n + idx, mask=mask, other=0.0)
+        total += _weight(weights_ptr, w3, 3, W_FROM_PTR) * (fisher / strength / (strength + 1.0) + target_part)
+    if LOGDET:
+        small, xs, zz, log_z, u = sp.plain_argument(strength)
+        digamma, trigamma, tetragamma, lgamma, x_trigamma, x2_tetragamma = \
+            sp.polygammas_scaled(small, xs, zz, log_z, u)
+        r, _xrp = sp.fisher_remainder(strength, trigamma, tetragamma, u)
+        m = 0.5 * (nn - 1.0) + r - tl.load(stats_ptr + 6 * n + idx, mask=mask, other=0.0)
+        logdet = tl.load(stats_ptr + 5 * n + idx, mask=mask, other=0.0) + \
+            sp.log_trigamma(small, trigamma, x_trigamma, log_z) + tl.log(m)
+        total += _weight(weights_ptr, w4, 4, W_FROM_PTR) * logdet
+    tl.store(out_ptr + idx, total, mask=mask)
+
+
+@triton.jit
+def line_gradient_kernel(stats_ptr, n, scale_ptr, scale_offset, candidates: tl.float64, weights_ptr,
+                         w0: tl.float64, w1: tl.float64, w2: tl.float64, w3: tl.float64, w4: tl.float64,
+                         upstream_ptr, out_ptr,
+                         HAS_SCALE: tl.constexpr, W_FROM_PTR: tl.constexpr, RISK: tl.constexpr, KL: tl.constexpr, MSE: tl.constexpr,
+                         FMSE: tl.constexpr, LOGDET: tl.constexpr, BLOCK: tl.constexpr):
+    """The LineGradient constants of each line (line_terms.h `line_gradient`) into (9, n): what the
+    tile kernels combine with each element into α·∂(upstream·L)/∂α. A term that is not enabled, or
+    has weight 0, contributes nothing (not even 0·inf)."""
+    candidates, w0, w1, w2, w3, w4 = _f64_scalars(candidates, w0, w1, w2, w3, w4)
+    idx = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = idx < n
+    a, rest, c = _line_input(stats_ptr, n, idx, mask, scale_ptr, scale_offset, HAS_SCALE)
+    nn = candidates
+    up = tl.load(upstream_ptr + idx, mask=mask, other=0.0)
+    strength = a + rest
+    s1 = strength + 1.0
+    q = rest / strength
+    p_target = a / strength
+    zero = tl.zeros(a.shape, tl.float64)
+    off = zero
+    all_ = zero
+    target = zero
+    square = zero
+    fisher_c = zero
+    kl_v_c = zero
+    logdet_ratio = zero
+    logdet_remainder = zero
+    if RISK:
+        w = _weight(weights_ptr, w0, 0, W_FROM_PTR)
+        wc = w * c
+        x_trigamma_s = sp.polygammas(strength)[4]
+        off += tl.where(w != 0.0, wc * x_trigamma_s, 0.0)
+        target += tl.where(w != 0.0, wc * a * sp.trigamma_difference(a, rest), 0.0)
+    if KL:
+        w = _weight(weights_ptr, w1, 1, W_FROM_PTR)
+        a_tilde = c + (1.0 - c) * a
+        s_tilde = rest + a_tilde
+        small, xs, zz, log_z, u = sp.plain_argument(s_tilde)
+        digamma, trigamma, tetragamma, lgamma, x_trigamma, x2_tetragamma = \
+            sp.polygammas_scaled(small, xs, zz, log_z, u)
+        _v, x_v = sp.kl_v(s_tilde, trigamma, u)
+        per_p_tilde = x_v + (nn - 1.0) * x_trigamma
+        off += tl.where(w != 0.0, w * (strength / s_tilde) * per_p_tilde, 0.0)
+        kl_v_c = tl.where(w != 0.0, -w + zero, 0.0)
+        small_t, xs_t, zz_t, log_z_t, u_t = sp.plain_argument(a_tilde)
+        trigamma_t = sp.polygammas_scaled(small_t, xs_t, zz_t, log_z_t, u_t)[1]
+        v_t, _xv_t = sp.kl_v(a_tilde, trigamma_t, u_t)
+        target += tl.where(w != 0.0, w * ((a_tilde - c) / s_tilde * per_p_tilde - (a_tilde - c) * v_t), 0.0)
+    if MSE:
+        w = _weight(weights_ptr, w2, 2, W_FROM_PTR)
+        t2 = 6.703903964971299e+153 / strength
+        off_sq = (tl.load(stats_ptr + 3 * n + idx, mask=mask, other=0.0) * t2) * t2
+        all_sq = p_target * p_target + off_sq
+        t = strength / s1
+        off += tl.where(w != 0.0, w * (2.0 * c * p_target - all_sq * t * (2.0 * strength + 1.0) / s1 - t / s1), 0.0)
+        square = tl.where(w != 0.0, w * 2.0 * t, 0.0)
+        bracket = t * (2.0 * q * p_target - 2.0 * off_sq + (off_sq + q * q - 2.0 * q) / s1)
+        target += tl.where(w != 0.0, w * (-2.0 * c * p_target * q + p_target * bracket), 0.0)
+    if FMSE:
+        w = _weight(weights_ptr, w3, 3, W_FROM_PTR)
+        fisher = tl.load(stats_ptr + 4 * n + idx, mask=mask, other=0.0)
+        miss = c - 1.0 + q
+        g = sp.polygammas(a)
+        trigamma_a = g[1]
+        tetragamma_a = g[2]
+        y_value = miss * miss + p_target * q / s1
+        fisher_sum_part = -(fisher / strength) * ((2.0 * strength + 1.0) / s1) / s1
+        dy_off = 2.0 * miss * p_target - (1.0 - 2.0 * p_target) * p_target / s1 - strength * p_target * q / (s1 * s1)
+        off += tl.where(w != 0.0, w * (fisher_sum_part + trigamma_a * dy_off), 0.0)
+        fisher_c = tl.where(w != 0.0, w / s1, 0.0)
+        dy_target = -2.0 * miss * p_target * q + p_target * q * (1.0 - 2.0 * p_target) / s1 - \
+            p_target * p_target * q * strength / (s1 * s1)
+        target += tl.where(w != 0.0, w * (p_target * fisher_sum_part + trigamma_a * dy_target +
+                                          a * tetragamma_a * y_value), 0.0)
+    if LOGDET:
+        w = _weight(weights_ptr, w4, 4, W_FROM_PTR)
+        small, xs, zz, log_z, u = sp.plain_argument(strength)
+        digamma, trigamma, tetragamma, lgamma, x_trigamma, x2_tetragamma = \
+            sp.polygammas_scaled(small, xs, zz, log_z, u)
+        r, x_r_prime = sp.fisher_remainder(strength, trigamma, tetragamma, u)
+        m = 0.5 * (nn - 1.0) + r - tl.load(stats_ptr + 6 * n + idx, mask=mask, other=0.0)
+        all_ += tl.where(w != 0.0, w * (x2_tetragamma / x_trigamma + x_r_prime / m), 0.0)
+        logdet_ratio = tl.where(w != 0.0, w + zero, 0.0)
+        logdet_remainder = tl.where(w != 0.0, -w / m, 0.0)
+    tl.store(out_ptr + idx, 1.0 / strength, mask=mask)
+    tl.store(out_ptr + 1 * n + idx, up * all_, mask=mask)
+    tl.store(out_ptr + 2 * n + idx, up * off, mask=mask)
+    tl.store(out_ptr + 3 * n + idx, up * square, mask=mask)
+    tl.store(out_ptr + 4 * n + idx, up * fisher_c, mask=mask)
+    tl.store(out_ptr + 5 * n + idx, up * kl_v_c, mask=mask)
+    tl.store(out_ptr + 6 * n + idx, up * logdet_ratio, mask=mask)
+    tl.store(out_ptr + 7 * n + idx, up * logdet_remainder, mask=mask)
+    tl.store(out_ptr + 8 * n + idx, up * target, mask=mask)

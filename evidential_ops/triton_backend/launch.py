@@ -1,0 +1,540 @@
+"""The op implementations of the Triton family: argument checks, buffers, kernel launches.
+
+One Python function per op of csrc/ops.cpp, with the same arguments and the same checks (and
+messages) as csrc/op_args.cpp. Each is written to be traceable: under torch.compile the ops are
+decomposed (registration.py) into these calls, so they never read a tensor's values on the host
+while tracing. Value checks (finite weights, a line strength that overflowed double) run on the
+host in eager mode (a ValueError, like the C++ kernels) and as `torch._assert_async` in a graph.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from . import configs, kernels
+
+NUM_LINE_STATS = kernels.NUM_LINE_STATS
+NUM_GRADIENT_FIELDS = kernels.NUM_GRADIENT_FIELDS
+EVIDENCE_KINDS = ("exp", "relu", "softplus", "exp_tanh")
+TERM_NAMES = ("risk", "kl", "mse", "fmse", "logdet")
+LINE_BLOCK = 128  # lines per program of the per-line kernels
+# Column partials of the one-pass forward (G programs × NS × N float64) may use this much device
+# memory; beyond it (or when G would leave SMs idle) both directions run as two passes.
+PARTIAL_BUDGET_BYTES = int(float(__import__("os").environ.get("EO_TRITON_PARTIAL_MIB", "64")) * 2**20)
+
+
+# ----------------------------------------------------------------------------------- launching
+
+
+def _launch(kernel, grid, *args, **meta):
+    """Launch `kernel`: through torch.library.wrap_triton (traceable under torch.compile; the eager
+    op disables its tracing, see registration.py), or directly under the interpreter, whose
+    kernels wrap_triton does not take."""
+    if configs.interpreting():
+        kernel[grid](*args, **meta)
+    else:
+        torch.library.wrap_triton(kernel)[grid](*args, **meta)
+
+
+def _tracing(t: Tensor) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+
+    return torch.compiler.is_compiling() or is_fake(t)
+
+
+def _require(condition: Tensor, message: str) -> None:
+    """A ValueError in eager mode; an asynchronous assert inside a graph (never a host read there)."""
+    if _tracing(condition):
+        torch._assert_async(condition, message)
+    elif not bool(condition):
+        raise ValueError(message)
+
+
+def _value(condition: bool, message: str) -> None:
+    if not condition:
+        raise ValueError(message)
+
+
+def _type(condition: bool, message: str) -> None:
+    if not condition:
+        raise TypeError(message)
+
+
+# ------------------------------------------------------------------------ checks (op_args.cpp)
+
+
+def _evidence_index(evidence: str) -> int:
+    _value(evidence in EVIDENCE_KINDS, f"evidence must be one of exp, relu, softplus, exp_tanh; got '{evidence}'")
+    return EVIDENCE_KINDS.index(evidence)
+
+
+def _inverse_tau(tau: float) -> float:
+    _value(tau > 0.0 and math.isfinite(tau), f"tau must be a finite number > 0, got {tau}")
+    inverse = 1.0 / tau if tau >= 5e-324 else math.inf
+    _value(math.isfinite(inverse), f"tau={tau} is so small that 1/tau overflows double precision")
+    return inverse
+
+
+class _Terms:
+    """The `terms` bit mask, decoded (risk, kl, mse, fmse, logdet)."""
+
+    def __init__(self, terms: int):
+        _value(0 < terms < (1 << 5), "terms must be a non-empty bit mask of the 5 terms (risk=1, kl=2, mse=4, "
+               f"fmse=8, logdet=16), got {terms}")
+        self.mask = terms
+        self.enabled = tuple(bool((terms >> k) & 1) for k in range(5))
+        self.risk, self.kl, self.mse, self.fmse, self.logdet = self.enabled
+
+    def stat_flags(self) -> dict:
+        return dict(MSE=int(self.mse), KL=int(self.kl), FMSE=int(self.fmse), LOGDET=int(self.logdet))
+
+    def line_flags(self) -> dict:
+        return dict(RISK=int(self.risk), **self.stat_flags())
+
+    def num_partials(self) -> int:
+        return 1 + self.mse + self.kl + self.fmse + 2 * self.logdet
+
+
+def _same_device(t: Tensor, name: str, like: Tensor, like_name: str) -> None:
+    _value(t.device == like.device, f"{name} is on {t.device} but {like_name} is on {like.device}")
+
+
+def _check_weights(weights: Tensor, like: Tensor) -> None:
+    _type(weights.dtype == torch.float64, f"weights must be a float64 tensor, got {weights.dtype}")
+    _value(weights.dim() == 1 and weights.shape[0] == 5,
+           f"weights must have shape (5,) (risk, kl, mse, fmse, logdet), got {tuple(weights.shape)}")
+    _value(weights.device.type == "cpu" or weights.device == like.device,
+           f"weights must be on the CPU or on {like.device}, got {weights.device}")
+
+
+class _Weights:
+    """The 5 term weights as the per-line kernels take them: host floats (eager, CPU weights: no
+    device copy, no synchronisation) or a float64 device tensor (inside a graph, or weights that
+    already live on the device).
+
+    Checked finite and zero outside the terms mask (csrc/op_args.cpp host_weights): a ValueError
+    for host values, an asynchronous assert for device ones."""
+
+    def __init__(self, weights: Tensor, terms: _Terms, like: Tensor):
+        _check_weights(weights, like)
+        self.values = (0.0,) * 5
+        self.tensor = None
+        if weights.device.type == "cpu" and not _tracing(weights):
+            values = [float(v) for v in weights.tolist()]
+            for k, name in enumerate(TERM_NAMES):
+                _value(math.isfinite(values[k]), f"weights['{name}'] must be finite, got {values[k]}")
+                _value(terms.enabled[k] or values[k] == 0.0,
+                       f"weights['{name}'] is {values[k]} but the term is not in the terms mask")
+            self.values = tuple(values)
+        else:
+            off = torch.tensor([not e for e in terms.enabled], device=weights.device)
+            _require(torch.isfinite(weights).all() & ((weights == 0) | ~off).all(),
+                     "weights must be finite and zero for every term not in the terms mask")
+            self.tensor = weights.to(like.device).contiguous()
+
+    def args(self, like: Tensor) -> tuple:
+        """(weights_ptr, w0..w4) of the per-line kernels, and W_FROM_PTR."""
+        pointer = self.tensor if self.tensor is not None else like
+        return (pointer, *self.values), int(self.tensor is not None)
+
+
+def _check_embeddings(x: Tensor, y: Tensor) -> None:
+    _value(x.dim() == 2 and y.dim() == 2 and x.shape[1] == y.shape[1] and x.shape[1] >= 1,
+           f"x and y must be 2-D with the same embedding size D >= 1, got {list(x.shape)} and {list(y.shape)}")
+    _type(x.is_floating_point() and x.dtype == y.dtype,
+          f"x and y must have the same floating dtype, got {x.dtype} and {y.dtype}")
+    _same_device(y, "y", x, "x")
+
+
+def _check_similarity(s: Tensor) -> None:
+    _value(s.dim() == 2, f"s must be 2-D, got {list(s.shape)}")
+    _type(s.is_floating_point(), f"s must be a floating tensor, got {s.dtype}")
+
+
+def _check_square(rows: int, cols: int) -> None:
+    _value(rows == cols and rows >= 2, f"the loss needs a square K×K problem with K >= 2, got {rows}×{cols}")
+
+
+def _check_strip(rows: int, cols: int, offset: int) -> None:
+    _value(cols >= 2 and rows >= 1 and offset >= 0 and offset + rows <= cols,
+           "a strip is rows [target_offset, target_offset + M) of an N×N problem (N >= 2): got "
+           f"M = {rows}, N = {cols}, target_offset = {offset}")
+
+
+def _check_target_scale(target_scale: Tensor | None, n: int, like: Tensor) -> Tensor | None:
+    if target_scale is None:
+        return None
+    _type(target_scale.is_floating_point() or target_scale.dtype == torch.bool,
+          f"target_scale must be a floating or bool tensor, got {target_scale.dtype}")
+    _value(target_scale.dim() == 1 and target_scale.shape[0] == n,
+           f"target_scale must have shape ({n},), got {list(target_scale.shape)}")
+    _same_device(target_scale, "target_scale", like, "the inputs")
+    return target_scale.to(torch.float64).contiguous()
+
+
+def _check_line_stats(stats: Tensor, name: str, n: int, like: Tensor) -> Tensor:
+    _value(stats.dtype == torch.float64 and stats.dim() == 2 and stats.shape[0] == NUM_LINE_STATS
+           and stats.shape[1] == n,
+           f"{name} must be the float64 ({NUM_LINE_STATS}, {n}) statistics of the forward, got {stats.dtype} "
+           f"{list(stats.shape)}")
+    _same_device(stats, name, like, "the inputs")
+    return stats.contiguous()
+
+
+def _check_upstream(grad: Tensor, name: str, n: int, used: bool, like: Tensor) -> Tensor | None:
+    if not used:
+        return None
+    _value(grad.numel() == n, f"{name} must have {n} entries, got {grad.numel()}")
+    _type(grad.is_floating_point(), f"{name} must be floating, got {grad.dtype}")
+    _same_device(grad, name, like, "the inputs")
+    return grad.reshape(n).to(torch.float64).contiguous()
+
+
+def _compute_f64(dtype: torch.dtype) -> bool:
+    return dtype == torch.float64
+
+
+def _output_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+# ---------------------------------------------------------------------------- configurations
+
+
+def _config(kernel: str, variant: tuple, k: int, d: int, dtype: torch.dtype, bench) -> configs.TileConfig:
+    """The default configuration, or (EO_TRITON_AUTOTUNE=1) the fastest of configs.SPACE[kernel] for
+    (variant, K bucket, D, dtype), timed once by `bench(config)` in eager mode."""
+    if not configs.autotuning():
+        return configs.default(kernel)
+    key = (kernel, variant, configs.k_bucket(k), d, str(dtype))
+    picked = configs.tuned(key)
+    if picked is not None:
+        return picked
+    if bench is None:
+        return configs.default(kernel)
+    import triton.testing
+
+    best, best_ms = None, math.inf
+    for config in configs.SPACE[kernel]:
+        try:
+            ms = triton.testing.do_bench(lambda c=config: bench(c), warmup=5, rep=20)
+        except Exception:  # a configuration that does not fit this GPU (shared memory, registers)
+            continue
+        if ms < best_ms:
+            best, best_ms = config, ms
+    best = best or configs.default(kernel)
+    configs.remember(key, best)
+    return best
+
+
+def _tf32(dtype: torch.dtype, precision: str) -> int:
+    return int(precision == "tf32" and dtype == torch.float32)
+
+
+# ------------------------------------------------------------------------------ line statistics
+
+
+class _Source:
+    """Where the tiles of s come from, seen from the "own" lines (the program's lines): embeddings
+    (a: own, b: other), or a given s read by rows (own = rows) or, transposed, by columns."""
+
+    def __init__(self, a: Tensor, b: Tensor | None, transposed: bool = False):
+        self.from_s = b is None
+        self.is_transposed = transposed
+        if self.from_s:
+            self.s = self.a = self.b = a
+            si, sj = a.stride()
+            self.strides = (sj, si, 0, 0) if transposed else (si, sj, 0, 0)
+            self.n_own, self.n_other = (a.shape[1], a.shape[0]) if transposed else (a.shape[0], a.shape[1])
+            self.d = 1
+        else:
+            self.a, self.b = a, b
+            self.strides = (a.stride(0), a.stride(1), b.stride(0), b.stride(1))
+            self.n_own, self.n_other = a.shape[0], b.shape[0]
+            self.d = a.shape[1]
+        self.dtype = a.dtype
+
+    def transposed(self) -> "_Source":
+        if self.from_s:
+            return _Source(self.s, None, transposed=not self.is_transposed)
+        return _Source(self.b, self.a)
+
+
+def _stats_pass(source: _Source, own: Tensor, other: Tensor, partials: Tensor | None, t_off: int, evidence: int,
+                inv_tau: float, terms: _Terms | None, has_target: bool, precision: str) -> None:
+    cfg_kernel = "stats"
+    flags = terms.stat_flags() if terms is not None else dict(MSE=0, KL=0, FMSE=0, LOGDET=0)
+    other_pass = partials is not None
+    f64 = _compute_f64(source.dtype)
+    variant = (evidence, tuple(flags.values()), other_pass, source.from_s)
+
+    def run(config, out_own=own, out_other=other, out_part=partials):
+        row_blocks = triton_cdiv(source.n_own, config.block_m)
+        programs = out_part.shape[0] if out_part is not None else row_blocks
+        _launch(kernels.stats_kernel, (programs,),
+                source.a, source.b, *source.strides, out_own, source.n_own, out_other, source.n_other,
+                out_part if out_part is not None else out_own, programs, triton_cdiv(row_blocks, programs),
+                source.d, t_off, inv_tau,
+                EVIDENCE=evidence, HAS_TARGET=int(has_target), **flags, OWN=1, OTHER=int(out_part is not None),
+                FROM_S=int(source.from_s), F64=int(f64), TF32=_tf32(source.dtype, precision),
+                BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=max(config.block_k, 16),
+                num_warps=config.num_warps, num_stages=config.num_stages)
+
+    def bench(config):
+        scratch_part = torch.zeros_like(partials) if partials is not None else None
+        run(config, out_own=torch.zeros_like(own), out_other=torch.zeros_like(other), out_part=scratch_part)
+
+    config = _config(cfg_kernel, variant, source.n_other, source.d, source.dtype, None if _tracing(own) else bench)
+    run(config)
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 1
+
+
+def _line_statistics(source: _Source, t_off: int, evidence: int, inv_tau: float, terms: _Terms | None,
+                     has_target: bool, rows: bool, cols: bool, precision: str = "ieee") -> tuple[Tensor, Tensor]:
+    """(row_stats (7, M), col_stats (7, N)) float64, zeros for a direction not asked for."""
+    like = source.a
+    row_stats = torch.zeros((NUM_LINE_STATS, source.n_own), dtype=torch.float64, device=like.device)
+    col_stats = torch.zeros((NUM_LINE_STATS, source.n_other), dtype=torch.float64, device=like.device)
+    if rows and cols:
+        ns = terms.num_partials() if terms is not None else 1
+        config = configs.default("stats")
+        row_blocks = triton_cdiv(source.n_own, config.block_m)
+        fit = max(1, PARTIAL_BUDGET_BYTES // (ns * source.n_other * 8))
+        programs = min(row_blocks, fit)
+        if programs >= min(row_blocks, _sm_count(like.device)):
+            partials = torch.zeros((programs, ns, source.n_other), dtype=torch.float64, device=like.device)
+            _stats_pass(source, row_stats, col_stats, partials, t_off, evidence, inv_tau, terms, has_target, precision)
+            flags = terms.stat_flags() if terms is not None else dict(MSE=0, KL=0, FMSE=0, LOGDET=0)
+            _launch(kernels.reduce_partials_kernel, (triton_cdiv(source.n_other, LINE_BLOCK),),
+                    partials, programs, col_stats, source.n_other, **flags, BLOCK=LINE_BLOCK)
+            return row_stats, col_stats
+    if rows:
+        _stats_pass(source, row_stats, col_stats, None, t_off, evidence, inv_tau, terms, has_target, precision)
+    if cols:
+        _stats_pass(source.transposed(), col_stats, row_stats, None, -t_off, evidence, inv_tau, terms, has_target,
+                    precision)
+    return row_stats, col_stats
+
+
+def _overflow_check(stats: Tensor, message: str) -> None:
+    """A line strength beyond double (exp evidence at |s|/τ > 709) is an error naming τ."""
+    strength = stats[1] + stats[0]
+    _require(~torch.isinf(strength).any(), message)
+
+
+def _tau_message(tau: float, evidence: str) -> str:
+    return (f"tau={tau} is too small for evidence='{evidence}': exp(s/tau) overflows double precision "
+            "(|s|/tau > 709). Use a larger tau.")
+
+
+# ----------------------------------------------------------------------------------- per line
+
+
+def _line_losses(stats: Tensor, scale: Tensor | None, scale_offset: int, candidates: int, weights: _Weights,
+                 terms: _Terms) -> Tensor:
+    n = stats.shape[1]
+    out = torch.empty(n, dtype=torch.float64, device=stats.device)
+    w_args, from_ptr = weights.args(stats)
+    _launch(kernels.line_loss_kernel, (triton_cdiv(n, LINE_BLOCK),),
+            stats, n, scale if scale is not None else stats, scale_offset, float(candidates), *w_args, out,
+            HAS_SCALE=int(scale is not None), W_FROM_PTR=from_ptr, **terms.line_flags(), BLOCK=LINE_BLOCK)
+    return out
+
+
+def _line_gradients(stats: Tensor, scale: Tensor | None, scale_offset: int, candidates: int, weights: _Weights,
+                    terms: _Terms, upstream: Tensor | None) -> Tensor:
+    n = stats.shape[1]
+    if upstream is None:  # direction not computed: zero constants
+        return torch.zeros((NUM_GRADIENT_FIELDS, n), dtype=torch.float64, device=stats.device)
+    out = torch.empty((NUM_GRADIENT_FIELDS, n), dtype=torch.float64, device=stats.device)
+    w_args, from_ptr = weights.args(stats)
+    _launch(kernels.line_gradient_kernel, (triton_cdiv(n, LINE_BLOCK),),
+            stats, n, scale if scale is not None else stats, scale_offset, float(candidates), *w_args, upstream, out,
+            HAS_SCALE=int(scale is not None), W_FROM_PTR=from_ptr, **terms.line_flags(), BLOCK=LINE_BLOCK)
+    return out
+
+
+# ---------------------------------------------------------------------------------------- ops
+
+
+def line_stats(x: Tensor, y: Tensor, target_offset: int, evidence: str, tau: float, terms: int, rows: bool,
+               cols: bool, precision: str = "ieee") -> tuple[Tensor, Tensor]:
+    _check_embeddings(x, y)
+    _check_strip(x.shape[0], y.shape[0], target_offset)
+    selection = _Terms(terms)
+    kind, inv_tau = _evidence_index(evidence), _inverse_tau(tau)
+    row_stats, col_stats = _line_statistics(_Source(x, y), target_offset, kind, inv_tau, selection, True, rows, cols,
+                                            precision)
+    # Columns of a strip are partial: only the caller's sum over every strip can be checked.
+    if rows:
+        _overflow_check(row_stats, _tau_message(tau, evidence))
+    return row_stats, col_stats
+
+
+def line_losses(row_stats: Tensor, col_stats: Tensor, target_scale: Tensor | None, target_offset: int,
+                weights: Tensor, terms: int, rows: bool, cols: bool) -> tuple[Tensor, Tensor]:
+    m = row_stats.shape[1] if row_stats.dim() == 2 else -1
+    n = col_stats.shape[1] if col_stats.dim() == 2 else -1
+    row_stats = _check_line_stats(row_stats, "row_stats", m, row_stats)
+    col_stats = _check_line_stats(col_stats, "col_stats", n, row_stats)
+    _check_strip(m, n, target_offset)
+    scale = _check_target_scale(target_scale, n, row_stats)
+    selection = _Terms(terms)
+    w = _Weights(weights, selection, row_stats)
+    message = "a line strength overflowed double precision: exp(s/tau) with |s|/tau > 709. Use a larger tau."
+    if rows:
+        _overflow_check(row_stats, message)
+    if cols:
+        _overflow_check(col_stats, message)
+    zeros = lambda k: torch.zeros(k, dtype=torch.float64, device=row_stats.device)
+    return (_line_losses(row_stats, scale, target_offset, n, w, selection) if rows else zeros(m),
+            _line_losses(col_stats, scale, 0, n, w, selection) if cols else zeros(n))
+
+
+def _forward(source: _Source, target_scale, evidence, tau, weights, terms, rows, cols, like, precision):
+    _check_square(source.n_own, source.n_other)
+    k = source.n_own
+    scale = _check_target_scale(target_scale, k, like)
+    kind, inv_tau = _evidence_index(evidence), _inverse_tau(tau)
+    selection = _Terms(terms)
+    w = _Weights(weights, selection, like)
+    row_stats, col_stats = _line_statistics(source, 0, kind, inv_tau, selection, True, rows, cols, precision)
+    message = _tau_message(tau, evidence)
+    if rows:
+        _overflow_check(row_stats, message)
+    if cols:
+        _overflow_check(col_stats, message)
+    out_dtype = _output_dtype(like.dtype)
+    zeros = torch.zeros(k, dtype=out_dtype, device=like.device)
+    row_losses = _line_losses(row_stats, scale, 0, k, w, selection).to(out_dtype) if rows else zeros
+    col_losses = _line_losses(col_stats, scale, 0, k, w, selection).to(out_dtype) if cols else zeros.clone()
+    return row_losses, col_losses, row_stats, col_stats
+
+
+def loss_forward(x, y, target_scale, evidence, tau, weights, terms, rows, cols, precision="ieee"):
+    _check_embeddings(x, y)
+    return _forward(_Source(x, y), target_scale, evidence, tau, weights, terms, rows, cols, x, precision)
+
+
+def loss_forward_from_similarity(s, target_scale, evidence, tau, weights, terms, rows, cols, precision="ieee"):
+    _check_similarity(s)
+    return _forward(_Source(s, None), target_scale, evidence, tau, weights, terms, rows, cols, s, precision)
+
+
+class _Backward:
+    """What a backward op needs before its tiles: options and both directions' line constants."""
+
+    def __init__(self, m, n, target_offset, grad_rows, grad_cols, target_scale, row_stats, col_stats, evidence, tau,
+                 weights, terms, rows, cols, like):
+        _check_strip(m, n, target_offset)
+        scale = _check_target_scale(target_scale, n, like)
+        row_stats = _check_line_stats(row_stats, "row_stats", m, like)
+        col_stats = _check_line_stats(col_stats, "col_stats", n, like)
+        up_rows = _check_upstream(grad_rows, "grad_rows", m, rows, like)
+        up_cols = _check_upstream(grad_cols, "grad_cols", n, cols, like)
+        self.kind, self.inv_tau = _evidence_index(evidence), _inverse_tau(tau)
+        self.terms = _Terms(terms)
+        w = _Weights(weights, self.terms, like)
+        self.row_g = _line_gradients(row_stats, scale, target_offset, n, w, self.terms, up_rows)
+        self.col_g = _line_gradients(col_stats, scale, 0, n, w, self.terms, up_cols)
+
+
+def _grad_pass(a: Tensor, b: Tensor, own_g: Tensor, other_g: Tensor, t_off: int, bw: _Backward,
+               precision: str) -> Tensor:
+    """d(a) = Σ G·b over every tile, a: (n_own, D) own lines, b: (n_other, D)."""
+    n_own, d = a.shape
+    n_other = b.shape[0]
+    f64 = _compute_f64(a.dtype)
+    interp = configs.interpreting()
+    max_register_d = configs.INTERPRETER_MAX_REGISTER_D if interp else configs.MAX_REGISTER_D
+    register_d = max(16, 1 << max(0, (d - 1).bit_length()))
+    accumulate = register_d > max_register_d
+    acc_dtype = _output_dtype(a.dtype)
+    variant = (bw.kind, tuple(bw.terms.stat_flags().values()), accumulate)
+
+    def run(config, out):
+        block_d = config.block_d if accumulate else register_d
+        _launch(kernels.grad_kernel, (triton_cdiv(n_own, config.block_m),),
+                a, b, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out, out.stride(0), out.stride(1),
+                own_g, n_own, other_g, n_other, d, t_off, bw.inv_tau,
+                EVIDENCE=bw.kind, **bw.terms.stat_flags(), F64=int(f64), TF32=_tf32(a.dtype, precision),
+                ACCUMULATE=int(accumulate), BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                BLOCK_K=max(config.block_k, 16), BLOCK_D=block_d, num_warps=config.num_warps,
+                num_stages=config.num_stages)
+
+    def new_out():
+        if accumulate:
+            return torch.zeros((n_own, d), dtype=acc_dtype, device=a.device)
+        return torch.empty((n_own, d), dtype=a.dtype, device=a.device)
+
+    config = _config("grad", variant, n_other, d, a.dtype, None if _tracing(a) else (lambda c: run(c, new_out())))
+    out = new_out()
+    run(config, out)
+    return out.to(a.dtype) if out.dtype != a.dtype else out
+
+
+def loss_backward(grad_rows, grad_cols, x, y, target_scale, row_stats, col_stats, evidence, tau, weights, terms, rows,
+                  cols, target_offset, output_mask, precision="ieee"):
+    _check_embeddings(x, y)
+    m, n = x.shape[0], y.shape[0]
+    bw = _Backward(m, n, target_offset, grad_rows, grad_cols, target_scale, row_stats, col_stats, evidence, tau,
+                   weights, terms, rows, cols, x)
+    dx = _grad_pass(x, y, bw.row_g, bw.col_g, target_offset, bw, precision) if output_mask[0] else x.new_empty(0)
+    dy = _grad_pass(y, x, bw.col_g, bw.row_g, -target_offset, bw, precision) if output_mask[1] else y.new_empty(0)
+    return dx, dy
+
+
+def loss_backward_from_similarity(grad_rows, grad_cols, s, target_scale, row_stats, col_stats, evidence, tau, weights,
+                                  terms, rows, cols):
+    _check_similarity(s)
+    _check_square(s.shape[0], s.shape[1])
+    k = s.shape[0]
+    bw = _Backward(k, k, 0, grad_rows, grad_cols, target_scale, row_stats, col_stats, evidence, tau, weights, terms,
+                   rows, cols, s)
+    ds = torch.empty((k, k), dtype=s.dtype, device=s.device)
+    f64 = _compute_f64(s.dtype)
+
+    def run(config, out):
+        _launch(kernels.grad_similarity_kernel, (triton_cdiv(k, config.block_m), triton_cdiv(k, config.block_n)),
+                s, s.stride(0), s.stride(1), out, out.stride(0), out.stride(1), bw.row_g, k, bw.col_g, k, bw.inv_tau,
+                EVIDENCE=bw.kind, **bw.terms.stat_flags(), F64=int(f64), BLOCK_M=config.block_m,
+                BLOCK_N=config.block_n, num_warps=config.num_warps, num_stages=config.num_stages)
+
+    variant = (bw.kind, tuple(bw.terms.stat_flags().values()))
+    config = _config("grad_similarity", variant, k, 0, s.dtype,
+                     None if _tracing(s) else (lambda c: run(c, torch.empty_like(ds))))
+    run(config, ds)
+    return ds
+
+
+def _opinion(source: _Source, evidence: str, tau: float, out_dtype: torch.dtype, precision: str):
+    _value(source.n_own >= 1 and source.n_other >= 1, "opinions need at least one query and candidate")
+    kind, inv_tau = _evidence_index(evidence), _inverse_tau(tau)
+    row_stats, col_stats = _line_statistics(source, 0, kind, inv_tau, None, False, True, True, precision)
+    message = _tau_message(tau, evidence)
+    _overflow_check(row_stats, message)
+    _overflow_check(col_stats, message)
+    # No targets: rest is the whole sum S.
+    return row_stats[1].log().to(out_dtype), col_stats[1].log().to(out_dtype)
+
+
+def opinion(x, y, evidence, tau, precision="ieee"):
+    _check_embeddings(x, y)
+    return _opinion(_Source(x, y), evidence, tau, _output_dtype(x.dtype), precision)
+
+
+def opinion_from_similarity(s, evidence, tau, precision="ieee"):
+    _check_similarity(s)
+    return _opinion(_Source(s, None), evidence, tau, _output_dtype(s.dtype), precision)

@@ -1,0 +1,124 @@
+"""Defines the Triton op families on the shared schemas, visible to torch.compile.
+
+What `torch.library.triton_op` does, done by hand because triton_op infers its schema from type
+hints (its `schema=` argument is not used in torch 2.11-2.13, and inference turns `int` into
+`SymInt` and drops the return names): the families must have exactly the C++ schemas
+(`ops.schemas()`) so that `ops.register_family` gives them the same fakes and autograd.
+
+- eager: each op's kernel is registered for the CUDA dispatch key (CPU under the interpreter) and
+  launches its Triton kernels directly (wrap_triton disabled, as triton_op's eager path does);
+- torch.compile / AOTAutograd: under FunctionalTensorMode the op decomposes into its
+  implementation, whose launches go through `torch.library.wrap_triton`, so Inductor sees the
+  Triton kernels themselves (user-defined Triton kernels in the graph), like a triton_op. The
+  interpreter's kernels cannot be traced: there the ops stay opaque (the fakes trace them).
+- `EO_TRITON_OPAQUE=1` keeps the ops opaque on CUDA too (a fallback, should a PyTorch version
+  reject the decomposition).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+
+import torch
+
+from .. import ops
+from . import configs, launch
+
+_LIBRARIES: list[torch.library.Library] = []
+
+# op name -> (implementation, takes a matmul precision)
+_IMPLEMENTATIONS = {
+    "line_stats": (launch.line_stats, True),
+    "line_losses": (launch.line_losses, False),
+    "loss_forward": (launch.loss_forward, True),
+    "loss_backward": (launch.loss_backward, True),
+    "loss_forward_from_similarity": (launch.loss_forward_from_similarity, False),
+    "loss_backward_from_similarity": (launch.loss_backward_from_similarity, False),
+    "opinion": (launch.opinion, True),
+    "opinion_from_similarity": (launch.opinion_from_similarity, False),
+}
+
+
+def supports(device: torch.device) -> bool:
+    return device.type == ("cpu" if configs.interpreting() else "cuda")
+
+
+def _wrap_triton_disabled():
+    try:
+        from torch._library.triton import set_wrap_triton_enabled
+    except ImportError:  # older layouts: wrap_triton then just traces nothing in eager mode
+        return contextlib.nullcontext()
+    return set_wrap_triton_enabled(False)
+
+
+def _eager(fn):
+    @functools.wraps(fn)
+    def kernel(*args, **kwargs):
+        with _wrap_triton_disabled():
+            return fn(*args, **kwargs)
+
+    return kernel
+
+
+def _decomposition(fn):
+    """triton_op's FunctionalTensorMode rule: trace into `fn` (its wrap_triton launches become
+    graph nodes), except under torch.export, which keeps custom ops whole."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    def rule(mode, op, types, args, kwargs):
+        try:
+            from torch.export._trace import custom_triton_ops_decomposition_disabled
+        except ImportError:
+            custom_triton_ops_decomposition_disabled = lambda: False  # noqa: E731
+        if custom_triton_ops_decomposition_disabled():
+            return mode.__torch_dispatch__(op, types, args, kwargs)
+        if any(not issubclass(t, FakeTensor) and t not in (torch.Tensor, FunctionalTensor) for t in types):
+            return NotImplemented
+        with mode:
+            return fn(*args, **kwargs)
+
+    return rule
+
+
+def _record_kernels(qualname: str) -> None:
+    """AOTAutograd's cache key includes the source of a triton_op's kernels (best effort: private)."""
+    try:
+        from torch._library import triton as library_triton
+
+        from . import kernels
+
+        library_triton.triton_ops_to_kernels[qualname] = [
+            kernels.stats_kernel, kernels.reduce_partials_kernel, kernels.grad_kernel, kernels.grad_similarity_kernel,
+            kernels.line_loss_kernel, kernels.line_gradient_kernel,
+        ]
+    except (ImportError, AttributeError):
+        pass
+
+
+def register_families(*families: tuple[str, str]) -> None:
+    """Define each (namespace, matmul precision) family on the C++ schemas, with kernels, the
+    decomposition for torch.compile, and the shared fakes and autograd."""
+    schemas = ops.schemas()
+    interpret = configs.interpreting()
+    opaque = interpret or os.environ.get("EO_TRITON_OPAQUE", "0") == "1"
+    dispatch_key = "CPU" if interpret else "CUDA"
+    for namespace, precision in families:
+        library = torch.library.Library(namespace, "DEF")
+        _LIBRARIES.append(library)
+        for name in ops.OPS:
+            fn, takes_precision = _IMPLEMENTATIONS[name]
+            if takes_precision:
+                fn = functools.partial(fn, precision=precision)
+            library.define(name + schemas[name])
+            library.impl(name, _eager(fn), dispatch_key)
+            if not opaque:
+                from torch._subclasses.functional_tensor import FunctionalTensorMode
+
+                qualname = f"{namespace}::{name}"
+                torch.library.register_torch_dispatch(qualname, FunctionalTensorMode, _decomposition(fn),
+                                                      lib=library)
+                _record_kernels(qualname)
+        ops.register_family(namespace)
