@@ -58,6 +58,12 @@ std::array<double, kNumTerms> host_weights(const at::Tensor& weights, const Term
   return out;
 }
 
+bool tf32_requested(const std::string& matmul_precision) {
+  TORCH_CHECK_VALUE(matmul_precision == "ieee" || matmul_precision == "tf32",
+                    "matmul_precision must be 'ieee' or 'tf32', got '", matmul_precision, "'");
+  return matmul_precision == "tf32";
+}
+
 at::ScalarType compute_type(at::ScalarType input) { return input == at::kDouble ? at::kDouble : at::kFloat; }
 
 void check_embeddings(const at::Tensor& x, const at::Tensor& y) {

@@ -41,6 +41,9 @@ void check_weights(const at::Tensor& weights, const at::Tensor& like);
 // The values of a CPU weights tensor, checked finite and zero for every term not in the mask.
 std::array<double, kNumTerms> host_weights(const at::Tensor& weights, const TermSelection& terms);
 
+// The matmul_precision argument: "ieee" (false) or "tf32" (true); ValueError otherwise.
+bool tf32_requested(const std::string& matmul_precision);
+
 // Losses and tiles are float64 for float64 inputs and float32 otherwise (SPEC §5).
 at::ScalarType compute_type(at::ScalarType input);
 

@@ -14,22 +14,26 @@
 // - row_stats (NUM_LINE_STATS, M) and col_stats (NUM_LINE_STATS, N): float64 line statistics
 //   (csrc/kernels/line_terms.h), all the backward needs: never a K×K buffer.
 // - target_scale: (N,) c; the target of row i is c[i + target_offset]·one-hot, of column j c[j].
+// - matmul_precision (ops that multiply x by y): "ieee" (exact float32 products of float32
+//   inputs) or "tf32" (TF32 tensor cores where the device has them; no effect on the CPU). An op
+//   argument, so that the backward's products run at the forward's precision.
 #include <torch/library.h>
 
 TORCH_LIBRARY(evidential_ops, m) {
   m.def(
-      "line_stats(Tensor x, Tensor y, int target_offset, str evidence, float tau, int terms, bool rows, bool cols)"
-      " -> (Tensor row_stats, Tensor col_stats)");
+      "line_stats(Tensor x, Tensor y, int target_offset, str evidence, float tau, int terms, bool rows, bool cols, "
+      "str matmul_precision='ieee') -> (Tensor row_stats, Tensor col_stats)");
   m.def(
       "line_losses(Tensor row_stats, Tensor col_stats, Tensor? target_scale, int target_offset, Tensor weights, "
       "int terms, bool rows, bool cols) -> (Tensor row_losses, Tensor col_losses)");
   m.def(
       "loss_forward(Tensor x, Tensor y, Tensor? target_scale, str evidence, float tau, Tensor weights, int terms, "
-      "bool rows, bool cols) -> (Tensor row_losses, Tensor col_losses, Tensor row_stats, Tensor col_stats)");
+      "bool rows, bool cols, str matmul_precision='ieee') -> (Tensor row_losses, Tensor col_losses, Tensor row_stats, "
+      "Tensor col_stats)");
   m.def(
       "loss_backward(Tensor grad_rows, Tensor grad_cols, Tensor x, Tensor y, Tensor? target_scale, Tensor row_stats, "
       "Tensor col_stats, str evidence, float tau, Tensor weights, int terms, bool rows, bool cols, int target_offset, "
-      "bool[2] output_mask) -> (Tensor dx, Tensor dy)");
+      "bool[2] output_mask, str matmul_precision='ieee') -> (Tensor dx, Tensor dy)");
   m.def(
       "loss_forward_from_similarity(Tensor s, Tensor? target_scale, str evidence, float tau, Tensor weights, "
       "int terms, bool rows, bool cols) -> (Tensor row_losses, Tensor col_losses, Tensor row_stats, Tensor col_stats)");
@@ -38,7 +42,9 @@ TORCH_LIBRARY(evidential_ops, m) {
       "Tensor row_stats, Tensor col_stats, str evidence, float tau, Tensor weights, int terms, bool rows, bool cols)"
       " -> Tensor ds");
   // ln S of every row (M) and column (N) of a rectangular s, no targets (SPEC §1 opinions).
-  m.def("opinion(Tensor x, Tensor y, str evidence, float tau) -> (Tensor row_log_strength, Tensor col_log_strength)");
+  m.def(
+      "opinion(Tensor x, Tensor y, str evidence, float tau, str matmul_precision='ieee') -> (Tensor row_log_strength, "
+      "Tensor col_log_strength)");
   m.def(
       "opinion_from_similarity(Tensor s, str evidence, float tau) -> (Tensor row_log_strength, Tensor "
       "col_log_strength)");

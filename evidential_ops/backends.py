@@ -144,7 +144,7 @@ class KernelBackend:
         self._check_no_functorch()
         rows, cols, _, _ = self.ops.loss_forward(
             x, y, target_scale, config.evidence, config.tau, self.weights(config, x), ops.terms_mask(config),
-            config.rows, config.cols,
+            config.rows, config.cols, config.matmul_precision,
         )
         return self._pick(rows, cols, config)
 

@@ -11,9 +11,9 @@ once, what PyTorch needs around those kernels:
   a backward of the backward ops that raises: double backward is not implemented.
 
 Kernel families written in Python (Triton) reuse all of this without copies: they define the
-same schemas (`schemas()`) under a namespace of their own, for instance with
-`torch.library.triton_op(f"{namespace}::{name}", kernel, mutates_args=(), schema=schemas()[name])`,
-and `register_family(namespace)` registers the same fakes and autograd there (README "Layout").
+same schemas (`schemas()`) under a namespace of their own (a `torch.library.Library`; triton_op
+would infer a different schema from type hints), register their kernels, and
+`register_family(namespace)` registers the same fakes and autograd there (README "Layout").
 
 Statistics layout (csrc/kernels/line_terms.h, line_finalise.h): `row_stats` (NUM_LINE_STATS, M)
 and `col_stats` (NUM_LINE_STATS, N), float64 on the inputs' device; row k of a direction's stats
@@ -116,7 +116,7 @@ def _register_fakes(namespace: str) -> None:
         return torch.library.register_fake(f"{namespace}::{name}")
 
     @fake("line_stats")
-    def _(x, y, target_offset, evidence, tau, terms, rows, cols):
+    def _(x, y, target_offset, evidence, tau, terms, rows, cols, matmul_precision="ieee"):
         _check_embeddings(x, y)
         return _stats_pair(x, x.shape[0], y.shape[0])
 
@@ -135,7 +135,7 @@ def _register_fakes(namespace: str) -> None:
         return (like.new_empty(m, dtype=dtype), like.new_empty(n, dtype=dtype), *_stats_pair(like, m, n))
 
     @fake("loss_forward")
-    def _(x, y, target_scale, evidence, tau, weights, terms, rows, cols):
+    def _(x, y, target_scale, evidence, tau, weights, terms, rows, cols, matmul_precision="ieee"):
         _check_embeddings(x, y)
         return forward_fake(x, target_scale, weights, x.shape[0], y.shape[0])
 
@@ -152,7 +152,7 @@ def _register_fakes(namespace: str) -> None:
 
     @fake("loss_backward")
     def _(grad_rows, grad_cols, x, y, target_scale, row_stats, col_stats, evidence, tau, weights, terms, rows, cols,
-          target_offset, output_mask):
+          target_offset, output_mask, matmul_precision="ieee"):
         _check_embeddings(x, y)
         backward_checks(x, grad_rows, grad_cols, target_scale, row_stats, col_stats, weights, x.shape[0], y.shape[0])
         # new_empty, not empty_like: the kernels return contiguous gradients for any input strides.
@@ -166,7 +166,7 @@ def _register_fakes(namespace: str) -> None:
         return s.new_empty(s.shape)
 
     @fake("opinion")
-    def _(x, y, evidence, tau):
+    def _(x, y, evidence, tau, matmul_precision="ieee"):
         _check_embeddings(x, y)
         dtype = output_dtype(x.dtype)
         return x.new_empty(x.shape[0], dtype=dtype), x.new_empty(y.shape[0], dtype=dtype)
@@ -184,18 +184,18 @@ def _register_autograd(namespace: str) -> None:
     ops = getattr(torch.ops, namespace)
 
     def setup_embeddings(ctx, inputs, output):
-        x, y, target_scale, evidence, tau, weights, terms, rows, cols = inputs
+        x, y, target_scale, evidence, tau, weights, terms, rows, cols, matmul_precision = inputs
         _, _, row_stats, col_stats = output
         ctx.save_for_backward(x, y, target_scale, row_stats, col_stats, weights)
-        ctx.options = (evidence, tau, terms, rows, cols)
+        ctx.options = (evidence, tau, terms, rows, cols, matmul_precision)
 
     def backward_embeddings(ctx, grad_rows, grad_cols, _grad_row_stats, _grad_col_stats):
         x, y, target_scale, row_stats, col_stats, weights = ctx.saved_tensors
-        evidence, tau, terms, rows, cols = ctx.options
+        evidence, tau, terms, rows, cols, matmul_precision = ctx.options
         mask = [bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])]
         dx, dy = ops.loss_backward(grad_rows, grad_cols, x, y, target_scale, row_stats, col_stats,
-                                   evidence, tau, weights, terms, rows, cols, 0, mask)
-        return (dx if mask[0] else None), (dy if mask[1] else None), None, None, None, None, None, None, None
+                                   evidence, tau, weights, terms, rows, cols, 0, mask, matmul_precision)
+        return (dx if mask[0] else None), (dy if mask[1] else None), None, None, None, None, None, None, None, None
 
     def setup_similarity(ctx, inputs, output):
         s, target_scale, evidence, tau, weights, terms, rows, cols = inputs

@@ -368,7 +368,7 @@ def test_opcheck(fused, gen):
     backend = eo.backends.resolve(fused.name, x.device)
     ops, w, mask = backend.ops, backend.weights(config, x), eo.ops.terms_mask(config)
     torch.library.opcheck(ops.loss_forward, (x.requires_grad_(), y.requires_grad_(), c, "exp", 0.05, w, mask, True,
-                                             True))
+                                             True, "tf32"))
     s = (x @ y.T).detach().requires_grad_()
     torch.library.opcheck(ops.loss_forward_from_similarity, (s, None, "exp_tanh", 0.1, w, mask, True, False))
     torch.library.opcheck(ops.opinion, (x.detach(), y.detach()[:33], "exp", 0.05))
@@ -422,6 +422,27 @@ def test_direct_op_calls_check_their_arguments(fused, gen):
                          mask, True, True)
     with pytest.raises(TypeError, match="dtype"):
         ops.opinion(x, y.double(), "exp", 0.05)
+    with pytest.raises(ValueError, match="matmul_precision"):
+        ops.loss_forward(x, y, None, "exp", 0.05, w, mask, True, True, "fast")
+    with pytest.raises(ValueError, match="matmul_precision"):
+        ops.loss_backward(rows, cols, x, y, None, row_stats, col_stats, "exp", 0.05, w, mask, True, True, 0,
+                          [True, True], "bf16x3")
+
+
+@pytest.mark.parametrize("direction", ["rows", "both"])
+def test_tf32_reaches_forward_and_backward(fused, gen, direction):
+    """matmul_precision is an op argument: the backward's products use the forward's precision.
+    Within 1e-2 of "ieee" for TF32 products (on a CPU they are exact: equal)."""
+    x, y = random_pairs(64, 40, generator=gen, positive_cos=0.8)
+    leaves = {}
+    for precision in ("ieee", "tf32"):
+        xx, yy = x.to(fused.device).requires_grad_(), y.to(fused.device).requires_grad_()
+        loss = eo.evidential_loss(xx, yy, weights=ALL_WEIGHTS, direction=direction, backend=fused.name,
+                                  matmul_precision=precision)
+        loss.backward()
+        leaves[precision] = (loss.detach(), xx.grad, yy.grad)
+    for a, b in zip(leaves["ieee"], leaves["tf32"]):
+        assert float((a - b).abs().max() / a.abs().max()) <= (0.0 if fused.device.type == "cpu" else 1e-2)
 
 
 def test_direct_op_calls_reject_tensors_on_another_device(fused, gen):

@@ -380,9 +380,12 @@ TileSource embeddings_source(const Tensor& x, const Tensor& y) {
 // ---------------------------------------------------------------------------------------------
 // Operators
 
+// matmul_precision is checked and otherwise ignored here: CPU products are exact float32 (or
+// float64) whatever it says.
 std::tuple<Tensor, Tensor> line_stats(const Tensor& x, const Tensor& y, std::int64_t target_offset,
                                       const std::string& evidence, double tau, std::int64_t terms, bool rows,
-                                      bool cols) {
+                                      bool cols, const std::string& matmul_precision) {
+  tf32_requested(matmul_precision);
   const TileSource source = embeddings_source(x, y);
   check_strip(source.rows(), source.cols(), target_offset);
   const TermSelection selection = select_terms(terms);
@@ -419,7 +422,9 @@ std::tuple<Tensor, Tensor> line_losses(const Tensor& row_stats, const Tensor& co
 std::tuple<Tensor, Tensor, Tensor, Tensor> loss_forward(const Tensor& x, const Tensor& y,
                                                         const c10::optional<Tensor>& target_scale,
                                                         const std::string& evidence, double tau, const Tensor& weights,
-                                                        std::int64_t terms, bool rows, bool cols) {
+                                                        std::int64_t terms, bool rows, bool cols,
+                                                        const std::string& matmul_precision) {
+  tf32_requested(matmul_precision);
   const TileSource source = embeddings_source(x, y);
   return forward_impl(source, target_scale, evidence, tau, weights, terms, rows, cols, x);
 }
@@ -436,7 +441,8 @@ std::tuple<Tensor, Tensor> loss_backward(const Tensor& grad_rows, const Tensor& 
                                          const Tensor& row_stats, const Tensor& col_stats,
                                          const std::string& evidence, double tau, const Tensor& weights,
                                          std::int64_t terms, bool rows, bool cols, std::int64_t target_offset,
-                                         std::array<bool, 2> output_mask) {
+                                         std::array<bool, 2> output_mask, const std::string& matmul_precision) {
+  tf32_requested(matmul_precision);
   const TileSource source = embeddings_source(x, y);
   const BackwardLines lines = backward_lines(source.rows(), source.cols(), target_offset, grad_rows, grad_cols,
                                              target_scale, row_stats, col_stats, evidence, tau, weights, terms, rows,
@@ -490,7 +496,9 @@ std::tuple<Tensor, Tensor> opinion_impl(const TileSource& source, const std::str
   return {row_stats[generic::kRest].log().to(out_type), col_stats[generic::kRest].log().to(out_type)};
 }
 
-std::tuple<Tensor, Tensor> opinion(const Tensor& x, const Tensor& y, const std::string& evidence, double tau) {
+std::tuple<Tensor, Tensor> opinion(const Tensor& x, const Tensor& y, const std::string& evidence, double tau,
+                                   const std::string& matmul_precision) {
+  tf32_requested(matmul_precision);
   return opinion_impl(embeddings_source(x, y), evidence, tau, compute_type(x.scalar_type()));
 }
 

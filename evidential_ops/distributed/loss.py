@@ -221,7 +221,7 @@ class _GlobalBatchLoss(torch.autograd.Function):
         row_stats = col_stats = row_losses = None
         try:
             row_stats, col_stats = plan.ops.line_stats(x_w, y_all, o, config.evidence, config.tau, plan.terms,
-                                                       rows, cols)
+                                                       rows, cols, config.matmul_precision)
             if rows:
                 row_losses = plan.stats_to_losses(row_stats, col_stats, True, False)[0]
         except Exception as e:  # an overflowing row strength, out of memory...: any error of one
@@ -284,7 +284,7 @@ class _GlobalBatchLoss(torch.autograd.Function):
             pending = (g, comm.all_reduce_sum(g, layout.group, async_op=True))
         dx, dy_parts = plan.ops.loss_backward(
             grad_rows, grad_cols, x_w, y_all, plan.c_all, row_stats, col_stats, config.evidence, config.tau,
-            plan.weights, plan.terms, config.rows, config.cols, o, [need_dx, need_dy])
+            plan.weights, plan.terms, config.rows, config.cols, o, [need_dx, need_dy], config.matmul_precision)
         dy = comm.scatter_rows(dy_parts, layout) if need_dy else None
         if pending is not None:
             g, work = pending

@@ -7,9 +7,7 @@ practice: the interpreter is slow), which is how CI and machines without a GPU t
 `UNAVAILABLE` says why it is not registered otherwise.
 
 The op family is the C++ one (`evidential_ops.ops.schemas()`), defined again under the namespace
-`evidential_ops_triton`, with the shared fakes and autograd (`ops.register_family`), and a second
-time under `evidential_ops_triton_tf32` whose tile products use TF32 (`matmul_precision="tf32"` of
-the public API; the schemas have no precision argument, so the precision is the family's).
+`evidential_ops_triton`, with the shared fakes and autograd (`ops.register_family`).
 """
 
 from __future__ import annotations
@@ -21,7 +19,6 @@ import torch
 from .. import backends, ops
 
 NAMESPACE = "evidential_ops_triton"
-TF32_NAMESPACE = "evidential_ops_triton_tf32"
 
 
 def _why_unavailable() -> str | None:
@@ -40,22 +37,8 @@ def _why_unavailable() -> str | None:
 UNAVAILABLE = _why_unavailable()
 
 
-class TritonBackend(backends.KernelBackend):
-    """KernelBackend over `evidential_ops_triton`; matmul_precision="tf32" of float32 embeddings on
-    CUDA goes to the TF32 family."""
-
-    def __init__(self, supports):
-        super().__init__("triton", NAMESPACE, supports)
-        self._tf32 = backends.KernelBackend("triton", TF32_NAMESPACE, supports)
-
-    def losses(self, x, y, target_scale, config):
-        if config.matmul_precision == "tf32" and x.dtype == torch.float32 and x.device.type == "cuda":
-            return self._tf32.losses(x, y, target_scale, config)
-        return super().losses(x, y, target_scale, config)
-
-
 if UNAVAILABLE is None:
     from . import registration
 
-    registration.register_families((NAMESPACE, "ieee"), (TF32_NAMESPACE, "tf32"))
-    backends.register(TritonBackend(registration.supports))
+    registration.register_family(NAMESPACE)
+    backends.register(backends.KernelBackend("triton", NAMESPACE, registration.supports))

@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 
@@ -168,7 +166,7 @@ def main(argv=None) -> int:
     try:
         import triton
         from triton.backends.compiler import GPUTarget
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         print(f"triton-aot-check: triton cannot compile here ({type(error).__name__}: {error}): skipping")
         return 0
     all_jobs = [j for j in jobs(args.quick) if j.default or not args.quick]
@@ -182,7 +180,7 @@ def main(argv=None) -> int:
             try:
                 _compiled, log = compile_with_log(job, target)
                 res = resources(log)
-            except Exception as error:  # noqa: BLE001
+            except Exception as error:
                 failures.append(f"{job.kernel} {job.config} {job.variant} sm_{arch}: {type(error).__name__}: "
                                 f"{str(error).splitlines()[0] if str(error) else ''}")
                 print(f"{job.kernel:16s} {job.config:18s} {job.variant:34s} sm_{arch}  FAILED")

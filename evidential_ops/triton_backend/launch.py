@@ -231,6 +231,9 @@ def _config(kernel: str, variant: tuple, k: int, d: int, dtype: torch.dtype, ben
 
 
 def _tf32(dtype: torch.dtype, precision: str) -> int:
+    """TF32 tile products for float32 inputs with matmul_precision "tf32" (the op argument)."""
+    if precision not in ("ieee", "tf32"):
+        raise ValueError(f"matmul_precision must be 'ieee' or 'tf32', got {precision!r}")
     return int(precision == "tf32" and dtype == torch.float32)
 
 

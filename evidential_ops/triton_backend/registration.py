@@ -28,16 +28,16 @@ from . import configs, launch
 
 _LIBRARIES: list[torch.library.Library] = []
 
-# op name -> (implementation, takes a matmul precision)
+# op name -> implementation (same arguments as the schema, matmul_precision included)
 _IMPLEMENTATIONS = {
-    "line_stats": (launch.line_stats, True),
-    "line_losses": (launch.line_losses, False),
-    "loss_forward": (launch.loss_forward, True),
-    "loss_backward": (launch.loss_backward, True),
-    "loss_forward_from_similarity": (launch.loss_forward_from_similarity, False),
-    "loss_backward_from_similarity": (launch.loss_backward_from_similarity, False),
-    "opinion": (launch.opinion, True),
-    "opinion_from_similarity": (launch.opinion_from_similarity, False),
+    "line_stats": launch.line_stats,
+    "line_losses": launch.line_losses,
+    "loss_forward": launch.loss_forward,
+    "loss_backward": launch.loss_backward,
+    "loss_forward_from_similarity": launch.loss_forward_from_similarity,
+    "loss_backward_from_similarity": launch.loss_backward_from_similarity,
+    "opinion": launch.opinion,
+    "opinion_from_similarity": launch.opinion_from_similarity,
 }
 
 
@@ -72,7 +72,7 @@ def _decomposition(fn):
         try:
             from torch.export._trace import custom_triton_ops_decomposition_disabled
         except ImportError:
-            custom_triton_ops_decomposition_disabled = lambda: False  # noqa: E731
+            custom_triton_ops_decomposition_disabled = lambda: False
         if custom_triton_ops_decomposition_disabled():
             return mode.__torch_dispatch__(op, types, args, kwargs)
         if any(not issubclass(t, FakeTensor) and t not in (torch.Tensor, FunctionalTensor) for t in types):
@@ -98,27 +98,23 @@ def _record_kernels(qualname: str) -> None:
         pass
 
 
-def register_families(*families: tuple[str, str]) -> None:
-    """Define each (namespace, matmul precision) family on the C++ schemas, with kernels, the
-    decomposition for torch.compile, and the shared fakes and autograd."""
+def register_family(namespace: str) -> None:
+    """Define the family on the C++ schemas under `namespace`, with kernels, the decomposition for
+    torch.compile, and the shared fakes and autograd."""
     schemas = ops.schemas()
     interpret = configs.interpreting()
     opaque = interpret or os.environ.get("EO_TRITON_OPAQUE", "0") == "1"
     dispatch_key = "CPU" if interpret else "CUDA"
-    for namespace, precision in families:
-        library = torch.library.Library(namespace, "DEF")
-        _LIBRARIES.append(library)
-        for name in ops.OPS:
-            fn, takes_precision = _IMPLEMENTATIONS[name]
-            if takes_precision:
-                fn = functools.partial(fn, precision=precision)
-            library.define(name + schemas[name])
-            library.impl(name, _eager(fn), dispatch_key)
-            if not opaque:
-                from torch._subclasses.functional_tensor import FunctionalTensorMode
+    library = torch.library.Library(namespace, "DEF")
+    _LIBRARIES.append(library)
+    for name in ops.OPS:
+        fn = _IMPLEMENTATIONS[name]
+        library.define(name + schemas[name])
+        library.impl(name, _eager(fn), dispatch_key)
+        if not opaque:
+            from torch._subclasses.functional_tensor import FunctionalTensorMode
 
-                qualname = f"{namespace}::{name}"
-                torch.library.register_torch_dispatch(qualname, FunctionalTensorMode, _decomposition(fn),
-                                                      lib=library)
-                _record_kernels(qualname)
-        ops.register_family(namespace)
+            qualname = f"{namespace}::{name}"
+            torch.library.register_torch_dispatch(qualname, FunctionalTensorMode, _decomposition(fn), lib=library)
+            _record_kernels(qualname)
+    ops.register_family(namespace)
