@@ -6,9 +6,11 @@ Compiles every kernel in every configuration of configs.SPACE (and the defaults)
 GPUTarget("cuda", 90, 32) and ("cuda", 80, 32), each in its heaviest specialisations (all five
 terms; exp evidence, whose scaled path is the longest; float32 and bfloat16 inputs; both
 directions at once), runs the ptxas that ships with Triton with -v on the PTX, and prints the
-registers, stack frame and spill bytes of each. Exits 1 if anything fails to compile or a default
-configuration spills on sm_90 (--strict-arch; spills on sm_80 are reported); exits 0 with a message where triton cannot compile here (not
-importable, or no ptxas). Run by `make triton-aot-check` (part of `make test`).
+registers, stack frame and spill bytes of each. Each generation is compiled with its own default
+configurations (configs.DEFAULTS_BY_ARCH). Exits 1 if anything fails to compile or a default
+configuration spills (on the --strict-arch targets: both by default); exits 0 with a message where
+triton cannot compile here (not importable, or no ptxas). Run by `make triton-aot-check` (part of
+`make test`).
 """
 
 from __future__ import annotations
@@ -60,13 +62,16 @@ def _variants(default: bool, quick: bool):
     return [] if quick else [("all", d) for d in DTYPE_PATHS] + [("tcl", "bf16")]
 
 
-def jobs(quick: bool = False) -> list[Job]:
+def jobs(arch: int, quick: bool = False) -> list[Job]:
+    """What to compile for sm_<arch>: that generation's default configurations (configs.
+    DEFAULTS_BY_ARCH) in every required variant, and the autotuning space."""
     from . import configs, kernels
 
+    defaults = configs.DEFAULTS_BY_ARCH[90 if arch >= 90 else 80]
     out = []
     for kernel in ("stats", "grad"):
-        for config in dict.fromkeys((configs.DEFAULT[kernel], *configs.SPACE[kernel])):
-            is_default = config == configs.DEFAULT[kernel]
+        for config in dict.fromkeys((defaults[kernel], *configs.SPACE[kernel])):
+            is_default = config == defaults[kernel]
             for term_set, path in _variants(is_default, quick):
                 flags, evidence = TERM_SETS[term_set]
                 dtype, tf32 = DTYPE_PATHS[path]
@@ -94,8 +99,8 @@ def jobs(quick: bool = False) -> list[Job]:
                     out.append(Job(kernel, config.name(), variant, is_default and term_set in REQUIRED, fn,
                                    _signature(fn, types, constexprs), constexprs, config.num_warps,
                                    config.num_stages))
-    for config in dict.fromkeys((configs.DEFAULT["grad_similarity"], *configs.SPACE["grad_similarity"])):
-        is_default = config == configs.DEFAULT["grad_similarity"]
+    for config in dict.fromkeys((defaults["grad_similarity"], *configs.SPACE["grad_similarity"])):
+        is_default = config == defaults["grad_similarity"]
         for term_set in (tuple(TERM_SETS) if is_default else () if quick else ("all",)):
             flags, evidence = TERM_SETS[term_set]
             fn = kernels.grad_similarity_kernel
@@ -156,9 +161,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", type=int, nargs="+", default=[90, 80])
     parser.add_argument("--quick", action="store_true", help="default configurations only")
-    parser.add_argument("--strict-arch", type=int, nargs="*", default=[90],
-                        help="archs on which a spill in a default configuration fails the check (default: 90, the "
-                             "Hopper GPUs the benchmarks target; spills elsewhere are reported)")
+    parser.add_argument("--strict-arch", type=int, nargs="*", default=[90, 80],
+                        help="archs on which a spill in a default configuration fails the check (default: both; "
+                             "each generation is checked with its own defaults)")
     args = parser.parse_args(argv)
     os.environ.pop("TRITON_INTERPRET", None)  # compile for real, whatever the caller's environment
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
@@ -169,14 +174,15 @@ def main(argv=None) -> int:
     except Exception as error:
         print(f"triton-aot-check: triton cannot compile here ({type(error).__name__}: {error}): skipping")
         return 0
-    all_jobs = [j for j in jobs(args.quick) if j.default or not args.quick]
-    print(f"triton-aot-check: triton {triton.__version__}, {len(all_jobs)} kernel variants x {len(args.arch)} archs")
+    jobs_by_arch = {arch: [j for j in jobs(arch, args.quick) if j.default or not args.quick] for arch in args.arch}
+    print(f"triton-aot-check: triton {triton.__version__}, "
+          + ", ".join(f"{len(j)} kernel variants for sm_{a}" for a, j in jobs_by_arch.items()))
     print(f"{'kernel':16s} {'config':18s} {'variant':34s} {'arch':7s} {'regs':>4s} {'stack':>5s} {'spill st/ld':>11s}")
     failures, default_spills = [], []
     start = time.time()
     for arch in args.arch:
         target = GPUTarget("cuda", arch, 32)
-        for job in all_jobs:
+        for job in jobs_by_arch[arch]:
             try:
                 _compiled, log = compile_with_log(job, target)
                 res = resources(log)

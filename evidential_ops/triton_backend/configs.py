@@ -38,21 +38,32 @@ class TileConfig:
         return f"m{self.block_m}n{self.block_n}k{self.block_k}{d}w{self.num_warps}s{self.num_stages}"
 
 
-# The fixed defaults on a GPU: the largest tiles found to compile without register spills on sm_90
-# and sm_80 for the methods' term sets (TCL, UML, DUQ) in float32 "ieee", TF32 and bfloat16
-# (aot_check). The per-element special functions keep many values live; small tiles with several
-# warps keep that within 255 registers. Larger tiles are in the autotuning space.
-DEFAULT = {
-    "stats": TileConfig(16, 16, 32, 4, 1),
-    "grad": TileConfig(32, 32, 32, 8, 1, block_d=64),
-    "grad_similarity": TileConfig(64, 32, 0, 8, 1),
+# The fixed defaults on a GPU, per generation (compute capability 9.x: Hopper; 8.x: Ampere/Ada):
+# the largest tiles found to compile without register spills there for the methods' term sets
+# (TCL, UML, DUQ) in float32 "ieee", TF32 and bfloat16 (aot_check compiles each generation's own
+# defaults and fails on a spill). The per-element special functions keep many values live; small
+# tiles with several warps keep that within 255 registers. ptxas allocates differently per
+# target: the Hopper stats tile spills 4-36 bytes on sm_80 (DUQ float32, UML TF32), a 16-deep K
+# step there does not. Larger tiles are in the autotuning space.
+DEFAULTS_BY_ARCH = {
+    90: {
+        "stats": TileConfig(16, 16, 32, 4, 1),
+        "grad": TileConfig(32, 32, 32, 8, 1, block_d=64),
+        "grad_similarity": TileConfig(64, 32, 0, 8, 1),
+    },
+    80: {
+        "stats": TileConfig(16, 16, 16, 4, 1),
+        "grad": TileConfig(32, 32, 32, 8, 1, block_d=64),
+        "grad_similarity": TileConfig(64, 32, 0, 8, 1),
+    },
 }
 
-# The autotuning space: the default and larger tiles (more operand reuse in the tile products, at
+# The autotuning space: the defaults and larger tiles (more operand reuse in the tile products, at
 # the price of some spills in the heaviest term sets; aot_check prints them).
 SPACE = {
     "stats": (
         TileConfig(16, 16, 32, 4, 1),
+        TileConfig(16, 16, 16, 4, 1),
         TileConfig(16, 32, 32, 8, 1),
         TileConfig(32, 32, 32, 8, 2),
         TileConfig(64, 32, 32, 8, 2),
@@ -90,8 +101,20 @@ def autotuning() -> bool:
     return os.environ.get("EO_TRITON_AUTOTUNE", "0") == "1" and not interpreting()
 
 
-def default(kernel: str) -> TileConfig:
-    return (INTERPRETER if interpreting() else DEFAULT)[kernel]
+def arch(device=None) -> int:
+    """The DEFAULTS_BY_ARCH generation of a CUDA device (90 for compute capability 9.x and newer,
+    80 below)."""
+    import torch
+
+    major, _ = torch.cuda.get_device_capability(device)
+    return 90 if major >= 9 else 80
+
+
+def default(kernel: str, device=None) -> TileConfig:
+    """The fixed configuration of `kernel` for `device`'s generation (the interpreter's own)."""
+    if interpreting():
+        return INTERPRETER[kernel]
+    return DEFAULTS_BY_ARCH[arch(device)][kernel]
 
 
 def k_bucket(k: int) -> int:

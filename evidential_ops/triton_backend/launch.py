@@ -204,17 +204,19 @@ def _output_dtype(dtype: torch.dtype) -> torch.dtype:
 # ---------------------------------------------------------------------------- configurations
 
 
-def _config(kernel: str, variant: tuple, k: int, d: int, dtype: torch.dtype, bench) -> configs.TileConfig:
-    """The default configuration, or (EO_TRITON_AUTOTUNE=1) the fastest of configs.SPACE[kernel] for
-    (variant, K bucket, D, dtype), timed once by `bench(config)` in eager mode."""
+def _config(kernel: str, variant: tuple, k: int, d: int, dtype: torch.dtype, bench,
+            device: torch.device) -> configs.TileConfig:
+    """The default configuration for the device, or (EO_TRITON_AUTOTUNE=1) the fastest of
+    configs.SPACE[kernel] for (variant, K bucket, D, dtype), timed once by `bench(config)` in eager
+    mode."""
     if not configs.autotuning():
-        return configs.default(kernel)
+        return configs.default(kernel, device)
     key = (kernel, variant, configs.k_bucket(k), d, str(dtype))
     picked = configs.tuned(key)
     if picked is not None:
         return picked
     if bench is None:
-        return configs.default(kernel)
+        return configs.default(kernel, device)
     import triton.testing
 
     best, best_ms = None, math.inf
@@ -225,7 +227,7 @@ def _config(kernel: str, variant: tuple, k: int, d: int, dtype: torch.dtype, ben
             continue
         if ms < best_ms:
             best, best_ms = config, ms
-    best = best or configs.default(kernel)
+    best = best or configs.default(kernel, device)
     configs.remember(key, best)
     return best
 
@@ -290,7 +292,8 @@ def _stats_pass(source: _Source, own: Tensor, other: Tensor, partials: Tensor | 
         scratch_part = torch.zeros_like(partials) if partials is not None else None
         run(config, out_own=torch.zeros_like(own), out_other=torch.zeros_like(other), out_part=scratch_part)
 
-    config = _config(cfg_kernel, variant, source.n_other, source.d, source.dtype, None if _tracing(own) else bench)
+    config = _config(cfg_kernel, variant, source.n_other, source.d, source.dtype, None if _tracing(own) else bench,
+                     own.device)
     run(config)
 
 
@@ -312,7 +315,7 @@ def _line_statistics(source: _Source, t_off: int, evidence: int, inv_tau: float,
     col_stats = torch.zeros((NUM_LINE_STATS, source.n_other), dtype=torch.float64, device=like.device)
     if rows and cols:
         ns = terms.num_partials() if terms is not None else 1
-        config = configs.default("stats")
+        config = configs.default("stats", like.device)
         row_blocks = triton_cdiv(source.n_own, config.block_m)
         fit = max(1, PARTIAL_BUDGET_BYTES // (ns * source.n_other * 8))
         programs = min(row_blocks, fit)
@@ -482,7 +485,8 @@ def _grad_pass(a: Tensor, b: Tensor, own_g: Tensor, other_g: Tensor, t_off: int,
             return torch.zeros((n_own, d), dtype=acc_dtype, device=a.device)
         return torch.empty((n_own, d), dtype=a.dtype, device=a.device)
 
-    config = _config("grad", variant, n_other, d, a.dtype, None if _tracing(a) else (lambda c: run(c, new_out())))
+    config = _config("grad", variant, n_other, d, a.dtype, None if _tracing(a) else (lambda c: run(c, new_out())),
+                     a.device)
     out = new_out()
     run(config, out)
     return out.to(a.dtype) if out.dtype != a.dtype else out
@@ -517,7 +521,7 @@ def loss_backward_from_similarity(grad_rows, grad_cols, s, target_scale, row_sta
 
     variant = (bw.kind, tuple(bw.terms.stat_flags().values()))
     config = _config("grad_similarity", variant, k, 0, s.dtype,
-                     None if _tracing(s) else (lambda c: run(c, torch.empty_like(ds))))
+                     None if _tracing(s) else (lambda c: run(c, torch.empty_like(ds))), s.device)
     run(config, ds)
     return ds
 
