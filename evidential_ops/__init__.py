@@ -9,7 +9,7 @@ See docs/SPEC.md for the mathematics and README.md for the backends and methods.
 from . import extension, ops, reference
 from .backends import available_backends
 from .config import EVIDENCE_KINDS, TERMS
-from .extension import build_info, cpu_isa
+from .extension import build_info, cpu_isa, cuda_workspace_bytes
 from .losses import EvidentialLoss, evidential_loss, evidential_loss_from_similarity
 from .opinion import belief, opinion, opinion_from_similarity
 from .results import Opinion
@@ -25,6 +25,7 @@ __all__ = [
     "belief",
     "build_info",
     "cpu_isa",
+    "cuda_workspace_bytes",
     "evidential_loss",
     "extension",
     "evidential_loss_from_similarity",

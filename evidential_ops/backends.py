@@ -142,10 +142,13 @@ class KernelBackend:
 
     def losses(self, x, y, target_scale, config: LossConfig):
         self._check_no_functorch()
-        rows, cols, _, _ = self.ops.loss_forward(
-            x, y, target_scale, config.evidence, config.tau, self.weights(config, x), ops.terms_mask(config),
-            config.rows, config.cols,
-        )
+        # Kernels that take their products from cuBLAS (cuda) follow torch's TF32 switch, as the
+        # reference's matmul does: set from matmul_precision around the forward (README "Backends").
+        with _matmul_precision(config.matmul_precision, x.device):
+            rows, cols, _, _ = self.ops.loss_forward(
+                x, y, target_scale, config.evidence, config.tau, self.weights(config, x), ops.terms_mask(config),
+                config.rows, config.cols,
+            )
         return self._pick(rows, cols, config)
 
     def losses_from_similarity(self, s, target_scale, config: LossConfig):
