@@ -138,9 +138,19 @@ def median_seconds(fn: Callable[[], None], *, repeats: int = 3, warmup: int = 1)
     return statistics.median(times)
 
 
+def _runs_on_cpu(name: str) -> bool:
+    try:
+        backends.resolve(name, torch.device("cpu"))
+    except ValueError:
+        return False
+    return True
+
+
 def default_impls() -> list[str]:
-    """Every fused backend that is built, then the plain-PyTorch baselines and the GEMM floor."""
-    return [b for b in backends.available_backends() if b != "reference"] + list(BASELINES)
+    """Every fused backend that is built and runs on the CPU tensors this module makes (a CUDA build
+    also lists "cuda": bench/bench_cuda.py times that one), then the plain-PyTorch baselines and
+    the GEMM floor."""
+    return [b for b in backends.available_backends() if b != "reference" and _runs_on_cpu(b)] + list(BASELINES)
 
 
 def compare(sizes=(1024,), d: int = 512, cases=("tcl", "uml", "duq"), impls=None, repeats: int = 3):
