@@ -79,7 +79,7 @@ __global__ void scale_to_half_kernel(const float* g, __half* out, std::int64_t c
 
 template <bool kKl, bool kFmse, bool kLogdet>
 void launch_gradient_kernel(const BackwardArgs& a, dim3 grid, cudaStream_t stream) {
-  gradient_kernel<kKl, kFmse, kLogdet><<<grid, kThreads, 0, stream>>>(a);
+  EO_LAUNCH(grid, kThreads, stream, gradient_kernel<kKl, kFmse, kLogdet>)(a);
 }
 
 }  // namespace
@@ -104,8 +104,8 @@ cudaError_t launch_scale_to_half(const float* g, void* out, std::int64_t count, 
                                  float* alphas, cudaStream_t stream) {
   constexpr int kBlock = 256;
   const std::int64_t blocks = count > 0 ? std::min<std::int64_t>(ceil_div(count, kBlock), 4096) : 1;
-  scale_to_half_kernel<<<static_cast<unsigned int>(blocks), kBlock, 0, stream>>>(g, static_cast<__half*>(out), count,
-                                                                                  max_bits, alphas);
+  EO_LAUNCH(static_cast<unsigned int>(blocks), kBlock, stream, scale_to_half_kernel)(g, static_cast<__half*>(out), count,
+                                                                                    max_bits, alphas);
   return cudaGetLastError();
 }
 

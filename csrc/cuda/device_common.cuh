@@ -12,6 +12,12 @@
 #include "kernels.h"
 #include "strip_plan.h"
 
+// A kernel launch, EO_LAUNCH(grid, block, stream, kernel)(arguments...): a macro so that
+// csrc/tests/test_cuda_emulated.cpp can run these files on the CPU (csrc/tests/emulation/).
+#ifndef EO_LAUNCH
+#define EO_LAUNCH(grid, block, stream, ...) __VA_ARGS__<<<(grid), (block), 0, (stream)>>>
+#endif
+
 namespace evidential_ops {
 namespace cuda {
 

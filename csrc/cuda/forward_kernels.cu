@@ -132,7 +132,7 @@ __global__ void reduce_col_partials(const ForwardArgs a, std::int64_t groups, in
 
 template <bool kKl, bool kFmse, bool kLogdet>
 void launch_stats_kernel(const ForwardArgs& a, dim3 grid, cudaStream_t stream) {
-  forward_stats_kernel<kKl, kFmse, kLogdet><<<grid, kThreads, 0, stream>>>(a);
+  EO_LAUNCH(grid, kThreads, stream, forward_stats_kernel<kKl, kFmse, kLogdet>)(a);
 }
 
 }  // namespace
@@ -160,12 +160,12 @@ cudaError_t launch_forward_stats(const ForwardArgs& a, cudaStream_t stream) {
   constexpr int kReduceThreads = 256;
   if (args.row_partial != nullptr) {
     const auto blocks = static_cast<unsigned int>(ceil_div(args.s.rows, kReduceThreads));
-    reduce_row_partials<<<blocks, kReduceThreads, 0, stream>>>(args, grid.x, mask);
+    EO_LAUNCH(blocks, kReduceThreads, stream, reduce_row_partials)(args, grid.x, mask);
     if ((status = cudaGetLastError()) != cudaSuccess) return status;
   }
   if (args.col_partial != nullptr) {
     const auto blocks = static_cast<unsigned int>(ceil_div(args.s.cols, kReduceThreads));
-    reduce_col_partials<<<blocks, kReduceThreads, 0, stream>>>(args, grid.y, mask);
+    EO_LAUNCH(blocks, kReduceThreads, stream, reduce_col_partials)(args, grid.y, mask);
     if ((status = cudaGetLastError()) != cudaSuccess) return status;
   }
   return cudaSuccess;

@@ -37,14 +37,14 @@ unsigned int line_blocks(std::int64_t n) { return static_cast<unsigned int>(ceil
 cudaError_t launch_line_losses(const LineSpec& lines, const TermWeights& weights, double* losses,
                                cudaStream_t stream) {
   if (lines.n <= 0) return cudaSuccess;
-  line_losses_kernel<<<line_blocks(lines.n), kLineThreads, 0, stream>>>(lines, weights, losses);
+  EO_LAUNCH(line_blocks(lines.n), kLineThreads, stream, line_losses_kernel)(lines, weights, losses);
   return cudaGetLastError();
 }
 
 cudaError_t launch_line_gradients(const LineSpec& lines, const TermWeights& weights, const double* upstream,
                                   double* constants, cudaStream_t stream) {
   if (lines.n <= 0) return cudaSuccess;
-  line_gradients_kernel<<<line_blocks(lines.n), kLineThreads, 0, stream>>>(lines, weights, upstream, constants);
+  EO_LAUNCH(line_blocks(lines.n), kLineThreads, stream, line_gradients_kernel)(lines, weights, upstream, constants);
   return cudaGetLastError();
 }
 
