@@ -182,24 +182,26 @@ def test_no_host_synchronisation_inside_cuda_graphs(gen):
         captured = step()
     graph.replay()
     torch.cuda.synchronize()
-    for got, ref in zip(captured, eager):
-        torch.testing.assert_close(got, ref, rtol=0, atol=0)
+    for got, ref in zip(captured, eager):  # cuBLAS may pick another algorithm while capturing
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6 * float(ref.abs().max()))
 
 
 @needs_gpu
 def test_float16_gradients_keep_their_small_entries(gen):
-    """∂L/∂s of a mean loss at K = 2048 has entries far below float16's normal range (6e-5): the
-    backward scales them by a power of two on the device before the tensor-core products."""
+    """With a loss scaled by 1e-4 (as a small loss weight would), ∂L/∂s at K = 2048 lies mostly in
+    float16's subnormal range. The backward scales it by a power of two on the device before
+    rounding it for the tensor-core products: error ≈ 4e-4 of the largest gradient (the output's own
+    float16 rounding), against ≈ 4e-3 without the scaling (modelled in float64 on the CPU)."""
     k, d = 2048, 64
     x, y = random_pairs(k, d, generator=gen, positive_cos=0.7)
     x, y = x.half(), y.half()
     xr, yr = x.double().requires_grad_(), y.double().requires_grad_()
-    eo.reference.evidential_loss(xr, yr, weights={"risk": 1.0, "kl": 0.1}).backward()
+    (1e-4 * eo.reference.evidential_loss(xr, yr, weights={"risk": 1.0, "kl": 0.1})).backward()
     xc, yc = x.cuda().requires_grad_(), y.cuda().requires_grad_()
-    eo.evidential_loss(xc, yc, weights={"risk": 1.0, "kl": 0.1}, backend="cuda").backward()
+    (1e-4 * eo.evidential_loss(xc, yc, weights={"risk": 1.0, "kl": 0.1}, backend="cuda")).backward()
     for got, ref in ((xc.grad, xr.grad), (yc.grad, yr.grad)):
         assert got.dtype == torch.float16
-        assert float((got.cpu().double() - ref).abs().max() / ref.abs().max()) <= 1e-2
+        assert float((got.cpu().double() - ref).abs().max() / ref.abs().max()) <= 1.5e-3
 
 
 @needs_gpu

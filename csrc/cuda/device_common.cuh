@@ -100,9 +100,11 @@ __device__ __forceinline__ RowRange group_rows(std::int64_t rows) {
   return RowRange{begin, end};
 }
 
-inline dim3 element_grid(std::int64_t rows, std::int64_t cols) {
+// Column blocks × row groups of an element launch (at most max_groups groups).
+inline dim3 element_grid(std::int64_t rows, std::int64_t cols, std::int64_t max_groups = kMaxRowGroups) {
   const std::int64_t col_blocks = ceil_div(cols, kThreads);
-  return dim3(static_cast<unsigned int>(col_blocks), static_cast<unsigned int>(row_groups_for(rows, col_blocks)));
+  const std::int64_t groups = std::max<std::int64_t>(1, std::min(row_groups_for(rows, col_blocks), max_groups));
+  return dim3(static_cast<unsigned int>(col_blocks), static_cast<unsigned int>(groups));
 }
 
 }  // namespace cuda

@@ -322,6 +322,7 @@ std::pair<Tensor, Tensor> accumulate_stats(const Source& src, int evidence, doub
     a.col_stride = src.cols;
     a.row_partial = reinterpret_cast<double*>(base + plan.row_partial_offset);
     a.col_partial = reinterpret_cast<double*>(base + plan.col_partial_offset);
+    a.max_row_groups = plan.row_groups;
     C10_CUDA_CHECK(launch_forward_stats(a, stream));
   }
   return {row_stats, col_stats};

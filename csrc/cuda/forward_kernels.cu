@@ -143,7 +143,7 @@ cudaError_t launch_forward_stats(const ForwardArgs& a, cudaStream_t stream) {
   // Partials only where that direction is wanted.
   if (args.row_stats == nullptr) args.row_partial = nullptr;
   if (args.col_stats == nullptr) args.col_partial = nullptr;
-  const dim3 grid = element_grid(args.s.rows, args.s.cols);
+  const dim3 grid = element_grid(args.s.rows, args.s.cols, args.max_row_groups);
   switch ((args.terms.kl ? 1 : 0) | (args.terms.fmse ? 2 : 0) | (args.terms.logdet ? 4 : 0)) {
     case 0: launch_stats_kernel<false, false, false>(args, grid, stream); break;
     case 1: launch_stats_kernel<true, false, false>(args, grid, stream); break;

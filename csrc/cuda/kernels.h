@@ -49,9 +49,11 @@ struct ForwardArgs {
   std::int64_t row_stride;
   double* col_stats;
   std::int64_t col_stride;
-  // Workspace (strip_plan.h): (col_blocks, kStatSlots, s.rows) and (row_groups, kStatSlots, s.cols).
+  // Workspace (strip_plan.h): (col_blocks, kStatSlots, s.rows) and (row_groups, kStatSlots, s.cols),
+  // row_groups = min(row_groups_for(s.rows, col_blocks), max_row_groups) (StripPlan::row_groups).
   double* row_partial;
   double* col_partial;
+  std::int64_t max_row_groups;
 };
 
 // Adds the strip's contributions to the statistics: row statistics of its rows are written (a row

@@ -63,7 +63,7 @@ struct StripPlan {
   std::int64_t strip_rows;  // rows of every strip but the last (which may be shorter)
   std::int64_t strips;      // ceil(m / strip_rows)
   std::int64_t col_blocks;  // ceil(n / kThreads): blocks along a row (gridDim.x)
-  std::int64_t row_groups;  // row groups of a full strip (gridDim.y); the most any strip uses
+  std::int64_t row_groups;  // row groups of a full strip (gridDim.y): the most any strip may use
   // Byte offsets and sizes of the sub-buffers of the workspace (size 0: not needed).
   std::int64_t tile_offset, tile_bytes;
   std::int64_t half_offset, half_bytes;
@@ -90,8 +90,10 @@ inline StripPlan plan_strips(std::int64_t m, std::int64_t n, const StripNeeds& n
   StripPlan p{};
   p.col_blocks = ceil_div(n, kThreads);
   const std::int64_t stat_bytes = kStatSlots * static_cast<std::int64_t>(sizeof(double));
-  // Fixed costs first: the column partials of the most row groups any strip can have.
-  const std::int64_t max_groups = row_groups_for(m, p.col_blocks);
+  // Fixed costs first: the column partials of the most row groups any strip can have, which may
+  // take at most half the budget (fewer groups: less parallelism, same result up to rounding).
+  std::int64_t max_groups = row_groups_for(m, p.col_blocks);
+  if (needs.partials) max_groups = std::max<std::int64_t>(1, std::min(max_groups, budget / 2 / (stat_bytes * n)));
   const std::int64_t fixed = (needs.partials ? align_up(max_groups * stat_bytes * n) : 0) +
                              (needs.scalars ? kScalarBytes : 0) + 4 * kAlignment;
   const std::int64_t per_row = n * (needs.tile_element_bytes + needs.half_element_bytes) +
@@ -104,7 +106,7 @@ inline StripPlan plan_strips(std::int64_t m, std::int64_t n, const StripNeeds& n
   }
   p.strip_rows = rows;
   p.strips = ceil_div(m, rows);
-  p.row_groups = row_groups_for(rows, p.col_blocks);
+  p.row_groups = std::min(row_groups_for(rows, p.col_blocks), max_groups);
 
   std::int64_t offset = 0;
   const auto place = [&offset](std::int64_t bytes, std::int64_t& at, std::int64_t& size) {

@@ -205,6 +205,7 @@ Stats kernel_stats(const Stored& s, int evidence, double inv_tau, bool targets, 
     a.col_stride = s.n;
     a.row_partial = reinterpret_cast<double*>(base + plan.row_partial_offset);
     a.col_partial = reinterpret_cast<double*>(base + plan.col_partial_offset);
+    a.max_row_groups = plan.row_groups;
     expect(ec::launch_forward_stats(a, nullptr) == cudaSuccess, "forward launch");
   }
   *strips = plan.strips;

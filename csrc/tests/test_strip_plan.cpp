@@ -56,9 +56,12 @@ void check_plan(std::int64_t m, std::int64_t n, const sp::StripNeeds& needs, std
     expect(p.strips == 1, "nothing per row: a single strip: " + at);
   }
   expect(p.col_blocks == (n + sp::kThreads - 1) / sp::kThreads, "column blocks: " + at);
-  expect(p.row_groups == sp::row_groups_for(p.strip_rows, p.col_blocks), "row groups of a full strip: " + at);
-  const std::int64_t last = m - (p.strips - 1) * p.strip_rows;
-  expect(sp::row_groups_for(last, p.col_blocks) <= p.row_groups, "the last strip needs no more groups: " + at);
+  expect(p.row_groups >= 1 && p.row_groups <= sp::row_groups_for(p.strip_rows, p.col_blocks),
+         "row groups of a full strip: " + at);
+  if (needs.partials && p.row_groups < sp::row_groups_for(p.strip_rows, p.col_blocks)) {
+    expect(p.row_groups == 1 || p.col_partial_bytes <= budget / 2, "fewer groups only to fit the budget: " + at);
+  }
+  if (!needs.partials) expect(p.row_groups == sp::row_groups_for(p.strip_rows, p.col_blocks), "groups: " + at);
   // Sizes the kernels index (forward_kernels.cu, evidential_cuda.cpp).
   const std::int64_t stat = sp::kStatSlots * 8;
   expect(p.tile_bytes == p.strip_rows * n * needs.tile_element_bytes, "tile size: " + at);
