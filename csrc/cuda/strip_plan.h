@@ -10,7 +10,7 @@
 //   row partials (forward) ceil(N/kThreads)·kStatSlots doubles per row: each column block's sum
 //             of the row statistics, added up in a fixed order by a second kernel;
 //   column partials (forward) row_groups·kStatSlots·N doubles: each row group's sum of the
-//             column statistics, likewise;
+//             column statistics, likewise (at most half the budget: fewer row groups if need be);
 //   scalars   a few bytes (the float16 scale of ∂L/∂s and cuBLAS's alpha/beta).
 // Everything is one workspace allocation of at most the budget, except that a strip is never
 // less than one row: a single row of s (O(N)) is the floor, whatever the budget.
