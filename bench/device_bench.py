@@ -12,9 +12,11 @@ TF32 products (fused ops get matmul_precision="tf32"), "bf16" = bfloat16 inputs.
 
 Per cell: the median and fastest of `--repeats` timed steps after a warm-up (CUDA events on a
 GPU) and, on CUDA, the peak extra device memory of one step beyond the inputs (and the
-gradients of the previous step, released before it). A baseline that runs out of memory is
-recorded as "oom" and the run goes on. Writes <out>/<device>.json (every record) and .md (one
-table per precision); compare ratios within one file only.
+gradients of the previous step, released before it), also reported beyond the two K×D
+gradients the step returns ("beyond grads": what the issues' memory targets bound). A baseline
+that runs out of memory is recorded as "oom" and the run goes on. Writes <out>/<device>.json
+(every record) and .md (one table per precision); `--append` merges into an existing file, so a
+lease's 10-minute calls can each add sizes. Compare ratios within one file only.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ def measure(impl: str, case: str, k: int, d: int, precision: str, device: torch.
             for t in inputs:
                 t.grad = None
             record["peak_extra_mib"] = peak_extra_device_mib(lambda: step(*inputs), device)
+            gradients_mib = sum(t.numel() * t.element_size() for t in inputs) / 2**20
+            record["beyond_gradients_mib"] = record["peak_extra_mib"] - gradients_mib
     except Exception as error:  # recorded, and the run goes on
         if is_out_of_memory(error):
             record["status"] = "oom"
@@ -94,7 +98,7 @@ def markdown(records: list[dict], device: str, info: str) -> str:
         for f in fused:
             header += [f"{f} vs {b}" for b in ("reference", "compiled") if b in impls] + ([f"{f} ÷ floor"] if "floor" in impls else [])
         if has_memory:
-            header += [f"{i} MiB" for i in impls]
+            header += [f"{i} MiB (beyond grads)" for i in impls]
         lines += [f"### {precision}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for key in dict.fromkeys((r["case"], r["k"]) for r in rows):
             cell = {r["impl"]: r for r in rows if (r["case"], r["k"]) == key}
@@ -109,7 +113,8 @@ def markdown(records: list[dict], device: str, info: str) -> str:
                     tf = cell.get("floor", {}).get("median_s")
                     row.append(f"{t / tf:.2f}" if t and tf else "")
             if has_memory:
-                row += [f"{cell[i]['peak_extra_mib']:.0f}" if "peak_extra_mib" in cell.get(i, {}) else "" for i in impls]
+                row += [f"{cell[i]['peak_extra_mib']:.0f} ({cell[i]['beyond_gradients_mib']:.0f})"
+                        if "peak_extra_mib" in cell.get(i, {}) else "" for i in impls]
             lines.append("| " + " | ".join(row) + " |")
         lines.append("")
     errors = [r for r in records if "error" in r]
@@ -137,6 +142,8 @@ def main(argv=None) -> int:
                              "~12·K² floats of memory)")
     parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path(__file__).with_name("results"))
     parser.add_argument("--name", default=None, help="file name stem (default: <device type>_<device name>)")
+    parser.add_argument("--append", action="store_true",
+                        help="merge into an existing <out>/<stem>.json (a measured cell replaces its old record)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     impls = args.impls or fused_backends(device) + ["reference", "compiled", "floor"]
@@ -159,9 +166,15 @@ def main(argv=None) -> int:
                     memory = f", {record['peak_extra_mib']:.0f} MiB" if "peak_extra_mib" in record else ""
                     print(f"K={k} {precision} {case} {impl}: {shown}{memory}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{stem}.json"
+    if args.append and path.exists():
+        def key(r):
+            return r["case"], r["k"], r["d"], r["precision"], r["impl"]
+        new = {key(r) for r in records}
+        records = [r for r in json.loads(path.read_text())["records"] if key(r) not in new] + records
     payload = {"device": name, "build_info": build_info(), "torch": torch.__version__, "d": args.d,
                "repeats": args.repeats, "records": records}
-    (args.out / f"{stem}.json").write_text(json.dumps(payload, indent=1) + "\n")
+    path.write_text(json.dumps(payload, indent=1) + "\n")
     table = markdown(records, name, build_info())
     (args.out / f"{stem}.md").write_text(table)
     print(table)

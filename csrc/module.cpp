@@ -1,13 +1,14 @@
 // The Python module evidential_ops._C. Importing it loads the library, which runs the op schemas
 // (ops.cpp) and every device's kernel registrations; the module itself only carries what the
 // Python op layer needs to know about this binary: the statistics layout, how it was built, and
-// the CPU instruction-set switch.
+// the CPU instruction-set switch and the CUDA working budget.
 #include <Python.h>
 
 #include <stdexcept>
 #include <string>
 
 #include "cpu/tile_isa.h"
+#include "cuda/strip_plan.h"
 #include "op_args.h"
 
 namespace {
@@ -30,7 +31,12 @@ std::string build_info() {
   info += ";cpu_isa=" + evidential_ops::cpu::cpu_isa("");
   info += ";cuda=";
 #if defined(EO_WITH_CUDA)
-  info += "on;cuda_archs=" EO_CUDA_ARCHS;
+  // setup.py passes the arch list as bare tokens (8.0,9.0+PTX): no quotes to survive the shell.
+#define EO_STRINGIFY_(...) #__VA_ARGS__
+#define EO_STRINGIFY(...) EO_STRINGIFY_(__VA_ARGS__)
+  info += "on;cuda_archs=" EO_STRINGIFY(EO_CUDA_ARCHS);
+#undef EO_STRINGIFY
+#undef EO_STRINGIFY_
 #else
   info += "off";
 #endif
@@ -60,12 +66,27 @@ PyObject* py_cpu_isa(PyObject*, PyObject* args) {
   return as_python_str([&] { return evidential_ops::cpu::cpu_isa(text); });
 }
 
+// Get (no argument or -1) or set the CUDA kernels' working budget in bytes (csrc/cuda/strip_plan.h).
+PyObject* py_cuda_workspace_bytes(PyObject*, PyObject* args) {
+  long long request = -1;
+  if (!PyArg_ParseTuple(args, "|L", &request)) return nullptr;
+  if (request == 0 || request < -1) {
+    PyErr_SetString(PyExc_ValueError, "the CUDA workspace budget must be a positive number of bytes");
+    return nullptr;
+  }
+  if (request > 0) evidential_ops::cuda::set_workspace_budget(request);
+  return PyLong_FromLongLong(evidential_ops::cuda::workspace_budget());
+}
+
 PyMethodDef kMethods[] = {
     {"build_info", py_build_info, METH_NOARGS,
      "build_info() -> str: compiler, OpenMP, CPU instruction set and CUDA settings of this build."},
     {"cpu_isa", py_cpu_isa, METH_VARARGS,
      "cpu_isa(request='') -> str: the CPU kernels' instruction-set variant in use; a request "
      "('generic', 'avx2', 'avx512', 'best') switches to it (ValueError if not built or not supported)."},
+    {"cuda_workspace_bytes", py_cuda_workspace_bytes, METH_VARARGS,
+     "cuda_workspace_bytes(bytes=-1) -> int: the working budget of the CUDA kernels (strips of s), set "
+     "when bytes > 0; initially EO_CUDA_WORKSPACE_MIB MiB, default 64."},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef kModule = {PyModuleDef_HEAD_INIT, "_C", "evidential_ops kernels (see evidential_ops/ops.py)", -1,

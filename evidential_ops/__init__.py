@@ -10,7 +10,7 @@ from . import extension, ops, reference
 from .backends import available_backends
 from . import triton_backend  # noqa: F401  registers the "triton" backend where Triton can run (README "Backends")
 from .config import EVIDENCE_KINDS, TERMS
-from .extension import build_info, cpu_isa
+from .extension import build_info, cpu_isa, cuda_workspace_bytes
 from .losses import EvidentialLoss, evidential_loss, evidential_loss_from_similarity
 from .opinion import belief, opinion, opinion_from_similarity
 from .results import Opinion
@@ -26,6 +26,7 @@ __all__ = [
     "belief",
     "build_info",
     "cpu_isa",
+    "cuda_workspace_bytes",
     "evidential_loss",
     "extension",
     "evidential_loss_from_similarity",

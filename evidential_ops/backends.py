@@ -11,6 +11,7 @@ over their own op namespace (evidential_ops/ops.py).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Protocol
 
@@ -68,7 +69,9 @@ class ReferenceBackend:
 
     def losses(self, x, y, target_scale, config):
         dtype = output_dtype(x.dtype)
-        with _matmul_precision(config.matmul_precision, x.device):
+        # Plain matmuls follow torch's global TF32 switch: set for the product of the forward (the
+        # backward's products, run later by autograd, follow whatever is global then).
+        with matmul_precision(config.matmul_precision):
             s = reference.similarity(x, y, normalize=False, dtype=dtype)
         return self.losses_from_similarity(s, target_scale, config)
 
@@ -79,21 +82,17 @@ class ReferenceBackend:
         return reference.opinion(x, y, evidence=evidence, tau=tau, compute_dtype=None)
 
 
-class _matmul_precision:
-    """Context that allows TF32 in CUDA matmuls only when asked (it costs ~3e-4 relative in e, SPEC §5)."""
-
-    def __init__(self, precision: str, device: torch.device):
-        self.active = device.type == "cuda"
-        self.allow = precision == "tf32"
-
-    def __enter__(self):
-        if self.active:
-            self.saved = torch.backends.cuda.matmul.allow_tf32
-            torch.backends.cuda.matmul.allow_tf32 = self.allow
-
-    def __exit__(self, *exc):
-        if self.active:
-            torch.backends.cuda.matmul.allow_tf32 = self.saved
+@contextlib.contextmanager
+def matmul_precision(precision: str):
+    """torch's TF32 switch for CUDA matmuls inside the block: on for "tf32", off for "ieee" (TF32
+    costs ~3e-4 relative in e, SPEC §5). For plain-PyTorch matmuls (reference, benchmark
+    baselines); the fused ops take the precision as an argument instead."""
+    saved = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 class KernelBackend:
@@ -190,6 +189,11 @@ if ops.LAYOUT is not None:
 def available_backends() -> list[str]:
     """Names of the backends whose kernels are built and loaded, e.g. ['reference', 'cpu']."""
     return [name for name in KNOWN_BACKENDS if name in _REGISTRY]
+
+
+def supporting(device: torch.device) -> list[str]:
+    """The available backends whose kernels run on tensors on `device`, in available_backends order."""
+    return [name for name in available_backends() if _REGISTRY[name].supports(device)]
 
 
 def check_name(name) -> str:

@@ -10,7 +10,6 @@ device once per measurement, not per kernel) and the peak extra device memory of
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import platform
@@ -23,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from . import backends, checks, reference
-from .config import MATMUL_PRECISIONS
+from .backends import matmul_precision
 from .losses import evidential_loss
 
 
@@ -62,19 +61,6 @@ def make_inputs(k: int, d: int, *, seed: int = 0, dtype: torch.dtype = torch.flo
     x = F.normalize(torch.randn(k, d, generator=g), dim=1)
     y = F.normalize(0.6 * x + 0.8 * F.normalize(torch.randn(k, d, generator=g), dim=1), dim=1)
     return x.to(device=device, dtype=dtype).requires_grad_(), y.to(device=device, dtype=dtype).requires_grad_()
-
-
-@contextlib.contextmanager
-def matmul_precision(precision: str):
-    """TF32 in CUDA matmuls only for precision "tf32" (the floor and the baselines at the
-    precision the fused op is asked for); "ieee" keeps exact float32 products."""
-    checks.choice(precision, "precision", MATMUL_PRECISIONS)
-    saved = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 def device_name(device) -> str:
@@ -215,10 +201,8 @@ def peak_extra_device_mib(fn: Callable[[], None], device) -> float:
 
 
 def fused_backends(device="cpu") -> list[str]:
-    """The built fused backends that run on `device`."""
-    device = torch.device(device)
-    return [b for b in backends.available_backends()
-            if b != "reference" and backends.resolve(b, device).supports(device)]
+    """The built fused backends that run on `device` (a CUDA build lists cuda, not for CPU tensors)."""
+    return [b for b in backends.supporting(torch.device(device)) if b != "reference"]
 
 
 def default_impls(device="cpu") -> list[str]:

@@ -41,3 +41,19 @@ def cpu_isa(request: str = "") -> str:
     if not isinstance(request, str):
         raise TypeError(f"request must be a str, got {type(request).__name__}")
     return _C.cpu_isa(request)
+
+
+def cuda_workspace_bytes(budget: int | None = None) -> int:
+    """The working budget of the CUDA kernels in bytes: the strips of s that one op keeps on the
+    device at a time (README "Backends"). With `budget`, set it (any positive number of bytes; a
+    strip is never less than one row of s). Initially EO_CUDA_WORKSPACE_MIB MiB, default 64 MiB.
+    Read at every op call; exists in every build (it only matters where the cuda backend runs)."""
+    if _C is None:
+        raise RuntimeError(f"the C++ extension is not loaded: {LOAD_ERROR}")
+    if budget is None:
+        return _C.cuda_workspace_bytes()
+    if isinstance(budget, bool) or not isinstance(budget, int):
+        raise TypeError(f"budget must be an int number of bytes, got {type(budget).__name__}")
+    if budget <= 0:
+        raise ValueError(f"budget must be a positive number of bytes, got {budget}")
+    return _C.cuda_workspace_bytes(budget)

@@ -1,0 +1,127 @@
+// How the CUDA backend cuts the similarity matrix into row strips that fit a fixed working budget
+// (README "Backends"). Torch-free, host-only C++: compiled into every build (module.cpp exposes
+// the budget knob, csrc/tests/test_strip_plan.cpp tests the planning on any machine).
+//
+// A strip is rows [r0, r0 + rows) of s, all N columns. What a strip costs in device memory:
+//   tile      rows·N elements of s in the compute dtype (float32, float64), when s is a product
+//             computed here (from embeddings); nothing when s is given (from_similarity);
+//   half      rows·N halves: ∂L/∂s rounded to the input's half type for the tensor-core GEMMs of
+//             the backward from float16/bfloat16 embeddings;
+//   row partials (forward) ceil(N/kThreads)·kStatSlots doubles per row: each column block's sum
+//             of the row statistics, added up in a fixed order by a second kernel;
+//   column partials (forward) row_groups·kStatSlots·N doubles: each row group's sum of the
+//             column statistics, likewise (at most half the budget: fewer row groups if need be);
+//   scalars   a few bytes (the float16 scale of ∂L/∂s and cuBLAS's alpha/beta).
+// Everything is one workspace allocation of at most the budget, except that a strip is never
+// less than one row: a single row of s (O(N)) is the floor, whatever the budget.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+
+namespace evidential_ops {
+namespace cuda {
+
+constexpr int kThreads = 256;               // threads per block of the element kernels: one column each
+constexpr int kStatSlots = 6;               // LineStats accumulated per element: all but kTargetAlpha
+constexpr std::int64_t kTargetBlocks = 1024;  // a strip's rows are split into groups until a launch has this many blocks
+constexpr std::int64_t kMinGroupRows = 8;   // ...but no group has fewer rows than this
+constexpr std::int64_t kMaxRowGroups = 65535;  // gridDim.y
+constexpr std::int64_t kAlignment = 256;    // of every sub-buffer of the workspace
+constexpr std::int64_t kScalarBytes = 256;
+constexpr std::int64_t kDefaultWorkspaceMiB = 64;
+
+// The budget in bytes: EO_CUDA_WORKSPACE_MIB (a positive number of MiB) at first use, else 64 MiB;
+// evidential_ops.cuda_workspace_bytes() changes it at run time (read at every op call).
+inline std::atomic<std::int64_t>& workspace_budget_storage() {
+  static std::atomic<std::int64_t> budget([] {
+    std::int64_t mib = kDefaultWorkspaceMiB;
+    if (const char* env = std::getenv("EO_CUDA_WORKSPACE_MIB")) {
+      char* end = nullptr;
+      const double value = std::strtod(env, &end);
+      if (end != env && *end == '\0' && value > 0.0 && value < 1e9) return static_cast<std::int64_t>(value * 1048576.0);
+    }
+    return mib * 1048576;
+  }());
+  return budget;
+}
+
+inline std::int64_t workspace_budget() { return workspace_budget_storage().load(std::memory_order_relaxed); }
+inline void set_workspace_budget(std::int64_t bytes) { workspace_budget_storage().store(bytes, std::memory_order_relaxed); }
+
+// What a pass needs per strip (see the file comment).
+struct StripNeeds {
+  std::int64_t tile_element_bytes;  // 4 or 8 when s is computed here, 0 when it is given
+  std::int64_t half_element_bytes;  // 2 for the backward from half embeddings, else 0
+  bool partials;                    // forward statistics (row and column partial sums)
+  bool scalars;                     // backward from float16 embeddings
+};
+
+struct StripPlan {
+  std::int64_t strip_rows;  // rows of every strip but the last (which may be shorter)
+  std::int64_t strips;      // ceil(m / strip_rows)
+  std::int64_t col_blocks;  // ceil(n / kThreads): blocks along a row (gridDim.x)
+  std::int64_t row_groups;  // row groups of a full strip (gridDim.y): the most any strip may use
+  // Byte offsets and sizes of the sub-buffers of the workspace (size 0: not needed).
+  std::int64_t tile_offset, tile_bytes;
+  std::int64_t half_offset, half_bytes;
+  std::int64_t row_partial_offset, row_partial_bytes;
+  std::int64_t col_partial_offset, col_partial_bytes;
+  std::int64_t scalars_offset, scalars_bytes;
+  std::int64_t total_bytes;
+};
+
+inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+inline std::int64_t align_up(std::int64_t bytes) { return ceil_div(bytes, kAlignment) * kAlignment; }
+
+// Row groups of a launch over `rows` rows of a strip: enough blocks to fill a large GPU, never
+// groups of fewer than kMinGroupRows rows. Depends on the sizes only (not on the device), so a
+// result does not change from one GPU to another with the same budget.
+inline std::int64_t row_groups_for(std::int64_t rows, std::int64_t col_blocks) {
+  const std::int64_t wanted = ceil_div(kTargetBlocks, std::max<std::int64_t>(col_blocks, 1));
+  const std::int64_t most = std::max<std::int64_t>(1, rows / kMinGroupRows);
+  return std::max<std::int64_t>(1, std::min({wanted, most, kMaxRowGroups}));
+}
+
+// Strips of an m×n problem under `budget` bytes (m, n >= 1).
+inline StripPlan plan_strips(std::int64_t m, std::int64_t n, const StripNeeds& needs, std::int64_t budget) {
+  StripPlan p{};
+  p.col_blocks = ceil_div(n, kThreads);
+  const std::int64_t stat_bytes = kStatSlots * static_cast<std::int64_t>(sizeof(double));
+  // Fixed costs first: the column partials of the most row groups any strip can have, which may
+  // take at most half the budget (fewer groups: less parallelism, same result up to rounding).
+  std::int64_t max_groups = row_groups_for(m, p.col_blocks);
+  if (needs.partials) max_groups = std::max<std::int64_t>(1, std::min(max_groups, budget / 2 / (stat_bytes * n)));
+  const std::int64_t fixed = (needs.partials ? align_up(max_groups * stat_bytes * n) : 0) +
+                             (needs.scalars ? kScalarBytes : 0) + 4 * kAlignment;
+  const std::int64_t per_row = n * (needs.tile_element_bytes + needs.half_element_bytes) +
+                               (needs.partials ? p.col_blocks * stat_bytes : 0);
+  std::int64_t rows = m;
+  if (per_row > 0) {
+    rows = std::min(m, std::max<std::int64_t>(1, (budget - fixed) / per_row));
+    // As few strips as that takes, of equal size (no short last strip): ceil(m / strips) <= rows.
+    rows = ceil_div(m, ceil_div(m, rows));
+  }
+  p.strip_rows = rows;
+  p.strips = ceil_div(m, rows);
+  p.row_groups = std::min(row_groups_for(rows, p.col_blocks), max_groups);
+
+  std::int64_t offset = 0;
+  const auto place = [&offset](std::int64_t bytes, std::int64_t& at, std::int64_t& size) {
+    size = bytes;
+    at = bytes > 0 ? offset : 0;
+    offset += align_up(bytes);
+  };
+  place(rows * n * needs.tile_element_bytes, p.tile_offset, p.tile_bytes);
+  place(rows * n * needs.half_element_bytes, p.half_offset, p.half_bytes);
+  place(needs.partials ? p.col_blocks * stat_bytes * rows : 0, p.row_partial_offset, p.row_partial_bytes);
+  place(needs.partials ? p.row_groups * stat_bytes * n : 0, p.col_partial_offset, p.col_partial_bytes);
+  place(needs.scalars ? kScalarBytes : 0, p.scalars_offset, p.scalars_bytes);
+  p.total_bytes = std::max<std::int64_t>(offset, kAlignment);
+  return p;
+}
+
+}  // namespace cuda
+}  // namespace evidential_ops

@@ -1,0 +1,166 @@
+// Unit tests of the CUDA backend's strip planning (csrc/cuda/strip_plan.h): host-only and
+// torch-free, so they run on any machine (ctest), GPU or not. What they pin down: strips cover
+// every row exactly once in as few, equal strips as the budget allows, the workspace stays
+// within the budget whenever one row fits, the
+// sub-buffers are aligned and disjoint and as large as the kernels index them, and the K = 65536
+// problem of the issue fits its memory target.
+//
+// Exit status: 0 if every check passed, 1 otherwise (each failure is printed).
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <initializer_list>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cuda/strip_plan.h"
+
+namespace sp = evidential_ops::cuda;
+
+namespace {
+
+int failures = 0;
+int checks = 0;
+
+void expect(bool ok, const std::string& what) {
+  ++checks;
+  if (!ok) {
+    ++failures;
+    std::printf("FAILED: %s\n", what.c_str());
+  }
+}
+
+std::string describe(std::int64_t m, std::int64_t n, const sp::StripNeeds& needs, std::int64_t budget) {
+  return "m=" + std::to_string(m) + " n=" + std::to_string(n) + " tile=" + std::to_string(needs.tile_element_bytes) +
+         " half=" + std::to_string(needs.half_element_bytes) + " partials=" + std::to_string(needs.partials) +
+         " scalars=" + std::to_string(needs.scalars) + " budget=" + std::to_string(budget);
+}
+
+// Bytes of the workspace a single-row strip needs: when this exceeds the budget, one row is used anyway.
+std::int64_t one_row_bytes(std::int64_t m, std::int64_t n, const sp::StripNeeds& needs) {
+  return sp::plan_strips(m, n, needs, 1).total_bytes;
+}
+
+void check_plan(std::int64_t m, std::int64_t n, const sp::StripNeeds& needs, std::int64_t budget) {
+  const sp::StripPlan p = sp::plan_strips(m, n, needs, budget);
+  const std::string at = describe(m, n, needs, budget);
+  expect(p.strip_rows >= 1 && p.strip_rows <= m, "strip rows in [1, m]: " + at);
+  expect(p.strips == (m + p.strip_rows - 1) / p.strip_rows, "strips = ceil(m / strip_rows): " + at);
+  expect((p.strips - 1) * p.strip_rows < m && p.strips * p.strip_rows >= m, "strips cover each row once: " + at);
+  expect(m - (p.strips - 1) * p.strip_rows > p.strip_rows - p.strips, "strips of (nearly) equal size: " + at);
+  if (one_row_bytes(m, n, needs) <= budget) {
+    expect(p.total_bytes <= budget, "workspace within the budget: " + at + " total=" + std::to_string(p.total_bytes));
+  }
+  if (needs.tile_element_bytes + needs.half_element_bytes == 0 && !needs.partials) {
+    expect(p.strips == 1, "nothing per row: a single strip: " + at);
+  }
+  expect(p.col_blocks == (n + sp::kThreads - 1) / sp::kThreads, "column blocks: " + at);
+  expect(p.row_groups >= 1 && p.row_groups <= sp::row_groups_for(p.strip_rows, p.col_blocks),
+         "row groups of a full strip: " + at);
+  if (needs.partials && p.row_groups < sp::row_groups_for(p.strip_rows, p.col_blocks)) {
+    expect(p.row_groups == 1 || p.col_partial_bytes <= budget / 2, "fewer groups only to fit the budget: " + at);
+  }
+  if (!needs.partials) expect(p.row_groups == sp::row_groups_for(p.strip_rows, p.col_blocks), "groups: " + at);
+  // Sizes the kernels index (forward_kernels.cu, evidential_cuda.cpp).
+  const std::int64_t stat = sp::kStatSlots * 8;
+  expect(p.tile_bytes == p.strip_rows * n * needs.tile_element_bytes, "tile size: " + at);
+  expect(p.half_bytes == p.strip_rows * n * needs.half_element_bytes, "half size: " + at);
+  expect(p.row_partial_bytes == (needs.partials ? p.col_blocks * stat * p.strip_rows : 0), "row partials: " + at);
+  expect(p.col_partial_bytes == (needs.partials ? p.row_groups * stat * n : 0), "column partials: " + at);
+  expect(p.scalars_bytes == (needs.scalars ? sp::kScalarBytes : 0), "scalars: " + at);
+  // Disjoint, aligned, inside the workspace.
+  std::vector<std::pair<std::int64_t, std::int64_t>> spans;
+  for (auto [offset, bytes] : {std::pair{p.tile_offset, p.tile_bytes}, std::pair{p.half_offset, p.half_bytes},
+                               std::pair{p.row_partial_offset, p.row_partial_bytes},
+                               std::pair{p.col_partial_offset, p.col_partial_bytes},
+                               std::pair{p.scalars_offset, p.scalars_bytes}}) {
+    if (bytes == 0) continue;
+    expect(offset % sp::kAlignment == 0, "aligned sub-buffer: " + at);
+    expect(offset >= 0 && offset + bytes <= p.total_bytes, "sub-buffer inside the workspace: " + at);
+    for (const auto& [o, b] : spans) expect(offset >= o + b || o >= offset + bytes, "disjoint sub-buffers: " + at);
+    spans.emplace_back(offset, bytes);
+  }
+}
+
+void test_row_groups() {
+  for (std::int64_t blocks : {1, 3, 64, 256, 1024, 5000}) {
+    std::int64_t previous = 0;
+    for (std::int64_t rows = 1; rows <= 5000; rows += 7) {
+      const std::int64_t g = sp::row_groups_for(rows, blocks);
+      expect(g >= 1 && g <= sp::kMaxRowGroups, "row groups in [1, 65535]");
+      expect(g == 1 || rows / g >= sp::kMinGroupRows, "groups have >= kMinGroupRows rows");
+      expect(g >= previous, "row groups grow with the rows");
+      expect(g * blocks <= sp::kTargetBlocks + blocks, "no more blocks than needed");
+      previous = g;
+    }
+  }
+}
+
+void test_plans() {
+  const sp::StripNeeds forward_f32{4, 0, true, false}, forward_f64{8, 0, true, false};
+  const sp::StripNeeds forward_given{0, 0, true, false}, backward_f32{4, 0, false, false};
+  const sp::StripNeeds backward_f16{4, 2, false, true}, backward_bf16{4, 2, false, false}, backward_given{0, 0, false, false};
+  const std::int64_t mib = 1 << 20;
+  for (const sp::StripNeeds& needs :
+       {forward_f32, forward_f64, forward_given, backward_f32, backward_f16, backward_bf16, backward_given}) {
+    for (std::int64_t m : {1, 2, 7, 113, 300, 1000, 4096, 16384, 65536}) {
+      for (std::int64_t n : {2, 70, 113, 256, 3000, 16384, 65536}) {
+        for (std::int64_t budget : {std::int64_t{1}, 4096 * std::int64_t{1}, 64 * 1024 * std::int64_t{1}, mib,
+                                    64 * mib, 1024 * mib}) {
+          check_plan(m, n, needs, budget);
+        }
+      }
+    }
+  }
+}
+
+// The issue's targets at the default 64 MiB budget, D = 1024: strips that fill the budget, and
+// K = 65536 fwd + bwd within 128 MiB of extra device memory beyond inputs and gradients:
+// the workspace plus the O(K) statistics, gradient constants, losses and upstream copies.
+void test_default_budget() {
+  const std::int64_t mib = 1 << 20, budget = 64 * mib;
+  const sp::StripNeeds forward{4, 0, true, false}, backward{4, 0, false, false};
+  for (std::int64_t k : {4096, 16384, 65536}) {
+    const sp::StripPlan f = sp::plan_strips(k, k, forward, budget);
+    const sp::StripPlan b = sp::plan_strips(k, k, backward, budget);
+    std::printf("K=%-6lld forward: %4lld strips of %5lld rows, %5.1f MiB; backward: %4lld strips of %5lld rows, %5.1f MiB\n",
+                static_cast<long long>(k), static_cast<long long>(f.strips), static_cast<long long>(f.strip_rows),
+                f.total_bytes / double(mib), static_cast<long long>(b.strips), static_cast<long long>(b.strip_rows),
+                b.total_bytes / double(mib));
+    expect(f.total_bytes <= budget && b.total_bytes <= budget, "default budget respected at K=" + std::to_string(k));
+    // As few strips as the budget allows: one fewer would not fit.
+    for (const auto& [plan, needs] : {std::pair{f, forward}, std::pair{b, backward}}) {
+      if (plan.strips > 1) {
+        const std::int64_t fewer = sp::ceil_div(k, plan.strips - 1);
+        expect(sp::plan_strips(fewer, k, needs, budget).strips > 1, "fewest strips at K=" + std::to_string(k));
+      }
+    }
+    // Beyond the workspace: row and column statistics (7 doubles per line), gradient constants
+    // (9 per line), losses and double copies of the upstream gradients (1 + 1 per line).
+    const std::int64_t per_line = (7 + 9 + 2) * 8;
+    const std::int64_t extra = std::max(f.total_bytes, b.total_bytes) + 2 * k * per_line;
+    if (k == 65536) expect(extra < 128 * mib, "K=65536 within 128 MiB extra: " + std::to_string(extra / mib) + " MiB");
+  }
+}
+
+void test_budget_knob() {
+  const std::int64_t initial = sp::workspace_budget();
+  if (std::getenv("EO_CUDA_WORKSPACE_MIB") == nullptr) {
+    expect(initial == sp::kDefaultWorkspaceMiB * (1 << 20), "default budget is 64 MiB");
+  }
+  sp::set_workspace_budget(12345);
+  expect(sp::workspace_budget() == 12345, "budget set and read back");
+  sp::set_workspace_budget(initial);
+}
+
+}  // namespace
+
+int main() {
+  test_row_groups();
+  test_plans();
+  test_default_budget();
+  test_budget_knob();
+  std::printf("strip plan: %d checks, %d failures\n", checks, failures);
+  return failures == 0 ? 0 : 1;
+}
