@@ -76,7 +76,8 @@ RECIPES = {
     # Two query models, 1 + T_max forward/backward passes per batch: the costliest method here.
     # A unidirectional GRU halves the text encoder's cost at no measurable loss on this data.
     "tcl": Recipe("tcl", epochs=5, batch_size=128, lr=2e-3, model={"bidirectional": False}),
-    "tcvse": Recipe("tcvse", epochs=5, batch_size=128, lr=2e-3, model={"bidirectional": False}),
+    # TcVSE Algorithm 1 trains on x' = Augment(x) (dropped regions, masked/swapped/discarded words).
+    "tcvse": Recipe("tcvse", epochs=5, batch_size=128, lr=2e-3, model={"bidirectional": False, "augment": True}),
     # Eq. 4's in-batch argmax labels are only reliable once the model ranks well: batches of 64
     # (easier argmax than 128), warm-up epochs with all pairs clean, and an AML temperature of 1.0
     # (SPEC leaves it open; at 0.1 the maximised KL of eq. 18 is large enough that the 40 % pairs
