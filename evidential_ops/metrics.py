@@ -729,7 +729,7 @@ def evidential_topk(
     direction="cols") and their beliefs from `evidential_ops.belief`. Shapes as in `topk_beliefs`.
     """
     direction = choice(direction, "direction", DIRECTIONS)
-    op = _opinion(x, y, evidence=evidence, tau=tau, normalize=normalize, backend=backend)
+    op = _opinion(x, y, evidence=evidence, tau=tau, normalize=normalize, backend=backend, top_k=None)
     work = output_dtype(x.dtype)
     with torch.no_grad():
         xq, yg = x.detach().to(work), y.detach().to(work)

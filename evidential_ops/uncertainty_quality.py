@@ -282,6 +282,7 @@ def uncertainty_report(
     *,
     sims=None,
     confidence=None,
+    confidence_name: str = "top_belief",
     ood_scores: Mapping[str, Tensor] | None = None,
     ood_sims=None,
     coverages=DEFAULT_COVERAGES,
@@ -293,12 +294,13 @@ def uncertainty_report(
     top-1 is wrong. sims: optional (N, N_g) ranking scores of the same queries; their
     `similarity_baselines` are added to `scores` (marked in "baselines") so every figure is
     reported beside what the ranking gives for free. confidence: optional (N,) probability-like
-    confidence of the top result (a belief) for the ECE. ood_scores / ood_sims: the same scores
+    confidence of the top result (a belief, a softmax probability) for the ECE, named
+    `confidence_name` in the report. ood_scores / ood_sims: the same scores
     for out-of-distribution queries over the same gallery: adds "ood_auroc" (OOD as positives).
 
     Returns {"n_queries", "r1" (%), "error_rate", "oracle": {aurc, r1_at_..}, "scores":
     {name: {error_auroc, error_aupr, aurc, eaurc, r1_at_50, r1_at_80[, ood_auroc]}},
-    "baselines": [names], "ece_top_belief" (if confidence)}.
+    "baselines": [names], and with a confidence "ece" and "ece_of" (its name)}.
     """
     err = _flags(wrong, "wrong")
     n = err.numel()
@@ -337,5 +339,6 @@ def uncertainty_report(
     for name, u in all_scores.items():
         report["scores"][name] = _score_quality(u, err, coverages, None if ood is None else ood.get(name))
     if confidence is not None:
-        report["ece_top_belief"] = expected_calibration_error(confidence, ~err, n_bins)
+        report["ece"] = expected_calibration_error(confidence, ~err, n_bins)
+        report["ece_of"] = confidence_name
     return report

@@ -138,7 +138,8 @@ def test_uncertainty_report_assembles_every_figure():
     # −top-1 similarity: in-distribution −0.5, −0.9, −0.7, −0.6; OOD −0.2, −0.3 beat all: 1.
     assert report["scores"]["neg_top1_similarity"]["ood_auroc"] == 1.0
     assert report["oracle"]["r1_at_50"] == 100.0 and report["oracle"]["r1_at_80"] == 50.0
-    assert report["ece_top_belief"] == expected_calibration_error(T([0.3, 0.9, 0.6, 0.5]), ~wrong)
+    assert report["ece"] == expected_calibration_error(T([0.3, 0.9, 0.6, 0.5]), ~wrong)
+    assert report["ece_of"] == "top_belief"
 
 
 def test_metrics_module_exports_the_quality_metrics():

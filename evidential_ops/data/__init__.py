@@ -9,10 +9,12 @@
   helpers for any training loop.
 - `augment_batch`, `drop_regions`, `augment_tokens`: TcVSE's training augmentation (dropped
   regions; masked, swapped and discarded words).
+- `concat_splits`: two splits as one (e.g. out-of-distribution queries over the test gallery).
 Both sources return the same `CrossModalBenchmark` of `CrossModalSplit`s.
 """
 
 from .augment import augment_batch, augment_tokens, drop_regions
+from .combine import concat_splits
 from .precomputed import load_precomputed, save_precomputed
 from .synthetic import SyntheticConfig, corrupt_split, make_synthetic_benchmark
 from .torch_data import CrossModalPairs, collate_pairs, eval_batches, pad_sequences
@@ -31,6 +33,7 @@ __all__ = [
     "augment_batch",
     "augment_tokens",
     "collate_pairs",
+    "concat_splits",
     "corrupt_split",
     "drop_regions",
     "eval_batches",

@@ -15,9 +15,11 @@ from torch import nn
 from ..data.types import CrossModalBenchmark
 from ..models import DUQ, FUME, TCL, UML, TcVSE
 
-__all__ = ["METHODS", "RECIPES", "Recipe", "get_recipe"]
+__all__ = ["EVIDENTIAL_OPINION_METHODS", "METHODS", "RECIPES", "Recipe", "get_recipe"]
 
 METHODS = ("tcl", "tcvse", "uml", "fume", "duq")
+# Methods whose opinions take an evidence kind and τ from the recipe (`Recipe.with_model_options`).
+EVIDENTIAL_OPINION_METHODS = ("tcl", "tcvse", "uml")
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,11 @@ class Recipe:
     def with_overrides(self, **changes) -> Recipe:
         """A copy with the non-None keyword arguments replaced."""
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    def with_model_options(self, **options) -> Recipe:
+        """A copy whose model keyword arguments are updated with the non-None `options`, e.g.
+        `get_recipe("uml").with_model_options(evidence="exp", tau=0.1)`."""
+        return replace(self, model={**self.model, **{k: v for k, v in options.items() if v is not None}})
 
     def build(self, bench: CrossModalBenchmark) -> nn.Module:
         """The method's model with default encoders sized for `bench` (feature size, vocabularies,
