@@ -24,7 +24,9 @@ DEFAULT_BETA = 1e-4  # DUQ §4
 DEFAULT_GAMMA = 0.1  # γ1 = γ2, DUQ §4
 # Readings of the re-ranking of eq. 16 (SPEC §3 "DUQ", [choice]); see `duq_rerank`.
 RERANK_READINGS = ("printed", "nonnegative", "candidate")
-DEFAULT_RERANK_READING = "candidate"
+# Chosen by measurement (mean R@1 of seeds 0-2, bench/results/uncertainty_quality.md): the
+# candidate reading re-ranks but scored a little lower on every seed; none reaches plain s.
+DEFAULT_RERANK_READING = "nonnegative"
 
 
 def _symmetric_diagonal_log_softmax(logits: Tensor) -> Tensor:
@@ -245,14 +247,17 @@ def duq_rerank(
     - "printed": eq. 16 as printed, s'_ij = exp(−γ1·u_d,i)·(1 − D_ij) · exp(−γ2·u_s,i)·s_ij.
       u_s,i, u_d,i are constants of the query, so the ranking is that of (1 − D)∘s, and where
       1 − D < 0 and s < 0 the product is positive: two bad factors make a good score.
-    - "nonnegative": the same per-query uncertainties with both factors mapped monotonically
-      onto [0, 1] for cosine s ∈ [−1, 1] and D ∈ [0, 2]: s'_ij = exp(−γ1·u_d,i)·(1 − D_ij/2) ·
-      exp(−γ2·u_s,i)·(1 + s_ij)/2. No sign flip; the uncertainties still cannot re-rank.
-    - "candidate" (default): the nonnegative form with each pair's uncertainty factor that of
-      the query times that of the candidate, s'_ij = exp(−γ1(u_d,i + u_d,j))·(1 − D_ij/2) ·
+    - "nonnegative" (default): the same per-query uncertainties with both factors mapped
+      monotonically onto [0, 1] for cosine s ∈ [−1, 1] and D ∈ [0, 2]: s'_ij =
+      exp(−γ1·u_d,i)·(1 − D_ij/2) · exp(−γ2·u_s,i)·(1 + s_ij)/2. No sign flip; the
+      uncertainties still cannot re-rank.
+    - "candidate": the nonnegative form with each pair's uncertainty factor that of the query
+      times that of the candidate, s'_ij = exp(−γ1(u_d,i + u_d,j))·(1 − D_ij/2) ·
       exp(−γ2(u_s,i + u_s,j))·(1 + s_ij)/2: the candidate's own uncertainty varies along the
-      ranking, so eq. 16 can change it. Default chosen by measurement (README "Uncertainty
-      quality", bench/results/uncertainty_quality.md).
+      ranking, so eq. 16 can change it.
+    The default is the reading with the highest mean R@1 over seeds 0–2 on the built-in data
+    (README "Uncertainty quality", bench/results/uncertainty_quality.md); no reading reaches
+    the R@1 of plain s there.
 
     Args:
         s: (N_q, N_g) similarities; d: (N_q, N_g) distances (`duq_distance_matrix`).

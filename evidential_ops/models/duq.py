@@ -101,8 +101,9 @@ class DUQ(nn.Module):
         model: `DualEncoder` (image_encoder = video encoder over frames) with output size D.
         embed_dim: D. prob_dim: D_p of the probabilistic embeddings (default D).
         num_samples: K_p (7). alpha, beta: loss weights (0.1, 1e-4). gamma1, gamma2: re-ranking (0.1).
-        rerank_reading: the reading of eq. 16 (`methods.duq_rerank`, [choice]): "candidate"
-            (default, chosen by measurement), "nonnegative" or "printed" (eq. 16 as printed).
+        rerank_reading: the reading of eq. 16 (`methods.duq_rerank`, [choice]): "nonnegative"
+            (default, chosen by measurement), "candidate" (re-ranks by each candidate's own
+            uncertainty) or "printed" (eq. 16 as printed).
         logit_scale: initial λ (1/0.07); learn_logit_scale: train λ (clamped at 100).
         initial_log_sigma: [choice] initial log-std of the probabilistic embeddings. The μ heads
             start as the identity (μ = z, when D_p = D) and the log-σ heads as this constant:

@@ -119,6 +119,8 @@ def _analyse_uml(model, bench: CrossModalBenchmark, seed: int, *, audit_batches,
             "uncertainty_clean_median": _median(u[~noisy]) if bool((~noisy).any()) else float("nan"),
             "uncertainty_noisy_median": _median(u[noisy]) if bool(noisy.any()) else float("nan"),
             "uncertainty_auroc_noisy": auroc(u[noisy], u[~noisy]),
+            "uncertainty_min": float(u.min()),
+            "uncertainty_max": float(u.max()),
         }
         if "similarity_vt" in audit:
             # The free baseline: a pair whose own cosine is low is suspect, no opinion needed.
