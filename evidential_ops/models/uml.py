@@ -75,7 +75,12 @@ class UML(nn.Module):
         visual_encoder: images -> (B, D). english_encoder, other_encoder: (tokens, lengths) ->
             (B, D) for the English ("captions") and non-English ("captions_alt") captions.
         total_epochs: E of σ(t) = max(γ, 1 − λ_s·t/E).
-        evidence, tau: exp_tanh, 0.1 (eq. 1). phi: φ (0.01). gamma, lambda_s: σ schedule (0.2, 4).
+        evidence, tau: exp_tanh, 0.1 (eq. 1). With exp_tanh every evidence lies in [1/e, e], so
+            α ∈ [1.37, 3.72] and the uncertainty u = N/S is confined to [0.27, 0.73] whatever τ and
+            the training do: it can neither say "sure" nor "no idea", and noisy and clean pairs
+            differ by hundredths in mean u. evidence="exp" (any τ) frees it; the pipelines offer
+            it as `--evidence exp --tau T` (README "Uncertainty quality" has its measured effect).
+        phi: φ (0.01). gamma, lambda_s: σ schedule (0.2, 4).
         beta: β of eq. 20 (0.6 image-text, 0.4 video). aml_tau: AML softmax temperature (0.1).
         warmup_epochs: [choice] epochs (0-based t < warmup_epochs) in which every pair is
             treated as clean in the losses (l = 1); eq. 4's labels are still computed and
