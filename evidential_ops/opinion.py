@@ -105,8 +105,9 @@ def opinion(
     and the dissonance of its opinion among its top_k candidates (SPEC §1 "dissonance": Jøsang
     et al. 2018; k is capped at the number of candidates of the direction): `row_top_belief`,
     `row_dissonance` (N_q,), `col_top_belief`, `col_dissonance` (N_g,). They take one more pass
-    over x·yᵀ in tiles of at most `tile_mib` MiB of scores (no N_q × N_g buffer on any backend).
-    top_k=None skips that pass and leaves them None.
+    over x·yᵀ in tiles of at most `tile_mib` MiB of scores (no N_q × N_g buffer on any backend;
+    beyond the tile, only the running top-k values, (N_q + N_g)·k, are kept). top_k=None skips
+    that pass and leaves them None.
     """
     tau = checks.tau_value(tau)
     evidence = checks.evidence_kind(evidence)

@@ -233,7 +233,7 @@ def expected_calibration_error(confidence, correct, n_bins: int = DEFAULT_ECE_BI
         raise ValueError("confidence must lie in [0, 1] (a belief or a probability)")
     n_bins = int(n_bins)
     bins = (torch.ceil(conf * n_bins) - 1).clamp(0, n_bins - 1).to(torch.int64)
-    count = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, bins, torch.ones_like(conf))
+    # (|B_m|/N)·|acc(B_m) − conf(B_m)| = |Σ_B hits − Σ_B conf| / N: no per-bin count needed.
     conf_sum = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, bins, conf)
     hit_sum = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, bins, ok.to(torch.float64))
     return float((hit_sum - conf_sum).abs().sum() / conf.numel())
