@@ -44,6 +44,10 @@ def test_demo_writes_metrics_and_plots(method, tmp_path, capsys):
     assert f"== {method}" in out and "uncertainty quality of" in out
     for direction in ("i2t", "t2i"):
         assert metrics["uncertainty_quality"][direction]["baselines"] == ["neg_top1_similarity", "neg_margin"]
+    # The baseline is judged as its method is (by class beside FUME), so their AURCs compare.
+    relevance = metrics["uncertainty_quality"]["relevance"]
+    assert relevance == ("label" if method == "fume" else "instance")
+    assert metrics["infonce_baseline"]["uncertainty_quality"]["relevance"] == relevance
     # The comparison with the baseline is the plain value comparison, and a failure says why.
     key = "map" if method == "fume" else "rsum"
     check = metrics["done_when"][f"{key}_vs_infonce"]

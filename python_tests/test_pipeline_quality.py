@@ -79,6 +79,7 @@ def test_quality_of_reports_every_score_beside_the_free_ones(method):
     metrics, curves = quality_of(method, model, bench, seed=0)
     primary = PRIMARY_SCORE[method]
     assert metrics["primary_score"] == primary
+    assert metrics["relevance"] == ("label" if method == "fume" else "instance")
     for direction in ("i2t", "t2i"):
         q = metrics[direction]
         assert primary in q["scores"] and q["baselines"] == ["neg_top1_similarity", "neg_margin"]
@@ -103,6 +104,11 @@ def test_infonce_quality_uses_its_softmax_confidence():
     out = baseline.infer(bench.test)
     probability = out.top_probability("rows")
     assert bool(((probability > 0) & (probability <= 1)).all())
+    # Beside FUME the baseline is judged by class, as FUME is: a top-1 of the same class is right.
+    by_class, _ = quality_of("infonce", baseline, bench, seed=0, relevance="label")
+    assert by_class["relevance"] == "label" and by_class["i2t"]["r1"] >= q["r1"]
+    with pytest.raises(ValueError, match="relevance"):
+        quality_of("infonce", baseline, bench, relevance="caption")
 
 
 def _quality(u_auroc: float, free_auroc: float, u_aurc: float, ood: float | None = None) -> dict:

@@ -131,13 +131,15 @@ def markdown(results: dict) -> str:
         m = means[method]
         out.append(f"#### {NAMES[method]}")
         out.append("")
-        extra = " | mAP" if method == "fume" else ""
+        # FUME retrieves by class: its quality table judges a top-1 by class, shown beside mAP.
+        extra = " | mAP | top-1 right by class i2t | t2i" if method == "fume" else ""
         out.append(f"| model | i2t R@1 | t2i R@1 | rSum{extra} | ECE i2t | ECE t2i |")
-        out.append("|---|---|---|---|---|---|" + ("---|" if method == "fume" else ""))
+        out.append("|---|---|---|---|---|---|" + ("---|---|---|" if method == "fume" else ""))
         for label, part in ((NAMES[method], m), ("InfoNCE baseline (same encoders)", m["infonce"])):
             ece = [part["quality"][d].get("ece") for d in ("i2t", "t2i")]
-            mp = f" | {part['map']:.3f}" if method == "fume" else ""
-            out.append(f"| {label} | {part['i2t_r1']:.1f} | {part['t2i_r1']:.1f} | {part['rsum']:.1f}{mp} | "
+            by_class = (f" | {part['map']:.3f} | {part['quality']['i2t']['r1']:.1f} | {part['quality']['t2i']['r1']:.1f}"
+                        if method == "fume" else "")
+            out.append(f"| {label} | {part['i2t_r1']:.1f} | {part['t2i_r1']:.1f} | {part['rsum']:.1f}{by_class} | "
                        f"{_fmt(ece[0])} | {_fmt(ece[1])} |")
         out.append("")
         out.extend(_quality_table(m))

@@ -15,7 +15,8 @@ Scores per method (all read as uncertainties, higher = less confident):
 - FUME: "u_query" (the query's decision uncertainty, eq. 9) and "u_pair_top1" (the cross-modal
   uncertainty of the query and its top-1 result, eq. 10); label-based correctness (FUME's
   retrieval is by class); no belief, so no ECE.
-- InfoNCE baseline: "neg_top_probability" = −max softmax(s̄/τ), its own confidence; ECE of it.
+- InfoNCE baseline: "neg_top_probability" = −max softmax(s̄/τ), its own confidence; ECE of it;
+  judged by the relevance of the method it stands beside (by class for FUME's).
 Every method also gets the baselines −s_(1) and −(s_(1) − s_(2)) of its ranking.
 """
 
@@ -63,10 +64,10 @@ class _Outputs:
     """A model's test-time matrices over one split, images × captions, and how to turn a block
     of them (queries, gallery) into `QueryScores`."""
 
-    def __init__(self, method: str, model: nn.Module, split: CrossModalSplit, seed: int):
+    def __init__(self, method: str, model: nn.Module, split: CrossModalSplit, seed: int, relevance: str):
         self.method = method
         c = split.captions_per_image
-        if method == "fume":  # FUME retrieves by class (its Table 1)
+        if relevance == "label":
             self.image_labels, self.text_labels = split.labels, split.labels.repeat_interleave(c)
         else:
             self.image_labels, self.text_labels = instance_labels(split.n_images, c)
@@ -115,17 +116,20 @@ class _Outputs:
         return QueryScores(ranking, {"neg_top_probability": -probability}, probability, "top_softmax_probability")
 
     def wrong(self, direction: str, queries: slice, gallery: slice, ranking: Tensor) -> Tensor:
-        """(N_q,) bool: the query's top-1 is not relevant (instance protocol; FUME: by class)."""
+        """(N_q,) bool: the query's top-1 is not relevant (instance protocol, or by class)."""
         if direction == "i2t":
             return ~top1_correct(ranking, self.image_labels[queries], self.text_labels[gallery])
         return ~top1_correct(ranking, self.text_labels[queries], self.image_labels[gallery])
 
 
 @torch.no_grad()
-def quality_of(method: str, model: nn.Module, bench: CrossModalBenchmark, *, seed: int = 0) -> tuple[dict, dict]:
+def quality_of(method: str, model: nn.Module, bench: CrossModalBenchmark, *, seed: int = 0,
+               relevance: str | None = None) -> tuple[dict, dict]:
     """(metrics, curves) of SPEC §6 for `model` on bench.test (and bench.ood when present).
 
-    method: one of PRIMARY_SCORE ("infonce" for `models.InfoNCEBaseline`). Returns
+    method: one of PRIMARY_SCORE ("infonce" for `models.InfoNCEBaseline`). relevance: what makes
+    a top-1 right, "instance" (its own image / one of its captions) or "label" (same class);
+    default "label" for FUME (retrieval by class, its Table 1), "instance" otherwise. Returns
     metrics = {"i2t": uncertainty_report, "t2i": ..., "primary_score": name, "ood_queries": n or 0}
     and curves = {direction: {score: {"coverage", "risk"} numpy arrays, "oracle": ...}} for the
     risk–coverage plot.
@@ -133,11 +137,15 @@ def quality_of(method: str, model: nn.Module, bench: CrossModalBenchmark, *, see
     test = bench.test
     has_ood = "ood" in bench
     split = concat_splits(test, bench.ood) if has_ood else test
-    outputs = _Outputs(method, model, split, seed)
+    if relevance is None:
+        relevance = "label" if method == "fume" else "instance"
+    if relevance not in ("instance", "label"):
+        raise ValueError(f"relevance must be 'instance' or 'label', got {relevance!r}")
+    outputs = _Outputs(method, model, split, seed, relevance)
     n_img, c = test.n_images, test.captions_per_image
     test_images, test_captions = slice(0, n_img), slice(0, n_img * c)
     ood_images, ood_captions = slice(n_img, split.n_images), slice(n_img * c, split.n_captions)
-    metrics = {"primary_score": PRIMARY_SCORE[method], "ood_queries": {"i2t": 0, "t2i": 0}}
+    metrics = {"primary_score": PRIMARY_SCORE[method], "relevance": relevance, "ood_queries": {"i2t": 0, "t2i": 0}}
     curves = {}
     for direction in DIRECTIONS:
         queries, gallery = (test_images, test_captions) if direction == "i2t" else (test_captions, test_images)

@@ -149,7 +149,8 @@ def _evaluate(method: str, model, bench: CrossModalBenchmark, recipe: Recipe, *,
     details["uncertainty_quality"], curves = quality_of(method, model, bench, seed=seed)
     plot_data["risk_coverage"] = {"method": curves, "primary": details["uncertainty_quality"]["primary_score"]}
     if baseline is not None:
-        details["infonce_baseline"], plot_data["risk_coverage"]["infonce"] = _evaluate_baseline(baseline, bench, seed)
+        details["infonce_baseline"], plot_data["risk_coverage"]["infonce"] = _evaluate_baseline(
+            baseline, bench, seed, details["uncertainty_quality"]["relevance"])
     metrics = {k: details[k] for k in RETRIEVAL_KEYS}
     metrics["method"] = method
     metrics.update({k: v for k, v in details.items() if k not in RETRIEVAL_KEYS})
@@ -159,14 +160,14 @@ def _evaluate(method: str, model, bench: CrossModalBenchmark, recipe: Recipe, *,
     return metrics, plot_data
 
 
-def _evaluate_baseline(baseline, bench: CrossModalBenchmark, seed: int) -> tuple[dict, dict]:
+def _evaluate_baseline(baseline, bench: CrossModalBenchmark, seed: int, relevance: str) -> tuple[dict, dict]:
     """Retrieval keys (and mAP with labels) plus the uncertainty quality of the InfoNCE baseline,
-    and its risk–coverage curves."""
+    judged by the same relevance as its method (by class for FUME), and its risk–coverage curves."""
     metrics = baseline.evaluate(bench.test)
     out = {k: metrics[k] for k in RETRIEVAL_KEYS}
     if "map" in metrics:
         out["map"] = metrics["map"]
-    out["uncertainty_quality"], curves = quality_of("infonce", baseline, bench, seed=seed)
+    out["uncertainty_quality"], curves = quality_of("infonce", baseline, bench, seed=seed, relevance=relevance)
     return out, curves
 
 
