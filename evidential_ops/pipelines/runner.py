@@ -165,7 +165,7 @@ def _evaluate_baseline(baseline, bench: CrossModalBenchmark, seed: int, relevanc
     judged by the same relevance as its method (by class for FUME), and its risk–coverage curves."""
     metrics = baseline.evaluate(bench.test)
     out = {k: metrics[k] for k in RETRIEVAL_KEYS}
-    if "map" in metrics:
+    if relevance == "label":  # mAP is the measure of label-based retrieval (FUME) only
         out["map"] = metrics["map"]
     out["uncertainty_quality"], curves = quality_of("infonce", baseline, bench, seed=seed, relevance=relevance)
     return out, curves
