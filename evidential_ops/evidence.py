@@ -45,6 +45,27 @@ def log_alpha(s: Tensor, kind: str, tau: float) -> Tensor:
     return torch.log1p(evidence(s, kind, tau))
 
 
+def log_evidence(s: Tensor, kind: str, tau: float) -> Tensor:
+    """ln e = ln g(s/τ), elementwise, exact where e itself overflows (SPEC §1; used for beliefs
+    b = exp(ln e − ln S) of results whose evidence exceeds the dtype, exp at small τ).
+
+    exp: s/τ; relu: ln(max(s/τ, 0)), −inf where the evidence is 0 (b = 0 there);
+    softplus: ln ln(1 + e^x) (x itself below x = −30, where ln(1 + e^x) = e^x to 1e-13);
+    exp_tanh: tanh(s/τ).
+    """
+    x = s / tau
+    if kind == "exp":
+        return x
+    if kind == "relu":
+        return torch.log(torch.relu(x))
+    if kind == "softplus":
+        softplus = torch.relu(x) + torch.log1p(torch.exp(-x.abs()))
+        return torch.where(x < -30.0, x, torch.log(softplus))
+    if kind == "exp_tanh":
+        return torch.tanh(x)
+    raise ValueError(f"evidence must be one of {EVIDENCE_KINDS}, got {kind!r}")
+
+
 def max_log_alpha(kind: str, tau: float, max_abs_similarity: Tensor) -> Tensor:
     """An upper bound of ln α over |s| <= max_abs_similarity (a 0-D tensor), used to detect
     overflow up front; a tensor so that the check needs no host sync (checks.require)."""

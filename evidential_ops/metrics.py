@@ -12,6 +12,11 @@ What is here:
 - `query_uncertainty`, `topk_beliefs`, `evidential_topk`: per-query uncertainty u = N/S and the
   belief b = e/S of each query's top-k results from an `Opinion` (SPEC §1, §3 TCL inference),
   computed with `evidential_ops.opinion` / `evidential_ops.belief`.
+- `top1_correct`: whether each query's top-1 result is relevant (the per-query R@1 hit).
+- The quality of an uncertainty score (SPEC §6), from `evidential_ops.uncertainty_quality`:
+  `auroc`, `aupr` (detecting wrong top-1 results or shifted queries), `risk_coverage_curve`,
+  `aurc`, `excess_aurc`, `accuracy_at_coverage` (selective retrieval),
+  `expected_calibration_error`, `similarity_baselines` and `uncertainty_report`.
 
 Conventions where the papers are silent (each is a **[choice]**, repeated in the docstrings):
 - Ties: `ties="pessimistic"` (default) ranks a relevant item after every irrelevant item with the
@@ -52,19 +57,40 @@ from .opinion import opinion as _opinion
 from .config import NORMALIZE_EPS
 from .methods.fume import fume_cross_modal_uncertainty
 from .results import Opinion
+from .uncertainty_quality import (
+    accuracy_at_coverage,
+    aupr,
+    auroc,
+    aurc,
+    excess_aurc,
+    expected_calibration_error,
+    risk_coverage_curve,
+    similarity_baselines,
+    uncertainty_report,
+)
 
 __all__ = [
     "TopK",
+    "accuracy_at_coverage",
+    "aupr",
+    "auroc",
+    "aurc",
     "average_precision",
     "evidential_topk",
+    "excess_aurc",
+    "expected_calibration_error",
     "instance_labels",
     "map_at_all",
     "map_vs_deletion_rate",
     "query_uncertainty",
     "retrieval_metrics",
     "retrieval_ranks",
+    "risk_coverage_curve",
+    "similarity_baselines",
+    "top1_correct",
     "topk_beliefs",
     "uncertainty_filtered_map",
+    "uncertainty_report",
 ]
 
 TIES = ("pessimistic", "optimistic")
@@ -267,6 +293,32 @@ def instance_labels(n_images: int, captions_per_image: int = 1) -> tuple[Tensor,
     c = integer(captions_per_image, "captions_per_image", minimum=1)
     ids = torch.arange(n)
     return ids, ids.repeat_interleave(c)
+
+
+def top1_correct(sims, query_labels, gallery_labels, *, ties: str = "pessimistic", chunk_size=None) -> Tensor:
+    """(N_q,) bool: whether each query's top-1 result is relevant, the per-query R@1 hit (SPEC §4, §6).
+
+    sims: (N_q, N_g); labels as in `map_at_all` (with `instance_labels(N, c)` this is the
+    instance protocol: an image is right when its best caption ranks first, a caption when its
+    image does, exactly the hits of `retrieval_metrics`' R@1). A query is right when its best
+    relevant score beats every irrelevant one; **[choice]** ties="pessimistic" (default) counts
+    a tie with an irrelevant item as wrong, "optimistic" as right. No relevant item: wrong.
+    """
+    s = _score_matrix(sims, "sims")
+    ties = choice(ties, "ties", TIES)
+    ql, gl = _label_pair(query_labels, gallery_labels, *s.shape, s.device)
+    work = output_dtype(s.dtype) if s.is_floating_point() else torch.float64
+    lowest = torch.tensor(-math.inf, dtype=work, device=s.device)
+    out = torch.empty(s.shape[0], dtype=torch.bool, device=s.device)
+    rows = _rows_per_chunk(*s.shape, chunk_size)
+    for r0 in range(0, s.shape[0], rows):
+        block = s[r0 : r0 + rows].to(work)
+        rel = _relevance(ql[r0 : r0 + rows], gl)
+        best_relevant = torch.where(rel, block, lowest).amax(dim=1)
+        best_other = torch.where(rel, lowest, block).amax(dim=1)
+        beats = best_relevant > best_other if ties == "pessimistic" else best_relevant >= best_other
+        out[r0 : r0 + rows] = beats & rel.any(dim=1)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -677,7 +729,7 @@ def evidential_topk(
     direction="cols") and their beliefs from `evidential_ops.belief`. Shapes as in `topk_beliefs`.
     """
     direction = choice(direction, "direction", DIRECTIONS)
-    op = _opinion(x, y, evidence=evidence, tau=tau, normalize=normalize, backend=backend)
+    op = _opinion(x, y, evidence=evidence, tau=tau, normalize=normalize, backend=backend, top_k=None)
     work = output_dtype(x.dtype)
     with torch.no_grad():
         xq, yg = x.detach().to(work), y.detach().to(work)

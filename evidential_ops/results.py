@@ -18,12 +18,23 @@ class Opinion:
     τ = 0.01); `uncertainty = N / S` is formed from them without overflow.
 
     Shapes: row_log_strength, row_uncertainty: (N_q,); col_log_strength, col_uncertainty: (N_g,).
+
+    Filled by `evidential_ops.opinion` on top of any backend (None when top_k=None, and in what
+    a backend itself returns): row_dissonance, row_top_belief (N_q,) and col_dissonance,
+    col_top_belief (N_g,), the dissonance of each query's opinion among its `top_k` most
+    believed candidates and the belief of its top result (SPEC §1); top_k: the k asked for
+    (each direction uses min(top_k, its number of candidates)).
     """
 
     row_log_strength: Tensor
     row_uncertainty: Tensor
     col_log_strength: Tensor
     col_uncertainty: Tensor
+    row_dissonance: Tensor | None = None
+    row_top_belief: Tensor | None = None
+    col_dissonance: Tensor | None = None
+    col_top_belief: Tensor | None = None
+    top_k: int | None = None
 
     @property
     def row_strength(self) -> Tensor:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,8 @@ from models_fixtures import single_thread
 
 from evidential_ops.__main__ import main
 from evidential_ops.pipelines.analysis import RETRIEVAL_KEYS, auroc
-from evidential_ops.pipelines.training import progress_enabled
+from evidential_ops.pipelines.runner import PLOTS_HINT
+from evidential_ops.pipelines.training import epoch_lines_enabled, progress_enabled
 
 _one_thread = pytest.fixture(autouse=True)(single_thread)
 
@@ -24,20 +26,37 @@ PLOTS = {"tcl": ["uncertainty_corruption.png"], "tcvse": ["uncertainty_corruptio
          "uml": ["uml_noisy_vs_clean.png"], "fume": ["fume_map_vs_deletion.png", "fume_ood_uncertainty.png"],
          "duq": ["duq_uncertainty_corruption.png"]}
 FIGURES = {"tcl": ["corruption", "model_a", "model_b"], "tcvse": ["corruption"], "uml": ["audit"],
-           "fume": ["map", "map_filtered", "ood_cross_modal_uncertainty_median"], "duq": ["reranked"]}
+           "fume": ["map", "map_filtered", "ood_cross_modal_uncertainty_median"], "duq": ["reranked", "rerank_readings"]}
 
 
 @pytest.mark.parametrize("method", sorted(PLOTS))
 def test_demo_writes_metrics_and_plots(method, tmp_path, capsys):
     assert main(["demo", "--method", method, "--out", str(tmp_path), "--no-bench", *TINY]) == 0
     metrics = json.loads((tmp_path / "metrics.json").read_text())
-    for key in RETRIEVAL_KEYS + tuple(FIGURES[method]) + ("done_when", "untrained", "train"):
+    for key in RETRIEVAL_KEYS + tuple(FIGURES[method]) + ("done_when", "untrained", "train", "uncertainty_quality",
+                                                          "infonce_baseline"):
         assert key in metrics, key
     assert metrics["train"]["epochs"] == 1 and metrics["method"] == method
-    for name in PLOTS[method] + ["training_loss.png"]:
+    for name in PLOTS[method] + ["training_loss.png", "risk_coverage.png"]:
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     assert (tmp_path / "checkpoint.pt").is_file()
-    assert f"== {method}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"== {method}" in out and "uncertainty quality of" in out
+    for direction in ("i2t", "t2i"):
+        assert metrics["uncertainty_quality"][direction]["baselines"] == ["neg_top1_similarity", "neg_margin"]
+    # The baseline is judged as its method is (by class beside FUME), so their AURCs compare.
+    relevance = metrics["uncertainty_quality"]["relevance"]
+    assert relevance == ("label" if method == "fume" else "instance")
+    assert metrics["infonce_baseline"]["uncertainty_quality"]["relevance"] == relevance
+    # The comparison with the baseline is the plain value comparison, and a failure says why.
+    key = "map" if method == "fume" else "rsum"
+    check = metrics["done_when"][f"{key}_vs_infonce"]
+    mine, theirs = metrics[key], metrics["infonce_baseline"][key]
+    assert check["value"] == [mine, theirs] and check["pass"] == (mine >= theirs)
+    for name, check in metrics["done_when"].items():
+        assert isinstance(check["pass"], bool), name
+        assert check["pass"] or "note" in check or name.startswith(("median_", "ensemble_", "split_", "map_filtered",
+                                                                       "uncertainty_noisy", "ood_vs")), name
 
 
 def test_train_then_eval_reproduces_the_metrics(tmp_path):
@@ -77,8 +96,49 @@ def test_bad_command_lines(tmp_path):
 def test_progress_bars_only_for_a_terminal(monkeypatch):
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
     assert progress_enabled(False) and not progress_enabled(True)
+    assert not epoch_lines_enabled(False)
     monkeypatch.setattr(sys.stdout, "isatty", lambda: False, raising=False)
     assert not progress_enabled(False)
+    assert epoch_lines_enabled(False) and not epoch_lines_enabled(True)
+
+
+LOUD = [arg for arg in TINY if arg != "--quiet"]
+
+
+def test_one_progress_line_per_epoch_without_a_terminal(tmp_path, capsys):
+    """pytest's captured stdout is not a TTY: each epoch prints its loss and seconds, no bars."""
+    assert main(["train", "--method", "tcl", "--out", str(tmp_path), *LOUD, "--epochs", "2"]) == 0
+    out = capsys.readouterr().out
+    lines = re.findall(r"^tcl train epoch (\d)/2: loss (\S+), (\S+) s$", out, flags=re.M)
+    assert [int(e) for e, _, _ in lines] == [1, 2]
+    assert all(float(loss) == float(loss) and float(seconds) >= 0 for _, loss, seconds in lines)
+    assert "\r" not in out
+    assert main(["train", "--method", "tcl", "--out", str(tmp_path), *TINY]) == 0
+    assert "train epoch" not in capsys.readouterr().out  # --quiet
+
+
+def test_without_matplotlib_runs_train_and_demo_and_skips_the_plots(tmp_path, capsys, monkeypatch):
+    # A None entry in sys.modules is how Python marks a module as not importable.
+    for name in ("matplotlib", "matplotlib.pyplot"):
+        monkeypatch.setitem(sys.modules, name, None)
+    assert main(["train", "--method", "tcl", "--out", str(tmp_path / "train"), *LOUD]) == 0
+    out = capsys.readouterr().out
+    assert out.count(PLOTS_HINT) == 1
+    assert out.index(PLOTS_HINT) < out.index("tcl train epoch 1/1")  # said before training, not after
+    assert (tmp_path / "train" / "metrics.json").is_file() and not list((tmp_path / "train").glob("*.png"))
+    assert main(["demo", "--method", "duq", "--out", str(tmp_path / "demo"), "--no-bench", *TINY]) == 0
+    out = capsys.readouterr().out
+    assert out.count(PLOTS_HINT) == 1 and "(no plots)" in out
+    assert "uncertainty_quality" in json.loads((tmp_path / "demo" / "metrics.json").read_text())
+    assert not list((tmp_path / "demo").glob("*.png"))
+
+
+def test_evidence_and_tau_options_reach_the_model(tmp_path):
+    assert main(["train", "--method", "uml", "--out", str(tmp_path), "--evidence", "exp", "--tau", "0.1", *TINY]) == 0
+    recipe = json.loads((tmp_path / "metrics.json").read_text())["recipe"]
+    assert recipe["model"]["evidence"] == "exp" and recipe["model"]["tau"] == 0.1
+    with pytest.raises(SystemExit, match="apply to tcl, tcvse, uml"):
+        main(["train", "--method", "duq", "--out", str(tmp_path), "--evidence", "exp", *TINY])
 
 
 def test_auroc_by_hand():

@@ -273,7 +273,7 @@ def test_rerank_matches_loop():
     nq, ng = 5, 8
     s = _similarity(nq, seed=50, n=ng)
     d = torch.rand(nq, ng, generator=torch.Generator().manual_seed(51), dtype=torch.float64) * 2
-    out = duq_rerank(s, d, gamma1=0.3, gamma2=0.7)
+    out = duq_rerank(s, d, gamma1=0.3, gamma2=0.7, reading="printed")
     sl, dl = s.tolist(), d.tolist()
     for i in range(nq):
         u_s = ng / sum(max(x, 0.0) + 1 for x in sl[i])
@@ -283,6 +283,56 @@ def test_rerank_matches_loop():
         for j in range(ng):
             want = math.exp(-0.3 * u_d) * (1 - dl[i][j]) * math.exp(-0.7 * u_s) * sl[i][j]
             assert out.similarity[i, j].item() == pytest.approx(want, rel=1e-13, abs=1e-15)
+
+
+def test_rerank_candidate_and_nonnegative_readings_match_loop():
+    nq, ng = 5, 8
+    s = _similarity(nq, seed=52, n=ng)
+    d = torch.rand(nq, ng, generator=torch.Generator().manual_seed(53), dtype=torch.float64) * 2
+    sl, dl = s.tolist(), d.tolist()
+    u_s = [ng / sum(max(x, 0.0) + 1 for x in row) for row in sl]
+    u_d = [ng / sum(max(x, 0.0) + 1 for x in row) for row in dl]
+    v_s = [nq / sum(max(sl[i][j], 0.0) + 1 for i in range(nq)) for j in range(ng)]  # each candidate's own
+    v_d = [nq / sum(max(dl[i][j], 0.0) + 1 for i in range(nq)) for j in range(ng)]
+    cand = duq_rerank(s, d, gamma1=0.3, gamma2=0.7, reading="candidate")
+    flat = duq_rerank(s, d, gamma1=0.3, gamma2=0.7, reading="nonnegative")
+    assert cand.reading == "candidate"
+    for j in range(ng):
+        assert cand.candidate_similarity_uncertainty[j].item() == pytest.approx(v_s[j], rel=1e-14)
+        assert cand.candidate_distance_uncertainty[j].item() == pytest.approx(v_d[j], rel=1e-14)
+    for i in range(nq):
+        for j in range(ng):
+            shifted = (1 - dl[i][j] / 2) * (1 + sl[i][j]) / 2
+            want = math.exp(-0.3 * (u_d[i] + v_d[j])) * math.exp(-0.7 * (u_s[i] + v_s[j])) * shifted
+            assert cand.similarity[i, j].item() == pytest.approx(want, rel=1e-13)
+            want = math.exp(-0.3 * u_d[i]) * math.exp(-0.7 * u_s[i]) * shifted
+            assert flat.similarity[i, j].item() == pytest.approx(want, rel=1e-13)
+
+
+def test_printed_rerank_cannot_change_a_ranking_and_flips_signs():
+    """Eq. 16 as printed ranks like (1 − D)∘s, and two negative factors make a positive score."""
+    gen = torch.Generator().manual_seed(54)
+    s = torch.rand(6, 9, generator=gen, dtype=torch.float64) * 2 - 1
+    d = torch.rand(6, 9, generator=gen, dtype=torch.float64) * 2
+    printed = duq_rerank(s, d, gamma1=5.0, gamma2=5.0, reading="printed").similarity
+    assert torch.equal(printed.argsort(dim=1), ((1 - d) * s).argsort(dim=1))
+    flipped = (s < 0) & (d > 1)
+    assert bool(flipped.any()) and bool((printed[flipped] > 0).all())
+    # The nonnegative reading keeps every factor >= 0: a worse s or D never raises the score.
+    nonnegative = duq_rerank(s, d, reading="nonnegative").similarity
+    assert bool((nonnegative >= 0).all())
+    assert torch.equal(nonnegative.argsort(dim=1), ((1 - d / 2) * (1 + s)).argsort(dim=1))
+
+
+def test_candidate_rerank_changes_a_ranking():
+    # Query 0 sees candidates 0 and 1 at equal s and D; candidate 1 is similar to every other
+    # query too (strong column evidence, low own u_s), so the candidate reading prefers it.
+    s = torch.tensor([[0.5, 0.5], [0.0, 0.9], [0.0, 0.9]], dtype=torch.float64)
+    d = torch.full((3, 2), 0.5, dtype=torch.float64)
+    out = duq_rerank(s, d, gamma1=0.1, gamma2=1.0, reading="candidate")
+    assert out.candidate_similarity_uncertainty[1] < out.candidate_similarity_uncertainty[0]
+    assert out.similarity[0, 1] > out.similarity[0, 0]
+    assert duq_rerank(s, d, reading="printed").similarity[0, 0] == duq_rerank(s, d, reading="printed").similarity[0, 1]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -321,6 +371,8 @@ def test_duq_rejects_bad_inputs():
         duq_rerank(s, s, gamma1=-0.1)
     with pytest.raises(ValueError, match="d"):
         duq_rerank(s, s[:, :4])
+    with pytest.raises(ValueError, match="reading must be one of"):
+        duq_rerank(s, s, reading="paper")
     bad = s.clone()
     bad[1, 1] = float("nan")
     with pytest.raises(ValueError, match="s"):

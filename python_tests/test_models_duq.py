@@ -66,6 +66,18 @@ def test_inference_reranks_as_eq_16():
     torch.testing.assert_close(again.distance, out.distance)  # seeded: reproducible
     metrics = model.evaluate(bench.test)
     assert set(metrics["reranked"]) >= {"i2t_r1", "t2i_r1", "rsum"}
+    assert set(metrics["rerank_readings"]) == {"printed", "nonnegative", "candidate"}
+    assert metrics["rerank_readings"][model.rerank_reading] == metrics["reranked"]
+
+
+def test_rerank_reading_is_a_model_option():
+    model, bench = _model(rerank_reading="printed")
+    out = model.infer(bench.test, seed=1)
+    printed = duq_rerank(out.similarity.contiguous(), out.distance.contiguous(), reading="printed")
+    torch.testing.assert_close(out.reranked_v2t, printed.similarity)
+    assert out.rerank_reading == "printed"
+    with pytest.raises(ValueError, match="rerank_reading"):
+        _model(rerank_reading="paper")
 
 
 def test_bad_arguments():

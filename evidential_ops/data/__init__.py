@@ -7,9 +7,14 @@
   papers' released features (SCAN / VSE++ / TCL), with a vocabulary built from training captions.
 - `CrossModalPairs`, `collate_pairs`, `pad_sequences`, `eval_batches`: torch Dataset/collate
   helpers for any training loop.
+- `augment_batch`, `drop_regions`, `augment_tokens`: TcVSE's training augmentation (dropped
+  regions; masked, swapped and discarded words).
+- `concat_splits`: two splits as one (e.g. out-of-distribution queries over the test gallery).
 Both sources return the same `CrossModalBenchmark` of `CrossModalSplit`s.
 """
 
+from .augment import augment_batch, augment_tokens, drop_regions
+from .combine import concat_splits
 from .precomputed import load_precomputed, save_precomputed
 from .synthetic import SyntheticConfig, corrupt_split, make_synthetic_benchmark
 from .torch_data import CrossModalPairs, collate_pairs, eval_batches, pad_sequences
@@ -25,8 +30,12 @@ __all__ = [
     "CrossModalSplit",
     "SyntheticConfig",
     "Vocabulary",
+    "augment_batch",
+    "augment_tokens",
     "collate_pairs",
+    "concat_splits",
     "corrupt_split",
+    "drop_regions",
     "eval_batches",
     "load_precomputed",
     "make_synthetic_benchmark",

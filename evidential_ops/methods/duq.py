@@ -22,6 +22,11 @@ DEFAULT_NUM_SAMPLES = 7  # K_p, DUQ §4 "K = 7"
 DEFAULT_ALPHA = 0.1  # DUQ §4
 DEFAULT_BETA = 1e-4  # DUQ §4
 DEFAULT_GAMMA = 0.1  # γ1 = γ2, DUQ §4
+# Readings of the re-ranking of eq. 16 (SPEC §3 "DUQ", [choice]); see `duq_rerank`.
+RERANK_READINGS = ("printed", "nonnegative", "candidate")
+# Chosen by measurement (mean R@1 of seeds 0-2, bench/results/uncertainty_quality.md): the
+# candidate reading re-ranks but scored a little lower on every seed; none reaches plain s.
+DEFAULT_RERANK_READING = "nonnegative"
 
 
 def _symmetric_diagonal_log_softmax(logits: Tensor) -> Tensor:
@@ -207,14 +212,19 @@ def duq_gaussian_kl(mu: Tensor, log_sigma: Tensor, *, check_finite: bool = True)
 
 
 class DUQRerank(NamedTuple):
-    """Re-ranked scores of DUQ eq. 16 with the per-query uncertainties used.
+    """Re-ranked scores of DUQ eq. 16 with the uncertainties used.
 
-    similarity: (N_q, N_g) s'. similarity_uncertainty, distance_uncertainty: (N_q,) u_s, u_d.
+    similarity: (N_q, N_g) s'. similarity_uncertainty, distance_uncertainty: (N_q,) the
+    queries' u_s, u_d (rows). candidate_similarity_uncertainty, candidate_distance_uncertainty:
+    (N_g,) each gallery item's own u_s, u_d over the queries (columns). reading: the reading used.
     """
 
     similarity: Tensor
     similarity_uncertainty: Tensor
     distance_uncertainty: Tensor
+    candidate_similarity_uncertainty: Tensor
+    candidate_distance_uncertainty: Tensor
+    reading: str
 
 
 def duq_rerank(
@@ -223,29 +233,60 @@ def duq_rerank(
     *,
     gamma1: float = DEFAULT_GAMMA,
     gamma2: float = DEFAULT_GAMMA,
+    reading: str = DEFAULT_RERANK_READING,
     check_finite: bool = True,
 ) -> DUQRerank:
-    """Uncertainty-aware re-ranking of DUQ eq. 16 (SPEC §3 "DUQ"):
-    s'_ij = exp(−γ1·u_d,i)·(1 − D_ij) · exp(−γ2·u_s,i)·s_ij,
-    u_s,i = N_g / S_i over row i of the ISUM evidence relu(s) + 1 (τ = 1),
-    u_d,i = N_g / S_i over row i of the distance evidence relu(D) + 1 (eq. 3, uncertainty B/S;
-    the released code's 1 − B/S is not followed). Rows are the queries.
+    """Uncertainty-aware re-ranking of DUQ eq. 16 (SPEC §3 "DUQ"), rows are the queries.
+
+    The uncertainties are B/S of eq. 3 (the released code's 1 − B/S is not followed): over a row
+    (a query's opinion) or a column (a gallery item's own opinion over the queries) of the ISUM
+    evidence relu(s) + 1 (τ = 1) for u_s and of the distance evidence relu(D) + 1 for u_d:
+    u_s,i = N_g / Σ_j (relu(s_ij) + 1), u_s,j = N_q / Σ_i (relu(s_ij) + 1), u_d likewise.
+
+    reading ([choice], SPEC §3 "DUQ"):
+    - "printed": eq. 16 as printed, s'_ij = exp(−γ1·u_d,i)·(1 − D_ij) · exp(−γ2·u_s,i)·s_ij.
+      u_s,i, u_d,i are constants of the query, so the ranking is that of (1 − D)∘s, and where
+      1 − D < 0 and s < 0 the product is positive: two bad factors make a good score.
+    - "nonnegative" (default): the same per-query uncertainties with both factors mapped
+      monotonically onto [0, 1] for cosine s ∈ [−1, 1] and D ∈ [0, 2]: s'_ij =
+      exp(−γ1·u_d,i)·(1 − D_ij/2) · exp(−γ2·u_s,i)·(1 + s_ij)/2. No sign flip; the
+      uncertainties still cannot re-rank.
+    - "candidate": the nonnegative form with each pair's uncertainty factor that of the query
+      times that of the candidate, s'_ij = exp(−γ1(u_d,i + u_d,j))·(1 − D_ij/2) ·
+      exp(−γ2(u_s,i + u_s,j))·(1 + s_ij)/2: the candidate's own uncertainty varies along the
+      ranking, so eq. 16 can change it.
+    The default is the reading with the highest mean R@1 over seeds 0–2 on the built-in data
+    (README "Uncertainty quality", bench/results/uncertainty_quality.md); no reading reaches
+    the R@1 of plain s there.
 
     Args:
         s: (N_q, N_g) similarities; d: (N_q, N_g) distances (`duq_distance_matrix`).
-        gamma1, gamma2: >= 0.
+        gamma1, gamma2: >= 0. reading: one of RERANK_READINGS.
     Returns:
-        DUQRerank(similarity (N_q, N_g), similarity_uncertainty (N_q,), distance_uncertainty (N_q,)).
+        DUQRerank(similarity (N_q, N_g), u_s and u_d of the queries (N_q,) and of the gallery
+        items (N_g,), reading).
     """
     s = _common.float_tensor(s, "s", dim=2, check_finite=check_finite)
     d = _common.float_tensor(d, "d", dim=2, check_finite=check_finite)
     _common.same_shape(s, d, "s", "d")
     gamma1 = checks.real_number(gamma1, "gamma1", minimum=0.0)
     gamma2 = checks.real_number(gamma2, "gamma2", minimum=0.0)
-    n_candidates = s.shape[1]
-    u_s = n_candidates / (torch.relu(s) + 1.0).sum(dim=1)
-    u_d = n_candidates / (torch.relu(d) + 1.0).sum(dim=1)
-    distance_part = torch.exp(-gamma1 * u_d).unsqueeze(1) * (1.0 - d)
-    similarity_part = torch.exp(-gamma2 * u_s).unsqueeze(1) * s
-    rescored = distance_part * similarity_part
-    return DUQRerank(similarity=rescored, similarity_uncertainty=u_s, distance_uncertainty=u_d)
+    reading = checks.choice(reading, "reading", RERANK_READINGS)
+    n_queries, n_candidates = s.shape
+    alpha_s, alpha_d = torch.relu(s) + 1.0, torch.relu(d) + 1.0
+    u_s, u_d = n_candidates / alpha_s.sum(dim=1), n_candidates / alpha_d.sum(dim=1)
+    u_s_candidate, u_d_candidate = n_queries / alpha_s.sum(dim=0), n_queries / alpha_d.sum(dim=0)
+    if reading == "printed":
+        distance_part = torch.exp(-gamma1 * u_d).unsqueeze(1) * (1.0 - d)
+        similarity_part = torch.exp(-gamma2 * u_s).unsqueeze(1) * s
+    else:
+        distance_weight = torch.exp(-gamma1 * u_d).unsqueeze(1)
+        similarity_weight = torch.exp(-gamma2 * u_s).unsqueeze(1)
+        if reading == "candidate":
+            distance_weight = distance_weight * torch.exp(-gamma1 * u_d_candidate).unsqueeze(0)
+            similarity_weight = similarity_weight * torch.exp(-gamma2 * u_s_candidate).unsqueeze(0)
+        distance_part = distance_weight * (1.0 - 0.5 * d)
+        similarity_part = similarity_weight * (0.5 * (1.0 + s))
+    return DUQRerank(similarity=distance_part * similarity_part, similarity_uncertainty=u_s,
+                     distance_uncertainty=u_d, candidate_similarity_uncertainty=u_s_candidate,
+                     candidate_distance_uncertainty=u_d_candidate, reading=reading)

@@ -25,6 +25,8 @@ from ..config import NORMALIZE_EPS
 from ..evidence import evidence as evidence_map
 from . import _common
 
+# UML eq. 1. Bounded: e ∈ [1/e, e], so α ∈ [1.37, 3.72] and u = N/S ∈ [0.27, 0.73] for any τ
+# and any model (SPEC §3 "UML"); evidence="exp" frees it (a recipe option of the pipelines).
 DEFAULT_EVIDENCE = "exp_tanh"
 DEFAULT_TAU = 0.1  # UML eq. 1
 DEFAULT_PHI = 0.01  # UML eq. 6

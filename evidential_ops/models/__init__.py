@@ -8,7 +8,9 @@ an inference/evaluation function over a `data.CrossModalSplit`:
 - `UML` (UML paper): three views, clean/noisy split, dual-view L_u with σ(t), AML;
 - `FUME` (FUME paper): fixed orthogonal W, L_fml + α·L_cl, decision and cross-modal uncertainty,
   threshold retrieval;
-- `DUQ` (DUQ paper): ISUM, IDUM with K_p probabilistic embeddings, L_D, L_D^U, KL, re-ranking.
+- `DUQ` (DUQ paper): ISUM, IDUM with K_p probabilistic embeddings, L_D, L_D^U, KL, re-ranking;
+- `InfoNCEBaseline`: the same encoders trained with plain symmetric InfoNCE, the reference a
+  method must beat (the demo trains one beside every method).
 
 Every K×K evidential term (TCL's L_u, UML's L^e, DUQ's ISUM) goes through the fused public op
 (`evidential_loss` / `evidential_loss_from_similarity`); the method-level pieces come from
@@ -20,6 +22,7 @@ from .dual_encoder import DualEncoder, embed_split
 from .duq import DUQ, DUQForward, DUQOutput
 from .encoders import AttentionPoolEncoder, BagOfWordsEncoder, GRUTextEncoder, MaxPoolEncoder, MLPEncoder
 from .fume import FUME, FUMEOutput
+from .infonce import InfoNCEBaseline, InfoNCEOutput
 from .tcl import TCL, TCLOutput, default_tcl_encoder
 from .tcvse import TcVSE, default_vse_encoder
 from .uml import UML, UMLStep
@@ -36,6 +39,8 @@ __all__ = [
     "DualEncoder",
     "FUMEOutput",
     "GRUTextEncoder",
+    "InfoNCEBaseline",
+    "InfoNCEOutput",
     "MLPEncoder",
     "MaxPoolEncoder",
     "TCLOutput",

@@ -14,7 +14,7 @@ s[i, j] = cos(text_i, video_j), positives on the diagonal.
 - L_total = L_S + L_S^U + α(L_D + L_D^U) + β·L_KL (eq. 15), λ a learned logit scale (CLIP-style,
   clamped at 100).
 - Inference: s, D over the whole gallery (max rule: positives unknown), and the re-ranking of
-  eq. 16 (`reference.methods.duq_rerank`) per query direction.
+  eq. 16 (`methods.duq_rerank`) per query direction under the model's `rerank_reading`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,14 @@ from ..methods import (
     duq_rerank,
     duq_similarity_loss,
 )
-from ..methods.duq import DEFAULT_ALPHA, DEFAULT_BETA, DEFAULT_GAMMA, DEFAULT_NUM_SAMPLES
+from ..methods.duq import (
+    DEFAULT_ALPHA,
+    DEFAULT_BETA,
+    DEFAULT_GAMMA,
+    DEFAULT_NUM_SAMPLES,
+    DEFAULT_RERANK_READING,
+    RERANK_READINGS,
+)
 from ._steps import apply_step, check_grad_clip, check_optimizer, module_device, move_batch
 from .data_parallel import global_batch, run_synced
 from .dual_encoder import DualEncoder, embed_split
@@ -74,9 +81,10 @@ class DUQOutput:
     `metrics.retrieval_metrics` (videos × texts).
 
     similarity: (N_v, N_t) plain s. distance: (N_v, N_t) D (max rule).
-    reranked_v2t: (N_v, N_t) s' with the video queries' u_s, u_d (rows);
-    reranked_t2v: (N_v, N_t) s' with the text queries' u_s, u_d (columns).
-    uncertainty_*: (N,) u_s = N/S over the ISUM evidence relu(s) + 1 and u_d over relu(D) + 1.
+    reranked_v2t: (N_v, N_t) s' of eq. 16 for the video queries (rows);
+    reranked_t2v: (N_v, N_t) s' for the text queries (columns), both under `rerank_reading`.
+    uncertainty_*: (N,) u_s = N/S over the ISUM evidence relu(s) + 1 and u_d over relu(D) + 1
+    of the queries of each direction (v2t: the videos, t2v: the texts).
     """
 
     similarity: Tensor
@@ -87,6 +95,7 @@ class DUQOutput:
     distance_uncertainty_v2t: Tensor
     similarity_uncertainty_t2v: Tensor
     distance_uncertainty_t2v: Tensor
+    rerank_reading: str = DEFAULT_RERANK_READING
 
 
 class DUQ(nn.Module):
@@ -96,6 +105,9 @@ class DUQ(nn.Module):
         model: `DualEncoder` (image_encoder = video encoder over frames) with output size D.
         embed_dim: D. prob_dim: D_p of the probabilistic embeddings (default D).
         num_samples: K_p (7). alpha, beta: loss weights (0.1, 1e-4). gamma1, gamma2: re-ranking (0.1).
+        rerank_reading: the reading of eq. 16 (`methods.duq_rerank`, [choice]): "nonnegative"
+            (default, chosen by measurement), "candidate" (re-ranks by each candidate's own
+            uncertainty) or "printed" (eq. 16 as printed).
         logit_scale: initial λ (1/0.07); learn_logit_scale: train λ (clamped at 100).
         initial_log_sigma: [choice] initial log-std of the probabilistic embeddings. The μ heads
             start as the identity (μ = z, when D_p = D) and the log-σ heads as this constant:
@@ -107,6 +119,7 @@ class DUQ(nn.Module):
     def __init__(self, model: DualEncoder, embed_dim: int, *, prob_dim: int | None = None,
                  num_samples: int = DEFAULT_NUM_SAMPLES, alpha: float = DEFAULT_ALPHA, beta: float = DEFAULT_BETA,
                  gamma1: float = DEFAULT_GAMMA, gamma2: float = DEFAULT_GAMMA,
+                 rerank_reading: str = DEFAULT_RERANK_READING,
                  logit_scale: float = INITIAL_LOGIT_SCALE, learn_logit_scale: bool = True,
                  initial_log_sigma: float = -4.0, grad_clip: float | None = 2.0, backend: str = "auto"):
         super().__init__()
@@ -130,6 +143,7 @@ class DUQ(nn.Module):
         self.beta = checks.real_number(beta, "beta", minimum=0.0)
         self.gamma1 = checks.real_number(gamma1, "gamma1", minimum=0.0)
         self.gamma2 = checks.real_number(gamma2, "gamma2", minimum=0.0)
+        self.rerank_reading = checks.choice(rerank_reading, "rerank_reading", RERANK_READINGS)
         scale = checks.real_number(logit_scale, "logit_scale", minimum=1.0, maximum=MAX_LOGIT_SCALE)
         self.log_logit_scale = nn.Parameter(torch.tensor(math.log(scale)),
                                             requires_grad=checks.flag(learn_logit_scale, "learn_logit_scale"))
@@ -230,30 +244,53 @@ class DUQ(nn.Module):
         d_tv = torch.cat([duq_distance_matrix(samples_t[i:i + chunk_size], samples_v, diagonal_min=False)
                           for i in range(0, samples_t.shape[0], chunk_size)])
         s_tv = z_text @ z_video.T
-        t2v = duq_rerank(s_tv, d_tv, gamma1=self.gamma1, gamma2=self.gamma2)
-        v2t = duq_rerank(s_tv.T.contiguous(), d_tv.T.contiguous(), gamma1=self.gamma1, gamma2=self.gamma2)
+        t2v, v2t = self.rerank(s_tv.T, d_tv.T)
         return DUQOutput(
             similarity=s_tv.T, distance=d_tv.T, reranked_v2t=v2t.similarity, reranked_t2v=t2v.similarity.T,
             similarity_uncertainty_v2t=v2t.similarity_uncertainty, distance_uncertainty_v2t=v2t.distance_uncertainty,
             similarity_uncertainty_t2v=t2v.similarity_uncertainty, distance_uncertainty_t2v=t2v.distance_uncertainty,
+            rerank_reading=self.rerank_reading,
         )
+
+    def rerank(self, similarity: Tensor, distance: Tensor, reading: str | None = None):
+        """(t2v, v2t) `DUQRerank`s of eq. 16 for (N_v, N_t) videos × texts s and D: the text queries
+        re-rank the videos (t2v, rows = texts) and the video queries the texts (v2t, rows = videos).
+        reading: one of RERANK_READINGS (default: the model's `rerank_reading`)."""
+        reading = self.rerank_reading if reading is None else reading
+        keywords = dict(gamma1=self.gamma1, gamma2=self.gamma2, reading=reading)
+        t2v = duq_rerank(similarity.T.contiguous(), distance.T.contiguous(), **keywords)
+        v2t = duq_rerank(similarity.contiguous(), distance.contiguous(), **keywords)
+        return t2v, v2t
 
     def evaluate(self, split: CrossModalSplit, *, batch_size: int = 512, seed: int = 0) -> dict:
         """Retrieval metrics (SPEC §4) with plain s (top level) and with the re-ranking of eq. 16
-        ("reranked" sub-dict: i2t keys from the video-query re-ranking, t2i keys from the
-        text-query one), by 1 − D alone ("distance_only"), plus the median uncertainties u_s,
-        u_d of each direction."""
+        ("reranked" sub-dict under the model's reading: i2t keys from the video-query
+        re-ranking, t2i keys from the text-query one; "rerank_readings": the same for every
+        reading of `methods.duq_rerank`), by 1 − D alone ("distance_only"), plus the median
+        uncertainties u_s, u_d of each direction."""
         out = self.infer(split, batch_size=batch_size, seed=seed)
         c = split.captions_per_image
         metrics = retrieval_metrics(out.similarity, c)
-        v2t, t2v = retrieval_metrics(out.reranked_v2t, c), retrieval_metrics(out.reranked_t2v, c)
-        reranked = {k: v for k, v in v2t.items() if k.startswith("i2t")}
-        reranked.update({k: v for k, v in t2v.items() if k.startswith("t2i")})
-        reranked["rsum"] = sum(reranked[f"{d}_r{k}"] for d in ("i2t", "t2i") for k in (1, 5, 10))
-        metrics["reranked"] = reranked
+        metrics["reranked"] = _direction_metrics(out.reranked_v2t, out.reranked_t2v, c)
+        metrics["rerank_reading"] = self.rerank_reading
+        readings = {}
+        for reading in RERANK_READINGS:
+            t2v, v2t = self.rerank(out.similarity, out.distance, reading)
+            readings[reading] = _direction_metrics(v2t.similarity, t2v.similarity.T, c)
+        metrics["rerank_readings"] = readings
         # Ranking by the probabilistic distance alone shows what D contributes to eq. 16.
         metrics["distance_only"] = retrieval_metrics(1.0 - out.distance, c)
         for name in ("similarity_uncertainty_v2t", "distance_uncertainty_v2t",
                      "similarity_uncertainty_t2v", "distance_uncertainty_t2v"):
             metrics[f"{name}_median"] = float(getattr(out, name).double().quantile(0.5))
         return metrics
+
+
+def _direction_metrics(v2t: Tensor, t2v: Tensor, captions_per_image: int) -> dict:
+    """R@K of the i2t (video-query) ranking from `v2t` and of the t2i (text-query) ranking from
+    `t2v`, both (N_v, N_t), with their rSum: a re-ranking differs per query direction."""
+    i2t, t2i = retrieval_metrics(v2t, captions_per_image), retrieval_metrics(t2v, captions_per_image)
+    out = {k: v for k, v in i2t.items() if k.startswith("i2t")}
+    out.update({k: v for k, v in t2i.items() if k.startswith("t2i")})
+    out["rsum"] = sum(out[f"{d}_r{k}"] for d in ("i2t", "t2i") for k in (1, 5, 10))
+    return out

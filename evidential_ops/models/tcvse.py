@@ -3,12 +3,17 @@ TcVSE paper §2.1-2.3).
 
 The training procedure and inference are TCL's (`models.tcl.TCL`); what differs is the encoder of
 each branch: local features (regions; word tokens from a Bi-GRU) aggregated by max pooling into
-the joint space, v = MaxPooling({x_i}), t = MaxPooling({r_j}), cosine similarity (eq. 1), and the
-evidence map: exp (default) or ReLU (eq. 2).
+the joint space, v = MaxPooling({x_i}), t = MaxPooling({r_j}), cosine similarity (eq. 1), the
+evidence map: exp (default) or ReLU (eq. 2), and the training augmentation x' = Augment(x) of
+Algorithm 1 (dropped regions; masked, swapped and discarded words: `data.augment`), on by default.
 """
 
 from __future__ import annotations
 
+import torch
+
+from .. import checks
+from ..data.augment import DEFAULT_REGION_DROP, DEFAULT_WORD_RATE, augment_batch
 from .dual_encoder import DualEncoder
 from .encoders import GRUTextEncoder, MaxPoolEncoder
 from .tcl import TCL
@@ -34,13 +39,41 @@ def default_vse_encoder(feat_dim: int, vocab_size: int, embed_dim: int = 128, *,
 
 
 class TcVSE(TCL):
-    """TCL with max-pooling VSE branches (TcVSE paper). Same arguments as `TCL`; evidence must be
-    "exp" or "relu" (TcVSE eq. 2). Branch A is the i2t branch, branch B the t2i branch."""
+    """TCL with max-pooling VSE branches (TcVSE paper). Branch A is the i2t branch, branch B the
+    t2i branch.
 
-    def __init__(self, model_a: DualEncoder, model_b: DualEncoder, *, evidence: str = "exp", **kwargs):
+    Arguments of `TCL`, evidence "exp" or "relu" (TcVSE eq. 2), plus the augmentation of
+    Algorithm 1, applied to every training batch before both steps (**[choice]** step 2's
+    "recompute" re-encodes the same augmented x'):
+        augment: on (default) or off.
+        region_drop: probability of discarding each region (0.2, VSE∞'s loader).
+        word_rate: probability of picking each word for mask / swap / discard (0.2).
+        vocab_size: size of the caption vocabulary the swapped words are drawn from; default
+            the `vocab_size` of branch A's text encoder (required with augment if it has none).
+    """
+
+    def __init__(self, model_a: DualEncoder, model_b: DualEncoder, *, evidence: str = "exp", augment: bool = True,
+                 region_drop: float = DEFAULT_REGION_DROP, word_rate: float = DEFAULT_WORD_RATE,
+                 vocab_size: int | None = None, **kwargs):
         if evidence not in ("exp", "relu"):
             raise ValueError(f"evidence must be 'exp' or 'relu' for TcVSE (eq. 2), got {evidence!r}")
         super().__init__(model_a, model_b, evidence=evidence, **kwargs)
+        self.augment = checks.flag(augment, "augment")
+        self.region_drop = checks.real_number(region_drop, "region_drop", minimum=0.0, maximum=0.99)
+        self.word_rate = checks.real_number(word_rate, "word_rate", minimum=0.0, maximum=0.99)
+        if vocab_size is None:
+            vocab_size = getattr(model_a.text_encoder, "vocab_size", None)
+        if self.augment and vocab_size is None:
+            raise ValueError("vocab_size is required for augment=True when the text encoder has no vocab_size")
+        self.vocab_size = None if vocab_size is None else checks.integer(vocab_size, "vocab_size", minimum=5)
+
+    def training_step(self, batch, epoch: int, optimizer: torch.optim.Optimizer) -> dict:
+        """TCL's training step (Algorithm 1) on x' = Augment(x) when `augment` is on (drawn from
+        the global torch RNG, which the pipelines seed)."""
+        if self.augment:
+            batch = augment_batch(batch, vocab_size=self.vocab_size, region_drop=self.region_drop,
+                                  word_rate=self.word_rate)
+        return super().training_step(batch, epoch, optimizer)
 
     @classmethod
     def default(cls, feat_dim: int, vocab_size: int, *, embed_dim: int = 128, bidirectional: bool = True,

@@ -54,7 +54,8 @@ class UMLStep:
     L_aml. labels_vt, labels_vs: (K,) bool clean labels of eq. 4 (during warm-up the losses
     use all-clean labels instead, these are still eq. 4's). uncertainty_vt: (K,) per-pair
     uncertainty ½(u^{v2t}_i + u^{t2v}_i) of the vision-non-English view, u = K/S (eq. 2), no
-    gradient. sigma: σ(t).
+    gradient. sigma: σ(t). similarity_vt: (K,) each pair's own cosine s^{vt}_ii, no gradient
+    (the free baseline a noisy-pair detector must beat).
     """
 
     loss: Tensor
@@ -64,6 +65,7 @@ class UMLStep:
     labels_vs: Tensor
     uncertainty_vt: Tensor
     sigma: float
+    similarity_vt: Tensor | None = None
 
 
 class UML(nn.Module):
@@ -73,7 +75,12 @@ class UML(nn.Module):
         visual_encoder: images -> (B, D). english_encoder, other_encoder: (tokens, lengths) ->
             (B, D) for the English ("captions") and non-English ("captions_alt") captions.
         total_epochs: E of σ(t) = max(γ, 1 − λ_s·t/E).
-        evidence, tau: exp_tanh, 0.1 (eq. 1). phi: φ (0.01). gamma, lambda_s: σ schedule (0.2, 4).
+        evidence, tau: exp_tanh, 0.1 (eq. 1). With exp_tanh every evidence lies in [1/e, e], so
+            α ∈ [1.37, 3.72] and the uncertainty u = N/S is confined to [0.27, 0.73] whatever τ and
+            the training do: it can neither say "sure" nor "no idea", and noisy and clean pairs
+            differ by hundredths in mean u. evidence="exp" (any τ) frees it; the pipelines offer
+            it as `--evidence exp --tau T` (README "Uncertainty quality" has its measured effect).
+        phi: φ (0.01). gamma, lambda_s: σ schedule (0.2, 4).
         beta: β of eq. 20 (0.6 image-text, 0.4 video). aml_tau: AML softmax temperature (0.1).
         warmup_epochs: [choice] epochs (0-based t < warmup_epochs) in which every pair is
             treated as clean in the losses (l = 1); eq. 4's labels are still computed and
@@ -153,11 +160,13 @@ class UML(nn.Module):
             train_vt, train_vs = labels_vt, labels_vs
         uncertainty = sigma * self.view_loss(s_vs, train_vs) + (1.0 - sigma) * self.view_loss(s_vt, train_vt)
         aml = uml_aml_loss(s_vt, s_vs, s_st, train_vt, aml_tau=self.aml_tau)
-        op = opinion_from_similarity(s_vt.detach(), evidence=self.evidence, tau=self.tau, backend=self.backend)
+        op = opinion_from_similarity(s_vt.detach(), evidence=self.evidence, tau=self.tau, backend=self.backend,
+                                     top_k=None)
         return UMLStep(
             loss=(uncertainty + self.beta * aml).mean(), uncertainty_loss=uncertainty, aml_loss=aml,
             labels_vt=labels_vt, labels_vs=labels_vs,
             uncertainty_vt=0.5 * (op.row_uncertainty + op.col_uncertainty), sigma=sigma,
+            similarity_vt=s_vt.detach().diagonal().clone(),
         )
 
     def training_step(self, batch, epoch: int, optimizer: torch.optim.Optimizer) -> dict:
@@ -186,23 +195,26 @@ class UML(nn.Module):
         batches: an iterable of training batches (e.g. the training DataLoader), each with
         captions_alt and, for synthetic data, the ground truth "noisy".
         Returns concatenated CPU tensors: labels_vt (N,) bool (True = judged clean),
-        uncertainty_vt (N,) float, and noisy (N,) bool when every batch carries it.
+        uncertainty_vt (N,) float, similarity_vt (N,) the pairs' own cosines, and noisy (N,) bool
+        when every batch carries it.
         """
         was_training = self.training
         self.eval()
-        labels, uncertainty, noisy = [], [], []
+        labels, uncertainty, similarity, noisy = [], [], [], []
         try:
             for batch in batches:
                 out = self.step(batch, self.total_epochs)
                 labels.append(out.labels_vt.cpu())
                 uncertainty.append(out.uncertainty_vt.cpu())
+                similarity.append(out.similarity_vt.cpu())
                 truth = batch.get("noisy") if isinstance(batch, dict) else None
                 noisy.append(truth.cpu().bool() if isinstance(truth, Tensor) else None)
         finally:
             self.train(was_training)
         if not labels:
             raise ValueError("batches is empty")
-        result = {"labels_vt": torch.cat(labels), "uncertainty_vt": torch.cat(uncertainty)}
+        result = {"labels_vt": torch.cat(labels), "uncertainty_vt": torch.cat(uncertainty),
+                  "similarity_vt": torch.cat(similarity)}
         if all(t is not None for t in noisy):
             result["noisy"] = torch.cat(noisy)
         return result
@@ -230,6 +242,24 @@ class UML(nn.Module):
         metrics["uncertainty_v2t_median"] = float(op.row_uncertainty.double().quantile(0.5))
         metrics["uncertainty_t2v_median"] = float(op.col_uncertainty.double().quantile(0.5))
         return metrics
+
+    @torch.no_grad()
+    def similarity(self, split: CrossModalSplit, *, language: str = "alt", batch_size: int = 512) -> Tensor:
+        """(N, N·c) cosine similarities of a split's images × captions in `language` ("alt": the
+        non-English view of the paper's protocol, "en": English), in eval mode."""
+        if language not in ("en", "alt"):
+            raise ValueError(f"language must be 'en' or 'alt', got {language!r}")
+        if language == "alt" and not split.has_alt:
+            raise ValueError(f"split {split.name!r} has no second-language captions; UML needs them")
+        was_training = self.training
+        self.eval()
+        try:
+            text_fn = self._other if language == "alt" else self._english
+            v, t = embed_split(self._images, text_fn, split, language=language, batch_size=batch_size,
+                               device=module_device(self))
+        finally:
+            self.train(was_training)
+        return v @ t.T
 
     def _images(self, images: Tensor) -> Tensor:
         return l2_normalize(self.visual_encoder(images))

@@ -8,10 +8,11 @@ import json
 import os
 from pathlib import Path
 
+from ..config import EVIDENCE_KINDS
 from .analysis import jsonable
 from .distributed import launched_by_torchrun, refuse_torchrun, run_training_distributed
-from .recipes import METHODS, get_recipe
-from .runner import DataSource, report, run_demo, run_evaluation, run_training
+from .recipes import EVIDENTIAL_OPINION_METHODS, METHODS, get_recipe
+from .runner import PLOTS_HINT, DataSource, plots_available, report, run_demo, run_evaluation, run_training
 
 __all__ = ["add_subcommands"]
 
@@ -49,8 +50,13 @@ def _training_options(p: argparse.ArgumentParser, *, allow_all: bool) -> None:
         p.add_argument(f"--{name}", type=_positive_int, default=None,
                        help=f"built-in data: number of {what} samples")
     p.add_argument("--n-ood", type=int, default=None, help="built-in data: out-of-distribution samples (0: none)")
+    p.add_argument("--evidence", default=None, choices=EVIDENCE_KINDS,
+                   help="override the evidence map of the method's opinions (tcl, tcvse, uml; e.g. UML with "
+                        "exp evidence frees u from [0.27, 0.73])")
+    p.add_argument("--tau", type=_positive_float, default=None, help="override τ of the evidence map (tcl, tcvse, uml)")
     p.add_argument("--device", default="cpu", help="torch device of the model (default cpu)")
-    p.add_argument("--quiet", action="store_true", help="no progress bars (also off when stdout is not a TTY)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress output (bars on a terminal, one line per epoch otherwise)")
 
 
 def _source(args, recipe, seed: int) -> DataSource:
@@ -62,32 +68,54 @@ def _source(args, recipe, seed: int) -> DataSource:
 
 
 def _recipe(args, method: str):
-    return get_recipe(method).with_overrides(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-                                             embed_dim=args.embed_dim)
+    recipe = get_recipe(method).with_overrides(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
+                                               embed_dim=args.embed_dim)
+    opinion = {k: v for k, v in (("evidence", args.evidence), ("tau", args.tau)) if v is not None}
+    if opinion:
+        if method not in EVIDENTIAL_OPINION_METHODS:
+            raise SystemExit(f"--evidence/--tau apply to {', '.join(EVIDENTIAL_OPINION_METHODS)}, not {method}")
+        recipe = recipe.with_model_options(**opinion)
+    return recipe
+
+
+def _plots() -> bool:
+    """Checked before any training: without matplotlib the run goes on and only skips the PNGs."""
+    if plots_available():
+        return True
+    print(PLOTS_HINT, flush=True)
+    return False
+
+
+def _wrote(*paths, plots: bool) -> str:
+    return "wrote " + ", ".join(str(p) for p in paths) + (" and plots" if plots else " (no plots)")
 
 
 def _train(args) -> int:
     out = Path(args.out or os.path.join("runs", args.method))
     recipe = _recipe(args, args.method)
+    plots = _plots()
     if launched_by_torchrun():  # data-parallel, global-batch loss; rank 0 writes (pipelines/distributed.py)
+        if args.baseline:
+            raise SystemExit("--baseline is not available under torchrun: train the InfoNCE baseline in one process")
         metrics = run_training_distributed(args.method, recipe, _source(args, recipe, args.seed), out,
-                                           seed=args.seed, quiet=args.quiet, device=args.device)
+                                           seed=args.seed, quiet=args.quiet, device=args.device, plots=plots)
         if metrics is None:
             return 0
     else:
         metrics = run_training(args.method, recipe, _source(args, recipe, args.seed), out, seed=args.seed,
-                               quiet=args.quiet, device=args.device)
+                               quiet=args.quiet, device=args.device, baseline=args.baseline, plots=plots)
     print(report(metrics))
-    print(f"wrote {out / 'checkpoint.pt'}, {out / 'metrics.json'} and plots")
+    print(_wrote(out / "checkpoint.pt", out / "metrics.json", plots=plots))
     return 0
 
 
 def _eval(args) -> int:
     refuse_torchrun("eval")
     out = Path(args.out or Path(args.checkpoint).parent / "eval")
-    metrics = run_evaluation(args.checkpoint, out, device=args.device)
+    plots = _plots()
+    metrics = run_evaluation(args.checkpoint, out, device=args.device, plots=plots)
     print(report(metrics))
-    print(f"wrote {out / 'metrics.json'} and plots")
+    print(_wrote(out / "metrics.json", plots=plots))
     return 0
 
 
@@ -96,15 +124,17 @@ def _demo(args) -> int:
     methods = METHODS if args.method == "all" else (args.method,)
     root = Path(args.out or os.path.join("runs", "demo" if args.method == "all" else args.method))
     bench_k = None if args.no_bench else args.bench_size
+    recipes = {method: _recipe(args, method) for method in methods}  # bad options fail before training
+    plots = _plots()
     summary = {}
     for method in methods:
         out = root / method if args.method == "all" else root
-        recipe = _recipe(args, method)
+        recipe = recipes[method]
         metrics = run_demo(method, recipe, _source(args, recipe, args.seed), out, seed=args.seed, quiet=args.quiet,
-                           device=args.device, bench_k=bench_k)
+                           device=args.device, bench_k=bench_k, baseline=not args.no_baseline, plots=plots)
         summary[method] = {"rsum": metrics["rsum"], "done_when": metrics["done_when"],
                            "seconds": metrics["total_seconds"]}
-        print(f"wrote {out / 'metrics.json'} and plots\n")
+        print(_wrote(out / "metrics.json", plots=plots) + "\n")
     if args.method == "all":
         with open(root / "summary.json", "w") as f:
             json.dump(jsonable(summary), f, indent=2, allow_nan=False)
@@ -117,6 +147,8 @@ def add_subcommands(sub) -> None:
     """Register train, eval and demo on an argparse subparsers object."""
     p = sub.add_parser("train", help="train a method; writes checkpoint.pt, metrics.json, plots")
     _training_options(p, allow_all=False)
+    p.add_argument("--baseline", action="store_true",
+                   help="also train the same-encoder InfoNCE baseline and compare with it (as demo does)")
     p.set_defaults(run=_train)
 
     p = sub.add_parser("eval", help="evaluate a checkpoint on its data's test split")
@@ -131,4 +163,6 @@ def add_subcommands(sub) -> None:
     _training_options(p, allow_all=True)
     p.add_argument("--bench-size", type=_positive_int, default=1024, help="K of the speed comparison")
     p.add_argument("--no-bench", action="store_true", help="skip the speed comparison")
+    p.add_argument("--no-baseline", action="store_true",
+                   help="skip the same-encoder InfoNCE baseline (and the checks against it)")
     p.set_defaults(run=_demo)

@@ -86,8 +86,9 @@ def _local_device(device: str) -> torch.device:
 
 
 def run_training_distributed(method: str, recipe: Recipe, source: DataSource, out_dir, *, seed: int = 0,
-                             quiet: bool = False, device: str = "cpu") -> dict | None:
+                             quiet: bool = False, device: str = "cpu", plots: bool = True) -> dict | None:
     """`runner.run_training`, data-parallel on the ranks torchrun started (module docstring).
+    plots: rank 0 draws the PNGs (False: metrics.json and the checkpoint only).
 
     Initialises the default process group if needed (NCCL for a CUDA device, gloo otherwise).
     Returns the metrics on rank 0, None on the others.
@@ -129,7 +130,7 @@ def run_training_distributed(method: str, recipe: Recipe, source: DataSource, ou
             metrics["train"] = {"epochs": recipe.epochs, "seconds": train_seconds, "history": history,
                                 "batches_per_epoch": len(loader)}
             metrics["total_seconds"] = time.perf_counter() - start
-            _write_outputs(out_dir, method, metrics, plot_data, history)
+            _write_outputs(out_dir, method, metrics, plot_data, history, plots=plots)
         dist.barrier()  # the other ranks wait for rank 0's outputs before the group goes away
         return metrics
     finally:

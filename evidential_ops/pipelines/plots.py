@@ -4,7 +4,10 @@
 - `uncertainty_histograms`: overlaid normalised histograms of uncertainty groups (clean vs
   corrupted queries: TCL Fig. 5; clean vs noisy pairs: UML Fig. 5; in- vs out-of-distribution:
   FUME Fig. 4);
-- `deletion_curves`: mAP@all against the deletion rate (FUME Fig. 3).
+- `deletion_curves`: mAP@all against the deletion rate (FUME Fig. 3);
+- `risk_coverage`: the risk (share of wrong top-1 results) of the most certain queries against
+  their share, for every uncertainty score, its free baselines, the oracle and the InfoNCE
+  baseline (SPEC §6).
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["deletion_curves", "training_curve", "uncertainty_histograms"]
+__all__ = ["deletion_curves", "risk_coverage", "training_curve", "uncertainty_histograms"]
+
+BASELINE_SCORES = ("neg_top1_similarity", "neg_margin")
 
 
 def _pyplot():
@@ -95,4 +100,44 @@ def training_curve(history, path, *, title: str, extra: str | None = None) -> Pa
         ax2.legend(loc="upper right")
     ax.legend(loc="upper left")
     ax.set_title(title)
+    return _save(fig, path)
+
+
+def risk_coverage(data: Mapping, path, *, title: str) -> Path:
+    """One panel per query direction of risk–coverage curves (SPEC §6).
+
+    data: {"method": {direction: {score: {"coverage", "risk"}, "oracle": {...}}}, "primary": the
+    method's main score, optionally "infonce": the same curves of the InfoNCE baseline, whose
+    own confidence ("neg_top_probability") is drawn in grey}. Baseline scores are dashed, the
+    oracle (every right answer first) dotted.
+    """
+    plt = _pyplot()
+    directions = list(data["method"])
+    fig, axes = plt.subplots(1, len(directions), figsize=(5.6 * len(directions), 4.2), squeeze=False)
+    for ax, direction in zip(axes[0], directions):
+        curves = data["method"][direction]
+        colour = 0
+        for name, c in curves.items():
+            if name == "oracle":
+                continue
+            style = dict(linestyle="--", linewidth=1.2) if name in BASELINE_SCORES else dict(linestyle="-")
+            if name == data.get("primary"):
+                style["linewidth"] = 2.2
+            ax.plot(np.asarray(c["coverage"]), np.asarray(c["risk"]), color=f"C{colour}", label=name, **style)
+            colour += 1
+        oracle = curves["oracle"]
+        ax.plot(np.asarray(oracle["coverage"]), np.asarray(oracle["risk"]), color="black", linestyle=":",
+                label="oracle")
+        other = data.get("infonce", {}).get(direction, {}).get("neg_top_probability")
+        if other is not None:
+            ax.plot(np.asarray(other["coverage"]), np.asarray(other["risk"]), color="0.5", linestyle="-.",
+                    label="InfoNCE baseline (softmax confidence)")
+        ax.set_xlabel("coverage (share of queries answered, most certain first)")
+        ax.set_ylabel("risk (share of wrong top-1)")
+        ax.set_title(direction)
+        ax.set_xlim(0.0, 1.0)
+        ax.set_ylim(bottom=0.0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title)
     return _save(fig, path)

@@ -1,15 +1,20 @@
 """train / eval / demo of one method, end to end: data, model, training, evaluation, files.
 
 Files written to the output directory:
-    checkpoint.pt   model + optimiser state, recipe, data source, history (train, demo)
+    checkpoint.pt   model + optimiser state, recipe, data source, history (train, demo), and
+                    the InfoNCE baseline's state when one was trained
     metrics.json    the test-split retrieval keys (SPEC §4) at the top level, the method's
-                    uncertainty figures, the untrained baseline, the training history, the
-                    issue's acceptance checks ("done_when") and, for demo, the loss speed
-    *.png           training curve and the method's uncertainty plots
+                    uncertainty figures, the uncertainty quality of every score and direction
+                    (SPEC §6, "uncertainty_quality"), the same-encoder InfoNCE baseline
+                    ("infonce_baseline"), the untrained model, the training history, the
+                    acceptance checks ("done_when") and, for demo, the loss speed
+    *.png           training curve, risk–coverage curves and the method's uncertainty plots
+                    (skipped when matplotlib is not installed)
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import time
@@ -21,12 +26,30 @@ import torch
 from .. import benchmark
 from ..data import SyntheticConfig, load_precomputed, make_synthetic_benchmark
 from ..data.types import CrossModalBenchmark
-from . import plots
+from . import plots as figures
 from .analysis import RETRIEVAL_KEYS, analyse, baseline_metrics, jsonable, summary_checks
+from .baseline import infonce_baseline
+from .quality import quality_of
 from .recipes import Recipe
-from .training import fit, load_checkpoint, make_loader, progress_enabled, save_checkpoint
+from .training import (
+    epoch_lines_enabled,
+    fit,
+    load_checkpoint,
+    make_loader,
+    print_line,
+    progress_enabled,
+    save_checkpoint,
+)
 
-__all__ = ["DataSource", "load_data", "run_demo", "run_evaluation", "run_training", "speed"]
+__all__ = ["DataSource", "load_data", "plots_available", "run_demo", "run_evaluation", "run_training", "speed"]
+
+PLOTS_HINT = ("matplotlib is not installed: skipping the plots "
+              "(pip install matplotlib, or install evidential_ops with its [plots] extra)")
+
+
+def plots_available() -> bool:
+    """Whether matplotlib can be imported (the PNGs need it; everything else does not)."""
+    return importlib.util.find_spec("matplotlib") is not None
 
 SPEED_CASES = {"tcl": ("tcl",), "tcvse": ("tcl",), "uml": ("uml",), "duq": ("duq",),
                # FUME has no Dirichlet-over-candidates loss: show every fused loss instead.
@@ -69,43 +92,51 @@ def _build(recipe: Recipe, bench: CrossModalBenchmark, seed: int, device) -> tor
     return recipe.build(bench).to(device)
 
 
-def _write_outputs(out_dir: Path, method: str, metrics: dict, plot_data: dict, history: list) -> list[Path]:
-    """metrics.json plus the PNGs; returns the files written."""
+def _write_outputs(out_dir: Path, method: str, metrics: dict, plot_data: dict, history: list, *,
+                   plots: bool = True) -> list[Path]:
+    """metrics.json plus (with plots) the PNGs; returns the files written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [out_dir / "metrics.json"]
     with open(written[0], "w") as f:
         json.dump(jsonable(metrics), f, indent=2, allow_nan=False)
+    if not plots:
+        return written
     name = method.upper() if method != "tcvse" else "TcVSE"
+    if "risk_coverage" in plot_data:
+        written.append(figures.risk_coverage(
+            plot_data["risk_coverage"], out_dir / "risk_coverage.png",
+            title=f"{name}: R@1 risk of the most certain queries (test split)"))
     if history:
         extra = "split_accuracy" if method == "uml" and "audit" in metrics else None
-        written.append(plots.training_curve(history, out_dir / "training_loss.png", title=f"{name} training",
+        written.append(figures.training_curve(history, out_dir / "training_loss.png", title=f"{name} training",
                                             extra=extra))
     if method in ("tcl", "tcvse"):
-        written.append(plots.uncertainty_histograms(
+        written.append(figures.uncertainty_histograms(
             {"image queries (model A, i2t)": plot_data["uncertainty_i2t"],
              "text queries (model B, t2i)": plot_data["uncertainty_t2i"]},
             out_dir / "uncertainty_corruption.png",
             title=f"{name}: query uncertainty u = N/S, clean vs corrupted test data"))
     elif method == "uml" and "uncertainty" in plot_data:
-        written.append(plots.uncertainty_histograms(
+        written.append(figures.uncertainty_histograms(
             {"vision ↔ non-English view": plot_data["uncertainty"]}, out_dir / "uml_noisy_vs_clean.png",
             title="UML: pair uncertainty of truly clean vs noisy training pairs"))
     elif method == "fume":
-        written.append(plots.deletion_curves(
+        written.append(figures.deletion_curves(
             {"u (cross-modal uncertainty)": plot_data["curves"]["u"], "s (similarity)": plot_data["curves"]["s"]},
             out_dir / "fume_map_vs_deletion.png", title="FUME: mAP@all (i2t) vs deletion rate"))
-        written.append(plots.uncertainty_histograms(
+        written.append(figures.uncertainty_histograms(
             {"image-text pairs": plot_data["uncertainty"]}, out_dir / "fume_ood_uncertainty.png",
             title="FUME: cross-modal uncertainty, in- vs out-of-distribution"))
     elif method == "duq":
-        written.append(plots.uncertainty_histograms(
+        written.append(figures.uncertainty_histograms(
             {"text queries": plot_data["uncertainty"]}, out_dir / "duq_uncertainty_corruption.png",
             title="DUQ: similarity uncertainty u_s, clean vs corrupted queries"))
     return written
 
 
 def _evaluate(method: str, model, bench: CrossModalBenchmark, recipe: Recipe, *, seed: int, history: list,
-              untrained: dict | None, source: dict) -> tuple[dict, dict]:
+              untrained: dict | None, source: dict, baseline=None) -> tuple[dict, dict]:
+    """Metrics, checks and plot data of a trained model (and of its trained InfoNCE baseline)."""
     audit_batches = None
     if method == "uml":
         # The audit re-draws the training batches as in training (same batch size and seed).
@@ -114,50 +145,98 @@ def _evaluate(method: str, model, bench: CrossModalBenchmark, recipe: Recipe, *,
     start = time.perf_counter()
     details, plot_data = analyse(method, model, bench, seed=seed, audit_batches=audit_batches, history=history,
                                  noise_ground_truth=source.get("kind") == "synthetic")
+    details["uncertainty_quality"], curves = quality_of(method, model, bench, seed=seed)
+    plot_data["risk_coverage"] = {"method": curves, "primary": details["uncertainty_quality"]["primary_score"]}
+    if baseline is not None:
+        details["infonce_baseline"], plot_data["risk_coverage"]["infonce"] = _evaluate_baseline(
+            baseline, bench, seed, details["uncertainty_quality"]["relevance"])
     metrics = {k: details[k] for k in RETRIEVAL_KEYS}
     metrics["method"] = method
     metrics.update({k: v for k, v in details.items() if k not in RETRIEVAL_KEYS})
     metrics["untrained"] = untrained
-    metrics["done_when"] = summary_checks(method, details, untrained)
+    metrics["done_when"] = summary_checks(method, details, untrained, details.get("infonce_baseline"))
     metrics["evaluation_seconds"] = time.perf_counter() - start
     return metrics, plot_data
 
 
+def _evaluate_baseline(baseline, bench: CrossModalBenchmark, seed: int, relevance: str) -> tuple[dict, dict]:
+    """Retrieval keys (and mAP with labels) plus the uncertainty quality of the InfoNCE baseline,
+    judged by the same relevance as its method (by class for FUME), and its risk–coverage curves."""
+    metrics = baseline.evaluate(bench.test)
+    out = {k: metrics[k] for k in RETRIEVAL_KEYS}
+    if relevance == "label":  # mAP is the measure of label-based retrieval (FUME) only
+        out["map"] = metrics["map"]
+    out["uncertainty_quality"], curves = quality_of("infonce", baseline, bench, seed=seed, relevance=relevance)
+    return out, curves
+
+
+def _train(model, bench: CrossModalBenchmark, recipe: Recipe, seed: int, *, quiet: bool, desc: str):
+    """Adam over `recipe.epochs` of seeded batches (the same batches for a method and its
+    baseline); returns (optimizer, history, seconds, batches per epoch)."""
+    dataset, loader = make_loader(bench.train, batch_size=recipe.batch_size, languages=recipe.languages, seed=seed)
+    optimizer = torch.optim.Adam(model.parameters(), lr=recipe.lr)
+    start = time.perf_counter()
+    history = fit(model, dataset, loader, optimizer, epochs=recipe.epochs, progress=progress_enabled(quiet),
+                  desc=desc, log_epoch=print_line if epoch_lines_enabled(quiet) else None)
+    return optimizer, history, time.perf_counter() - start, len(loader)
+
+
+def _resolve_plots(plots: bool | None, log) -> bool:
+    """plots=None: draw them if matplotlib is there, else say once how to get them."""
+    if plots is None:
+        plots = plots_available()
+        if not plots:
+            log(PLOTS_HINT)
+    return bool(plots)
+
+
 def run_training(method: str, recipe: Recipe, source: DataSource, out_dir, *, seed: int = 0, quiet: bool = False,
-                 device: str = "cpu", log=print) -> dict:
+                 device: str = "cpu", log=print, baseline: bool = False, plots: bool | None = None) -> dict:
     """Train `method` with `recipe` on `source`, write the checkpoint, metrics.json and the plots
-    to out_dir; returns the metrics dict."""
+    to out_dir; returns the metrics dict.
+
+    baseline: also train the same-encoder InfoNCE baseline (`pipelines.baseline`) on the same
+    batches and compare the method with it in the checks. plots: draw the PNGs (None: when
+    matplotlib is installed, else one line says how to get them). Progress: bars on a terminal,
+    one line per epoch otherwise, nothing with quiet.
+    """
     out_dir = Path(os.fspath(out_dir))
     out_dir.mkdir(parents=True, exist_ok=True)
+    plots = _resolve_plots(plots, log)
     start = time.perf_counter()
     bench = load_data(source)
     model = _build(recipe, bench, seed, device)
     untrained = baseline_metrics(method, model, bench)
-    dataset, loader = make_loader(bench.train, batch_size=recipe.batch_size, languages=recipe.languages, seed=seed)
-    optimizer = torch.optim.Adam(model.parameters(), lr=recipe.lr)
+    contrastive = infonce_baseline(method, model) if baseline else None
     payload = {"method": method, "recipe": jsonable(asdict(recipe)), "data": jsonable(dict(source)), "seed": seed,
                "untrained": untrained}
-    train_start = time.perf_counter()
-    history = fit(model, dataset, loader, optimizer, epochs=recipe.epochs, progress=progress_enabled(quiet),
-                  desc=f"{method} train")
-    train_seconds = time.perf_counter() - train_start
+    optimizer, history, train_seconds, batches = _train(model, bench, recipe, seed, quiet=quiet,
+                                                        desc=f"{method} train")
+    train = {"epochs": recipe.epochs, "seconds": train_seconds, "history": history, "batches_per_epoch": batches}
+    if contrastive is not None:
+        _, baseline_history, baseline_seconds, _ = _train(contrastive, bench, recipe, seed, quiet=quiet,
+                                                          desc=f"{method} InfoNCE baseline train")
+        train["baseline_seconds"] = baseline_seconds
+        train["baseline_history"] = baseline_history
+        payload["baseline_state"] = contrastive.state_dict()
     save_checkpoint(out_dir / "checkpoint.pt", model=model, optimizer=optimizer,
                     payload={**payload, "history": jsonable(history), "epoch": recipe.epochs})
     metrics, plot_data = _evaluate(method, model, bench, recipe, seed=seed, history=history, untrained=untrained,
-                                   source=source)
+                                   source=source, baseline=contrastive)
     metrics["seed"] = seed
     metrics["data"] = dict(source)
     metrics["recipe"] = asdict(recipe)
-    metrics["train"] = {"epochs": recipe.epochs, "seconds": train_seconds, "history": history,
-                        "batches_per_epoch": len(loader)}
+    metrics["train"] = train
     metrics["total_seconds"] = time.perf_counter() - start
-    _write_outputs(out_dir, method, metrics, plot_data, history)
+    _write_outputs(out_dir, method, metrics, plot_data, history, plots=plots)
     return metrics
 
 
-def run_evaluation(checkpoint, out_dir, *, device: str = "cpu") -> dict:
+def run_evaluation(checkpoint, out_dir, *, device: str = "cpu", log=print, plots: bool | None = None) -> dict:
     """Evaluate a checkpoint written by `run_training` on its data's test split (and ood, UML
-    training audit...), writing metrics.json and the plots to out_dir; returns the metrics."""
+    training audit..., and its InfoNCE baseline when it holds one), writing metrics.json and the
+    plots to out_dir; returns the metrics."""
+    plots = _resolve_plots(plots, log)
     state = load_checkpoint(checkpoint)
     method = state["method"]
     recipe_fields = dict(state["recipe"])
@@ -165,14 +244,18 @@ def run_evaluation(checkpoint, out_dir, *, device: str = "cpu") -> dict:
     recipe = Recipe(**recipe_fields)
     bench = load_data(state["data"])
     model = _build(recipe, bench, state["seed"], device)
+    contrastive = None
+    if state.get("baseline_state") is not None:
+        contrastive = infonce_baseline(method, model)
+        contrastive.load_state_dict(state["baseline_state"])
     model.load_state_dict(state["model_state"])
     history = state.get("history", [])
     metrics, plot_data = _evaluate(method, model, bench, recipe, seed=state["seed"], history=history,
-                                   untrained=state.get("untrained"), source=state["data"])
+                                   untrained=state.get("untrained"), source=state["data"], baseline=contrastive)
     metrics["seed"] = state["seed"]
     metrics["data"] = state["data"]
     metrics["checkpoint"] = os.fspath(checkpoint)
-    _write_outputs(Path(os.fspath(out_dir)), method, metrics, plot_data, [])
+    _write_outputs(Path(os.fspath(out_dir)), method, metrics, plot_data, [], plots=plots)
     return metrics
 
 
@@ -198,10 +281,12 @@ def speed(method: str, *, k: int = 1024, d: int = 512, repeats: int = 3, device:
 
 
 def run_demo(method: str, recipe: Recipe, source: DataSource, out_dir, *, seed: int = 0, quiet: bool = False,
-             device: str = "cpu", bench_k: int | None = 1024, log=print) -> dict:
-    """`run_training`, then the fused loss's speed (unless bench_k is None), metrics.json
-    rewritten with it, and a console report."""
-    metrics = run_training(method, recipe, source, out_dir, seed=seed, quiet=quiet, device=device, log=log)
+             device: str = "cpu", bench_k: int | None = 1024, log=print, baseline: bool = True,
+             plots: bool | None = None) -> dict:
+    """`run_training` (with the InfoNCE baseline unless baseline=False), then the fused loss's
+    speed (unless bench_k is None), metrics.json rewritten with it, and a console report."""
+    metrics = run_training(method, recipe, source, out_dir, seed=seed, quiet=quiet, device=device, log=log,
+                           baseline=baseline, plots=plots)
     if bench_k is not None:
         metrics["speed"] = speed(method, k=bench_k, device=device)
         with open(Path(os.fspath(out_dir)) / "metrics.json", "w") as f:
@@ -220,6 +305,26 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def _quality_lines(quality: dict, who: str) -> list[str]:
+    """A table per direction of the uncertainty-quality figures (SPEC §6) of every score."""
+    lines = [f"uncertainty quality of {who} (test; a wrong top-1 is the event to flag; OOD: ood queries "
+             f"over the test gallery):"]
+    head = f"    {'score':<32}{'err AUROC':>10}{'AUPR':>7}{'AURC':>7}{'E-AURC':>8}{'R@1@50%':>9}{'R@1@80%':>9}{'OOD AUROC':>11}"
+    for direction in ("i2t", "t2i"):
+        q = quality.get(direction)
+        if q is None:
+            continue
+        extra = f", ECE of the {q['ece_of'].replace('_', ' ')} {q['ece']:.3f}" if "ece" in q else ""
+        lines.append(f"  {direction}: R@1 {q['r1']:.2f} over {q['n_queries']} queries{extra}")
+        lines.append(head)
+        for name, s in q["scores"].items():
+            label = name + (" (baseline)" if name in q["baselines"] else "")
+            ood = f"{s['ood_auroc']:.3f}" if s.get("ood_auroc") is not None else "-"
+            lines.append(f"    {label:<32}{s['error_auroc']:>10.3f}{s['error_aupr']:>7.3f}{s['aurc']:>7.3f}"
+                         f"{s['eaurc']:>8.3f}{s['r1_at_50']:>9.2f}{s['r1_at_80']:>9.2f}{ood:>11}")
+    return lines
+
+
 def report(metrics: dict) -> str:
     """A human-readable summary of a run's metrics."""
     m = metrics
@@ -230,8 +335,17 @@ def report(metrics: dict) -> str:
     lines.append("retrieval (test): " + "  ".join(f"{k} {m[k]:.2f}" for k in RETRIEVAL_KEYS))
     if m.get("untrained"):
         lines.append("untrained:        " + "  ".join(f"{k} {v:.3g}" for k, v in m["untrained"].items()))
+    if "infonce_baseline" in m:
+        b = m["infonce_baseline"]
+        lines.append("InfoNCE baseline: " + "  ".join(f"{k} {b[k]:.2f}" for k in RETRIEVAL_KEYS)
+                     + (f"  map {b['map']:.4f}" if "map" in b else ""))
+    if "uncertainty_quality" in m:
+        lines.extend(_quality_lines(m["uncertainty_quality"], m["method"]))
+        if "infonce_baseline" in m:
+            lines.extend(_quality_lines(m["infonce_baseline"]["uncertainty_quality"], "InfoNCE baseline"))
     for name, check in m.get("done_when", {}).items():
-        lines.append(f"  [{'ok' if check['pass'] else 'FAIL'}] {name}: {_fmt(check['value'])}")
+        note = f"  <- {check['note']}" if check.get("note") and not check["pass"] else ""
+        lines.append(f"  [{'ok' if check['pass'] else 'FAIL'}] {name}: {_fmt(check['value'])}{note}")
     for row in m.get("speed", []):
         if "fused_ms" in row:
             lines.append(f"speed {row['case']} loss fwd+bwd K={row['k']} D={row['d']}: fused {row['fused_backend']} "

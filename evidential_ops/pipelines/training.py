@@ -20,7 +20,8 @@ from .. import checks
 from ..data import CrossModalPairs, collate_pairs
 from ..data.types import CrossModalSplit
 
-__all__ = ["CHECKPOINT_FORMAT", "fit", "load_checkpoint", "make_loader", "progress_enabled", "save_checkpoint"]
+__all__ = ["CHECKPOINT_FORMAT", "epoch_lines_enabled", "fit", "load_checkpoint", "make_loader", "print_line",
+           "progress_enabled", "save_checkpoint"]
 
 CHECKPOINT_FORMAT = 1
 
@@ -29,6 +30,17 @@ def progress_enabled(quiet: bool) -> bool:
     """Bars only for a person watching: off with --quiet or when stdout is not a terminal
     (CI logs, pipes), where carriage-return redraws turn into pages of noise."""
     return not quiet and sys.stdout.isatty()
+
+
+def epoch_lines_enabled(quiet: bool) -> bool:
+    """Where bars are off because stdout is not a terminal (logs, nohup, CI), one plain line per
+    epoch instead, so a long run is never silent; --quiet silences both."""
+    return not quiet and not sys.stdout.isatty()
+
+
+def print_line(line: str) -> None:
+    """print, flushed at once: a log file or pipe then shows each epoch as it ends."""
+    print(line, flush=True)
 
 
 def make_loader(split: CrossModalSplit, *, batch_size: int, languages=("en",), seed: int = 0,
@@ -61,12 +73,14 @@ def _mean_logs(logs: list[dict]) -> dict:
 
 def fit(model: nn.Module, dataset: CrossModalPairs, loader: DataLoader, optimizer: torch.optim.Optimizer, *,
         epochs: int, start_epoch: int = 0, progress: bool = False, desc: str = "train",
-        on_epoch_end: Callable[[int, dict], None] | None = None) -> list[dict]:
+        on_epoch_end: Callable[[int, dict], None] | None = None,
+        log_epoch: Callable[[str], None] | None = None) -> list[dict]:
     """Run epochs start_epoch … epochs − 1 of `model.training_step` over the loader.
 
     Returns one dict per epoch: the batch-mean of every value training_step reports, plus
     "epoch" and "seconds". `on_epoch_end(epoch, record)` is called after each epoch (e.g. to
-    write a checkpoint).
+    write a checkpoint); `log_epoch(line)`, when given, receives one progress line per epoch,
+    "<desc> epoch e/E: loss L, S s" (e 1-based).
     """
     epochs = checks.integer(epochs, "epochs", minimum=1)
     start_epoch = checks.integer(start_epoch, "start_epoch", minimum=0)
@@ -85,6 +99,8 @@ def fit(model: nn.Module, dataset: CrossModalPairs, loader: DataLoader, optimize
                 raise ValueError("the training loader produced no batch (split smaller than the batch size?)")
             record = {"epoch": epoch, **_mean_logs(logs), "seconds": time.perf_counter() - start}
             history.append(record)
+            if log_epoch is not None:
+                log_epoch(f"{desc} epoch {epoch + 1}/{epochs}: loss {record['loss']:.4f}, {record['seconds']:.1f} s")
             if on_epoch_end is not None:
                 on_epoch_end(epoch, record)
     return history

@@ -1,0 +1,173 @@
+"""Uncertainty quality in the pipelines: the InfoNCE baseline, `quality_of`, and checks that can fail."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from models_fixtures import single_thread, tiny_batch, tiny_bench
+
+from evidential_ops.data import concat_splits
+from evidential_ops.metrics import auroc, retrieval_metrics
+from evidential_ops.methods import duq_similarity_loss
+from evidential_ops.models import InfoNCEBaseline
+from evidential_ops.pipelines import get_recipe
+from evidential_ops.pipelines.analysis import summary_checks
+from evidential_ops.pipelines.baseline import infonce_baseline
+from evidential_ops.pipelines.quality import PRIMARY_SCORE, quality_of
+
+_one_thread = pytest.fixture(autouse=True)(single_thread)
+
+
+def _bench(method: str):
+    return tiny_bench(noise_rate=0.4, visual="frames" if method == "duq" else "regions")
+
+
+def _model(method: str):
+    torch.manual_seed(0)
+    bench = _bench(method)
+    return get_recipe(method).with_overrides(embed_dim=8).build(bench), bench
+
+
+def test_concat_splits_keeps_the_layout():
+    bench = tiny_bench()
+    test, ood = bench.test, bench.ood
+    both = concat_splits(test, ood)
+    n, c = test.n_images, test.captions_per_image
+    assert both.n_images == n + ood.n_images and both.n_captions == (n + ood.n_images) * c
+    assert torch.equal(both.images[n:], ood.images)
+    assert torch.equal(both.tokens(n * c + 3), ood.tokens(3)) and torch.equal(both.tokens(2, "alt"), test.tokens(2, "alt"))
+    assert torch.equal(both.labels, torch.cat([test.labels, ood.labels]))
+    assert torch.equal(both.caption_source[n * c:], ood.caption_source + n)
+    with pytest.raises(TypeError, match="second"):
+        concat_splits(test, "ood")
+
+
+def test_infonce_loss_is_the_symmetric_infonce_of_each_member_and_language():
+    model, bench = _model("uml")
+    baseline = infonce_baseline("uml", model)
+    batch = tiny_batch(bench, languages=("en", "alt"))
+    member, alt = baseline.members[0], baseline.alt_text_encoders[0]
+    x, y = member(batch)
+    y_alt = torch.nn.functional.normalize(alt(batch["captions_alt"], batch["lengths_alt"]), dim=1)
+    want = duq_similarity_loss(x @ y.T, logit_scale=20.0) + duq_similarity_loss(x @ y_alt.T, logit_scale=20.0)
+    torch.testing.assert_close(baseline.loss(batch), want)
+    assert baseline.eval_language == "alt"
+
+
+@pytest.mark.parametrize("method", ["tcl", "tcvse", "uml", "fume", "duq"])
+def test_baseline_starts_from_the_methods_own_untrained_encoders(method):
+    model, _ = _model(method)
+    before = copy.deepcopy(model.state_dict())
+    baseline = infonce_baseline(method, model)
+    assert isinstance(baseline, InfoNCEBaseline)
+    first = next(iter(baseline.members[0].parameters()))
+    # Same initial weights as the method's first encoder, but separate tensors.
+    assert any(torch.equal(first, p) and first is not p for p in model.parameters())
+    assert (baseline.augment_vocab_size is not None) == (method == "tcvse")
+    assert len(baseline.members) == (2 if method in ("tcl", "tcvse") else 1)
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, before[key]), key
+    with pytest.raises(ValueError, match="no InfoNCE baseline"):
+        infonce_baseline("clip", model)
+
+
+@pytest.mark.parametrize("method", ["tcl", "uml", "fume", "duq"])
+def test_quality_of_reports_every_score_beside_the_free_ones(method):
+    model, bench = _model(method)
+    metrics, curves = quality_of(method, model, bench, seed=0)
+    primary = PRIMARY_SCORE[method]
+    assert metrics["primary_score"] == primary
+    assert metrics["relevance"] == ("label" if method == "fume" else "instance")
+    for direction in ("i2t", "t2i"):
+        q = metrics[direction]
+        assert primary in q["scores"] and q["baselines"] == ["neg_top1_similarity", "neg_margin"]
+        assert all("ood_auroc" in s for s in q["scores"].values())
+        assert metrics["ood_queries"][direction] == (bench.ood.n_images if direction == "i2t" else bench.ood.n_captions)
+        assert ("ece" in q) == (method != "fume")
+        assert set(curves[direction]) == set(q["scores"]) | {"oracle"}
+    if method == "duq":
+        assert "u_d" in metrics["i2t"]["scores"]
+    if method != "fume":  # instance protocol: the report's R@1 is retrieval_metrics' R@1
+        sims = model.infer(bench.test).similarity if method != "uml" else model.similarity(bench.test)
+        r = retrieval_metrics(sims, bench.test.captions_per_image)
+        assert metrics["i2t"]["r1"] == pytest.approx(r["i2t_r1"]) and metrics["t2i"]["r1"] == pytest.approx(r["t2i_r1"])
+
+
+def test_infonce_quality_uses_its_softmax_confidence():
+    model, bench = _model("tcl")
+    baseline = infonce_baseline("tcl", model)
+    metrics, _ = quality_of("infonce", baseline, bench, seed=0)
+    q = metrics["i2t"]
+    assert q["ece_of"] == "top_softmax_probability" and "neg_top_probability" in q["scores"]
+    out = baseline.infer(bench.test)
+    probability = out.top_probability("rows")
+    assert bool(((probability > 0) & (probability <= 1)).all())
+    # Beside FUME the baseline is judged by class, as FUME is: a top-1 of the same class is right.
+    by_class, _ = quality_of("infonce", baseline, bench, seed=0, relevance="label")
+    assert by_class["relevance"] == "label" and by_class["i2t"]["r1"] >= q["r1"]
+    with pytest.raises(ValueError, match="relevance"):
+        quality_of("infonce", baseline, bench, relevance="caption")
+
+
+def _quality(u_auroc: float, free_auroc: float, u_aurc: float, ood: float | None = None) -> dict:
+    def score(a, aurc, o):
+        out = {"error_auroc": a, "error_aupr": 0.5, "aurc": aurc, "eaurc": 0.1, "r1_at_50": 50.0, "r1_at_80": 50.0}
+        if o is not None:
+            out["ood_auroc"] = o
+        return out
+
+    direction = {"scores": {"u": score(u_auroc, u_aurc, ood), "neg_top1_similarity": score(free_auroc, 0.3, 0.9),
+                            "neg_margin": score(0.5, 0.3, 0.5)},
+                 "baselines": ["neg_top1_similarity", "neg_margin"]}
+    return {"primary_score": "u", "i2t": direction, "t2i": direction}
+
+
+def _baseline(rsum: float, aurc: float) -> dict:
+    direction = {"scores": {"neg_top_probability": {"aurc": aurc}}}
+    return {"rsum": rsum, "uncertainty_quality": {"i2t": direction, "t2i": direction}}
+
+
+def _tcl_metrics(rsum: float, quality: dict) -> dict:
+    single = {"rsum": rsum - 10}
+    corruption = {"0.0": {"uncertainty_i2t_median": 0.3, "uncertainty_t2i_median": 0.3},
+                  "0.6": {"uncertainty_i2t_median": 0.5, "uncertainty_t2i_median": 0.5}}
+    return {"rsum": rsum, "model_a": single, "model_b": single, "corruption": corruption,
+            "uncertainty_quality": quality}
+
+
+def test_checks_fail_when_the_method_does_not_beat_the_baseline():
+    untrained = {"rsum": 5.0}
+    losing = summary_checks("tcl", _tcl_metrics(470.0, _quality(0.55, 0.70, 0.35, ood=0.74)), untrained,
+                            _baseline(488.0, 0.14))
+    assert not losing["rsum_vs_infonce"]["pass"]
+    assert "does not beat the same-encoder InfoNCE baseline on rSum (470 vs 488)" in losing["rsum_vs_infonce"]["note"]
+    for direction in ("i2t", "t2i"):
+        assert not losing[f"u_error_auroc_vs_free_scores_{direction}"]["pass"]
+        assert not losing[f"u_ood_auroc_vs_neg_top1_similarity_{direction}"]["pass"]
+        assert not losing[f"aurc_vs_infonce_{direction}"]["pass"]
+    winning = summary_checks("tcl", _tcl_metrics(500.0, _quality(0.80, 0.70, 0.10, ood=0.95)), untrained,
+                             _baseline(488.0, 0.14))
+    assert all(check["pass"] for check in winning.values()), winning
+    # Without a baseline the checks against it are absent, not silently passed.
+    alone = summary_checks("tcl", _tcl_metrics(500.0, _quality(0.80, 0.70, 0.10)), untrained)
+    assert "rsum_vs_infonce" not in alone and "aurc_vs_infonce_i2t" not in alone
+
+
+def test_duq_rerank_check_fails_when_eq_16_lowers_r1():
+    base = {"rsum": 420.0, "i2t_r1": 54.4, "t2i_r1": 41.6, "rerank_reading": "candidate"}
+    lower = summary_checks("duq", {**base, "reranked": {"i2t_r1": 48.0, "t2i_r1": 37.4}}, None)["rerank_r1_vs_plain"]
+    assert not lower["pass"] and "candidate" in lower["note"]
+    higher = summary_checks("duq", {**base, "reranked": {"i2t_r1": 55.0, "t2i_r1": 41.6}}, None)["rerank_r1_vs_plain"]
+    assert higher["pass"]
+
+
+def test_uml_noisy_check_compares_u_with_the_pair_similarity():
+    audit = {"split_accuracy": 0.9, "uncertainty_noisy_mean": 0.70, "uncertainty_clean_mean": 0.68,
+             "uncertainty_noisy_median": 0.70, "uncertainty_clean_median": 0.68,
+             "uncertainty_auroc_noisy": 0.60, "similarity_auroc_noisy": 0.85}
+    checks = summary_checks("uml", {"rsum": 400.0, "audit": audit}, None)
+    assert not checks["noisy_auroc_u_vs_pair_similarity"]["pass"]
+    assert checks["noisy_auroc_u_vs_pair_similarity"]["value"] == [0.60, 0.85]
+    assert auroc(torch.tensor([0.9, 0.8]), torch.tensor([True, False])) == 1.0

@@ -1,0 +1,49 @@
+"""scripts/uncertainty_quality.py (the source of the README's uncertainty tables) on tiny data."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+from models_fixtures import single_thread
+
+_one_thread = pytest.fixture(autouse=True)(single_thread)
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "uncertainty_quality.py"
+TINY = ["--epochs", "1", "--n-train", "40", "--n-val", "4", "--n-test", "10", "--n-ood", "6"]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("uncertainty_quality_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_script_writes_the_results_and_the_tables(tmp_path, capsys):
+    script = _script()
+    assert script.main(["--seeds", "0", "1", "--out", str(tmp_path / "runs"), "--results", str(tmp_path), *TINY]) == 0
+    results = json.loads((tmp_path / "uncertainty_quality.json").read_text())
+    assert results["seeds"] == [0, 1] and "--seeds 0 1" in results["command"]
+    assert set(results["runs"]) == set(script.METHODS) | set(script.VARIANTS)
+    runs = results["runs"]["tcl"]
+    assert len(runs) == 2
+    # The means are the means of the per-seed figures.
+    mean = results["means"]["tcl"]
+    assert mean["rsum"] == pytest.approx((runs[0]["rsum"] + runs[1]["rsum"]) / 2)
+    u = [r["quality"]["t2i"]["scores"]["u"]["aurc"] for r in runs]
+    assert mean["quality"]["t2i"]["scores"]["u"]["aurc"] == pytest.approx(sum(u) / 2)
+    assert results["means"]["uml_exp_tau0.1"]["audit"]["uncertainty_auroc_noisy"] is not None
+    table = (tmp_path / "uncertainty_quality.md").read_text()
+    for header in ("#### TCL", "#### TcVSE", "#### UML", "#### FUME", "#### DUQ", "#### Variants"):
+        assert header in table
+    assert "baseline: −top-1 similarity" in table and "InfoNCE baseline: −softmax confidence" in table
+    assert "s′, `printed`" in table and "1 − D alone" in table
+    assert "tcl seed 1: rsum" in capsys.readouterr().out
+
+
+def test_script_rejects_unknown_runs(tmp_path):
+    with pytest.raises(SystemExit):
+        _script().main(["--only", "clip", "--results", str(tmp_path)])
