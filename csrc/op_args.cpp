@@ -119,4 +119,16 @@ void check_upstream(const at::Tensor& grad, const char* name, std::int64_t n, bo
   check_same_device(grad, name, like, "the inputs");
 }
 
+void check_backward_lines(std::int64_t m, std::int64_t n, std::int64_t target_offset,
+                          const c10::optional<at::Tensor>& target_scale, const at::Tensor& row_stats,
+                          const at::Tensor& col_stats, const at::Tensor& grad_rows, const at::Tensor& grad_cols,
+                          bool rows, bool cols, const at::Tensor& like) {
+  check_strip(m, n, target_offset);
+  check_target_scale(target_scale, n, like);
+  check_line_stats(row_stats, "row_stats", m, like);
+  check_line_stats(col_stats, "col_stats", n, like);
+  check_upstream(grad_rows, "grad_rows", m, rows, like);
+  check_upstream(grad_cols, "grad_cols", n, cols, like);
+}
+
 }  // namespace evidential_ops

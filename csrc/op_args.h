@@ -65,4 +65,11 @@ void check_line_stats(const at::Tensor& stats, const char* name, std::int64_t n,
 // The upstream gradient of one direction's losses: n entries on like's device (when `used`).
 void check_upstream(const at::Tensor& grad, const char* name, std::int64_t n, bool used, const at::Tensor& like);
 
+// Every backward op's line inputs: rows [target_offset, target_offset + M) of an N×N problem, the
+// forward's statistics of both directions and the upstream gradients of the directions used.
+void check_backward_lines(std::int64_t m, std::int64_t n, std::int64_t target_offset,
+                          const c10::optional<at::Tensor>& target_scale, const at::Tensor& row_stats,
+                          const at::Tensor& col_stats, const at::Tensor& grad_rows, const at::Tensor& grad_cols,
+                          bool rows, bool cols, const at::Tensor& like);
+
 }  // namespace evidential_ops

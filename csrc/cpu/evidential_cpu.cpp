@@ -358,12 +358,7 @@ BackwardLines backward_lines(std::int64_t m, std::int64_t n, std::int64_t target
                              const Tensor& grad_cols, const c10::optional<Tensor>& target_scale,
                              const Tensor& row_stats, const Tensor& col_stats, const std::string& evidence, double tau,
                              const Tensor& weights, std::int64_t terms, bool rows, bool cols, const Tensor& like) {
-  check_strip(m, n, target_offset);
-  check_target_scale(target_scale, n, like);
-  check_line_stats(row_stats, "row_stats", m, like);
-  check_line_stats(col_stats, "col_stats", n, like);
-  check_upstream(grad_rows, "grad_rows", m, rows, like);
-  check_upstream(grad_cols, "grad_cols", n, cols, like);
+  check_backward_lines(m, n, target_offset, target_scale, row_stats, col_stats, grad_rows, grad_cols, rows, cols, like);
   const LossOptions o = loss_options(evidence, tau, weights, terms, like);
   const Tensor scale = scale_vector(target_scale);
   const Tensor row_lines = row_stats.contiguous(), col_lines = col_stats.contiguous();
