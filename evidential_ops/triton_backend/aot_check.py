@@ -11,6 +11,11 @@ configurations (configs.DEFAULTS_BY_ARCH). Exits 1 if anything fails to compile 
 configuration spills (on the --strict-arch targets: both by default); exits 0 with a message where
 triton cannot compile here (not importable, or no ptxas). Run by `make triton-aot-check` (part of
 `make test`).
+
+It also compiles every default-configuration kernel as torch.compile's Inductor sees it: Inductor
+does not call our kernels, it rebuilds each one's source from the global names it uses
+(`inductor_rebuild`), and a helper it cannot resolve there (a module alias, a module-level float)
+fails only on a GPU, at the first compiled training step.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import os
 import re
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # The term sets of the methods (README "How each paper maps onto the API") with their evidence,
 # and every term at once (the test suite's combination). Default configurations must compile
@@ -145,6 +150,32 @@ def compile_with_log(job: Job, target) -> tuple[object, str]:
     return compiled, buffer.getvalue()
 
 
+def inductor_rebuild(fn, directory: str):
+    """The kernel `fn` rebuilt the way Inductor rebuilds a user-defined Triton kernel for a compiled
+    graph: its transitive-closure source in a module of its own (written under `directory`), the
+    kernel itself jitted as Inductor's own decorator does. None where this torch has no such function
+    (a private API)."""
+    import importlib.util
+
+    import triton
+
+    try:
+        from torch._inductor.codegen.wrapper import (
+            user_defined_triton_kernel_transitive_closure_source_code as closure_source,
+        )
+    except ImportError:
+        return None
+    name = fn.fn.__name__
+    source = "import triton\nimport triton.language as tl\n\n" + closure_source(fn)
+    path = os.path.join(directory, f"{name}.py")
+    with open(path, "w") as handle:
+        handle.write(source)
+    spec = importlib.util.spec_from_file_location(f"eo_inductor_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return triton.jit(getattr(module, name))
+
+
 def resources(log: str) -> dict:
     """Registers, stack frame and spill bytes from a ptxas -v log (one entry function)."""
     regs = re.search(r"Used (\d+) registers", log)
@@ -155,6 +186,37 @@ def resources(log: str) -> dict:
     return dict(target=target.group(1) if target else "?", registers=int(regs.group(1)),
                 stack=int(frame.group(1)) if frame else 0, spill_stores=int(frame.group(2)) if frame else 0,
                 spill_loads=int(frame.group(3)) if frame else 0)
+
+
+def inductor_failures(all_jobs: list, target) -> list:
+    """Compile the default-configuration jobs with each kernel rebuilt as Inductor rebuilds it;
+    the failures, as lines."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="eo-inductor-") as directory:
+        try:
+            rebuilt = {}
+            for job in all_jobs:
+                if job.default and job.fn not in rebuilt:
+                    rebuilt[job.fn] = inductor_rebuild(job.fn, directory)
+        except Exception as error:  # the rebuild itself failing is a finding, not a skip
+            return [f"Inductor rebuild: {type(error).__name__}: {error}"]
+        if None in rebuilt.values():
+            print("triton-aot-check: this torch cannot rebuild kernels as Inductor does: Inductor check skipped")
+            return []
+        failures = []
+        for job in all_jobs:
+            if not job.default:
+                continue
+            try:
+                compile_with_log(replace(job, fn=rebuilt[job.fn]), target)
+            except Exception as error:
+                failures.append(f"{job.kernel} {job.config} {job.variant} as Inductor rebuilds it: "
+                                f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+    print(f"triton-aot-check: {len(rebuilt)} kernels rebuilt as Inductor does, "
+          f"{sum(j.default for j in all_jobs)} default variants compiled for sm_{target.arch}, "
+          f"{len(failures)} failures")
+    return failures
 
 
 def main(argv=None) -> int:
@@ -199,6 +261,7 @@ def main(argv=None) -> int:
                 default_spills.append((arch in args.strict_arch, f"{job.kernel} {job.config} {job.variant} "
                                                                  f"{res['target']} ({spills} bytes)"))
     print(f"triton-aot-check: compiled in {time.time() - start:.0f} s (* = default configuration)")
+    failures += inductor_failures(jobs_by_arch[args.arch[0]], GPUTarget("cuda", args.arch[0], 32))
     for failure in failures:
         print(f"triton-aot-check: FAILED {failure}")
     for strict, spill in default_spills:

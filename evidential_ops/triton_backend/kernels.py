@@ -27,7 +27,23 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from . import special as sp
+# Imported by name, not as a module alias: Inductor rebuilds a user kernel's source from the
+# global names it calls and copies @triton.jit functions, but not a module such as `sp`.
+from .special import (
+    digamma_difference,
+    evidence_alpha,
+    fisher_remainder,
+    kl_h,
+    kl_v,
+    log_trigamma,
+    plain_argument,
+    polygammas,
+    polygammas_scaled,
+    pow2,
+    scaled_argument,
+    splat,
+    trigamma_difference,
+)
 
 # LineStat indices (csrc/kernels/line_terms.h) and the LineGradient field order (line_finalise.h).
 TARGET_ALPHA, REST, KL_H, SQUARES, FISHER, LOG_TRIGAMMA, REMAINDER = range(7)
@@ -77,11 +93,11 @@ def _element_kl_h(xs, small, digamma, lgamma, log_z, u):
     ψ and lnΓ shifted from x + 8, cancels to ~2e-6 absolute in float32 — too much for a KL that sums
     K of them and is itself small (SPEC: 1e-5). That branch runs in float64 (one log, one division);
     the series branch (α >= 8, no cancellation) stays in CT."""
-    h = sp.kl_h(xs, small, digamma, lgamma, log_z, u).to(tl.float64)
+    h = kl_h(xs, small, digamma, lgamma, log_z, u).to(tl.float64)
     if xs.dtype != tl.float64:
-        small64, xs64, zz64, log_z64, u64 = sp.plain_argument(xs.to(tl.float64))
-        digamma64, _t, _tt, lgamma64, _xt, _x2tt = sp.polygammas_scaled(small64, xs64, zz64, log_z64, u64)
-        h = tl.where(small, sp.kl_h(xs64, small64, digamma64, lgamma64, log_z64, u64), h)
+        small64, xs64, zz64, log_z64, u64 = plain_argument(xs.to(tl.float64))
+        digamma64, _t, _tt, lgamma64, _xt, _x2tt = polygammas_scaled(small64, xs64, zz64, log_z64, u64)
+        h = tl.where(small, kl_h(xs64, small64, digamma64, lgamma64, log_z64, u64), h)
     return h
 
 
@@ -131,14 +147,14 @@ def stats_kernel(
             cmask = cols < n_other
             s = _s_tile(a_ptr, b_ptr, rows, cols, rmask, cmask, stride_ai, stride_ak, stride_bj, stride_bk, D,
                         FROM_S, PRECISION, CT, BLOCK_M, BLOCK_N, BLOCK_K)
-            a_s, k, _rho = sp.evidence_alpha(s, inv_tau, EVIDENCE, CT)
+            a_s, k, _rho = evidence_alpha(s, inv_tau, EVIDENCE, CT)
             valid = rmask[:, None] & cmask[None, :]
             if HAS_TARGET:
                 on_target = cols[None, :] == rows[:, None] + t_off
             else:
                 on_target = cols[None, :] < 0
             off = valid & (~on_target)
-            scale = sp.pow2(k, tl.zeros_like(s).to(tl.float64))  # 2^k
+            scale = pow2(k, tl.zeros_like(s).to(tl.float64))  # 2^k
             alpha64 = a_s.to(tl.float64) * scale
             rest_c = tl.where(off, alpha64, 0.0)
             if OWN:
@@ -156,16 +172,16 @@ def stats_kernel(
                     tl.store(other_ptr + cols, tl.sum(target_c, 0), mask=has_target)
             if MSE:
                 # Σ (α·2^-511)² (line_terms.h kSquareScale): float64, formed without overflow
-                scaled = a_s.to(tl.float64) * sp.pow2(k - 511, alpha64)
+                scaled = a_s.to(tl.float64) * pow2(k - 511, alpha64)
                 sq_c = tl.where(off, scaled * scaled, 0.0)
                 if OWN:
                     acc_sq += tl.sum(sq_c, 1)
                 if OTHER:
                     _rmw_partial(part + SLOT_SQ * n_other, cols, cmask, tl.sum(sq_c, 0))
             if KL or FMSE or LOGDET:
-                small, xs, zz, log_z, u = sp.scaled_argument(a_s, k)
+                small, xs, zz, log_z, u = scaled_argument(a_s, k)
                 digamma, trigamma, tetragamma, lgamma, x_trigamma, x2_tetragamma = \
-                    sp.polygammas_scaled(small, xs, zz, log_z, u)
+                    polygammas_scaled(small, xs, zz, log_z, u)
                 if KL:
                     kl_c = tl.where(off, _element_kl_h(xs, small, digamma, lgamma, log_z, u), 0.0)
                     if OWN:
@@ -174,15 +190,15 @@ def stats_kernel(
                         _rmw_partial(part + SLOT_KL * n_other, cols, cmask, tl.sum(kl_c, 0))
                 if FMSE:
                     # (α + 1)·(αψ1(α)): αψ1 → 1 while α(α + 1) alone overflows
-                    fisher_s = (a_s + sp.pow2(-k, a_s)) * x_trigamma
+                    fisher_s = (a_s + pow2(-k, a_s)) * x_trigamma
                     fi_c = tl.where(off, fisher_s.to(tl.float64) * scale, 0.0)
                     if OWN:
                         acc_fi += tl.sum(fi_c, 1)
                     if OTHER:
                         _rmw_partial(part + SLOT_FI * n_other, cols, cmask, tl.sum(fi_c, 0))
                 if LOGDET:
-                    lt = sp.log_trigamma(small, trigamma, x_trigamma, log_z)
-                    rr, _xrp = sp.fisher_remainder(a_s, trigamma, tetragamma, u)
+                    lt = log_trigamma(small, trigamma, x_trigamma, log_z)
+                    rr, _xrp = fisher_remainder(a_s, trigamma, tetragamma, u)
                     lt_c = tl.where(valid, lt.to(tl.float64), 0.0)
                     rr_c = tl.where(valid, rr.to(tl.float64), 0.0)
                     if OWN:
@@ -274,28 +290,28 @@ def _gradient_tile(s, rows, cols, valid, t_off, inv_tau, own_ptr, n_own, other_p
                    EVIDENCE: tl.constexpr, MSE: tl.constexpr, KL: tl.constexpr, FMSE: tl.constexpr,
                    LOGDET: tl.constexpr, CT: tl.constexpr):
     """∂L/∂s of a tile (CT; 0 outside `valid`): (α∂L/∂α of the own line + of the other line)·ρ/τ."""
-    a_s, k, rho = sp.evidence_alpha(s, inv_tau, EVIDENCE, CT)
+    a_s, k, rho = evidence_alpha(s, inv_tau, EVIDENCE, CT)
     on_target = (cols[None, :] == rows[:, None] + t_off)
     on = tl.where(on_target, 1.0, 0.0).to(CT)
     off = 1.0 - on
-    alpha64 = a_s.to(tl.float64) * sp.pow2(k, tl.zeros_like(s).to(tl.float64))
+    alpha64 = a_s.to(tl.float64) * pow2(k, tl.zeros_like(s).to(tl.float64))
     f_kv = tl.zeros_like(a_s)
     f_slope = tl.zeros_like(a_s)
     f_ratio = tl.zeros_like(a_s)
     f_xrp = tl.zeros_like(a_s)
     if KL or FMSE or LOGDET:
-        small, xs, zz, log_z, u = sp.scaled_argument(a_s, k)
+        small, xs, zz, log_z, u = scaled_argument(a_s, k)
         digamma, trigamma, tetragamma, lgamma, x_trigamma, x2_tetragamma = \
-            sp.polygammas_scaled(small, xs, zz, log_z, u)
+            polygammas_scaled(small, xs, zz, log_z, u)
         if KL:
-            _v, f_kv = sp.kl_v(a_s, trigamma, u)
+            _v, f_kv = kl_v(a_s, trigamma, u)
         if FMSE:
             # f'(α) = (2α + 1)ψ1 + α(α + 1)ψ2 from the scaled αψ1, α²ψ2 (element_terms.h)
             alpha_tetragamma = tl.where(small, xs * tetragamma, x2_tetragamma * u)
             f_slope = 2.0 * x_trigamma + trigamma + x2_tetragamma + alpha_tetragamma
         if LOGDET:
             f_ratio = x2_tetragamma / x_trigamma
-            _r, f_xrp = sp.fisher_remainder(a_s, trigamma, tetragamma, u)
+            _r, f_xrp = fisher_remainder(a_s, trigamma, tetragamma, u)
     o_inv_s, o_all, o_off, o_sq, o_fi, o_kv, o_lr, o_lrem, o_t = _load_constants(own_ptr, rows, rmask, n_own)
     t_inv_s, t_all, t_off_c, t_sq, t_fi, t_kv, t_lr, t_lrem, t_t = _load_constants(other_ptr, cols, cmask, n_other)
     p_own = (alpha64 * o_inv_s[:, None]).to(CT)
@@ -308,7 +324,7 @@ def _gradient_tile(s, rows, cols, valid, t_off, inv_tau, own_ptr, n_own, other_p
                          t_all[None, :].to(CT), t_off_c[None, :].to(CT), t_sq[None, :].to(CT), t_fi[None, :].to(CT),
                          t_kv[None, :].to(CT), t_lr[None, :].to(CT), t_lrem[None, :].to(CT), t_t[None, :].to(CT),
                          MSE, KL, FMSE, LOGDET)
-    g = share * rho * sp.splat(inv_tau, s, CT)
+    g = share * rho * splat(inv_tau, s, CT)
     return tl.where(valid, g, 0.0)
 
 
@@ -423,9 +439,9 @@ def _weight(weights_ptr, host_value, index: tl.constexpr, W_FROM_PTR: tl.constex
 
 @triton.jit
 def _kl_h_of(x):
-    small, xs, zz, log_z, u = sp.plain_argument(x)
-    digamma, trigamma, tetragamma, lgamma, x_trigamma, x2_tetragamma = sp.polygammas_scaled(small, xs, zz, log_z, u)
-    return sp.kl_h(xs, small, digamma, lgamma, log_z, u)
+    small, xs, zz, log_z, u = plain_argument(x)
+    digamma, trigamma, tetragamma, lgamma, x_trigamma, x2_tetragamma = polygammas_scaled(small, xs, zz, log_z, u)
+    return kl_h(xs, small, digamma, lgamma, log_z, u)
 
 
 @triton.jit
@@ -448,13 +464,13 @@ def line_loss_kernel(stats_ptr, n, scale_ptr, scale_offset, candidates: tl.float
     target_error_sq = (c - 1.0 + q) * (c - 1.0 + q)
     total = tl.zeros(a.shape, tl.float64)
     if RISK:
-        total += _weight(weights_ptr, w0, 0, W_FROM_PTR) * (c * sp.digamma_difference(a, rest))
+        total += _weight(weights_ptr, w0, 0, W_FROM_PTR) * (c * digamma_difference(a, rest))
     if KL:
         a_tilde = c + (1.0 - c) * a
         s_tilde = rest + a_tilde
         kl_stat = tl.load(stats_ptr + 2 * n + idx, mask=mask, other=0.0)
-        digamma_s = sp.polygammas(s_tilde)[0]
-        lgamma_n = sp.polygammas(tl.full(a.shape, 1.0, tl.float64) * nn)[3]
+        digamma_s = polygammas(s_tilde)[0]
+        lgamma_n = polygammas(tl.full(a.shape, 1.0, tl.float64) * nn)[3]
         kl = kl_stat + _kl_h_of(a_tilde) - _kl_h_of(s_tilde) + (nn - 1.0) * digamma_s - lgamma_n
         total += _weight(weights_ptr, w1, 1, W_FROM_PTR) * kl
     if MSE:
@@ -463,18 +479,18 @@ def line_loss_kernel(stats_ptr, n, scale_ptr, scale_offset, candidates: tl.float
         mse = target_error_sq + off_sq + (q * (1.0 + p_target) - off_sq) / (strength + 1.0)
         total += _weight(weights_ptr, w2, 2, W_FROM_PTR) * mse
     if FMSE:
-        trigamma_a = sp.polygammas(a)[1]
+        trigamma_a = polygammas(a)[1]
         target_part = (target_error_sq + p_target * q / (strength + 1.0)) * trigamma_a
         fisher = tl.load(stats_ptr + 4 * n + idx, mask=mask, other=0.0)
         total += _weight(weights_ptr, w3, 3, W_FROM_PTR) * (fisher / strength / (strength + 1.0) + target_part)
     if LOGDET:
-        small, xs, zz, log_z, u = sp.plain_argument(strength)
+        small, xs, zz, log_z, u = plain_argument(strength)
         digamma, trigamma, tetragamma, lgamma, x_trigamma, x2_tetragamma = \
-            sp.polygammas_scaled(small, xs, zz, log_z, u)
-        r, _xrp = sp.fisher_remainder(strength, trigamma, tetragamma, u)
+            polygammas_scaled(small, xs, zz, log_z, u)
+        r, _xrp = fisher_remainder(strength, trigamma, tetragamma, u)
         m = 0.5 * (nn - 1.0) + r - tl.load(stats_ptr + 6 * n + idx, mask=mask, other=0.0)
         logdet = tl.load(stats_ptr + 5 * n + idx, mask=mask, other=0.0) + \
-            sp.log_trigamma(small, trigamma, x_trigamma, log_z) + tl.log(m)
+            log_trigamma(small, trigamma, x_trigamma, log_z) + tl.log(m)
         total += _weight(weights_ptr, w4, 4, W_FROM_PTR) * logdet
     tl.store(out_ptr + idx, total, mask=mask)
 
@@ -510,23 +526,23 @@ def line_gradient_kernel(stats_ptr, n, scale_ptr, scale_offset, candidates: tl.f
     if RISK:
         w = _weight(weights_ptr, w0, 0, W_FROM_PTR)
         wc = w * c
-        x_trigamma_s = sp.polygammas(strength)[4]
+        x_trigamma_s = polygammas(strength)[4]
         off += tl.where(w != 0.0, wc * x_trigamma_s, 0.0)
-        target += tl.where(w != 0.0, wc * a * sp.trigamma_difference(a, rest), 0.0)
+        target += tl.where(w != 0.0, wc * a * trigamma_difference(a, rest), 0.0)
     if KL:
         w = _weight(weights_ptr, w1, 1, W_FROM_PTR)
         a_tilde = c + (1.0 - c) * a
         s_tilde = rest + a_tilde
-        small, xs, zz, log_z, u = sp.plain_argument(s_tilde)
+        small, xs, zz, log_z, u = plain_argument(s_tilde)
         digamma, trigamma, tetragamma, lgamma, x_trigamma, x2_tetragamma = \
-            sp.polygammas_scaled(small, xs, zz, log_z, u)
-        _v, x_v = sp.kl_v(s_tilde, trigamma, u)
+            polygammas_scaled(small, xs, zz, log_z, u)
+        _v, x_v = kl_v(s_tilde, trigamma, u)
         per_p_tilde = x_v + (nn - 1.0) * x_trigamma
         off += tl.where(w != 0.0, w * (strength / s_tilde) * per_p_tilde, 0.0)
         kl_v_c = tl.where(w != 0.0, -w + zero, 0.0)
-        small_t, xs_t, zz_t, log_z_t, u_t = sp.plain_argument(a_tilde)
-        trigamma_t = sp.polygammas_scaled(small_t, xs_t, zz_t, log_z_t, u_t)[1]
-        v_t, _xv_t = sp.kl_v(a_tilde, trigamma_t, u_t)
+        small_t, xs_t, zz_t, log_z_t, u_t = plain_argument(a_tilde)
+        trigamma_t = polygammas_scaled(small_t, xs_t, zz_t, log_z_t, u_t)[1]
+        v_t, _xv_t = kl_v(a_tilde, trigamma_t, u_t)
         target += tl.where(w != 0.0, w * ((a_tilde - c) / s_tilde * per_p_tilde - (a_tilde - c) * v_t), 0.0)
     if MSE:
         w = _weight(weights_ptr, w2, 2, W_FROM_PTR)
@@ -542,7 +558,7 @@ def line_gradient_kernel(stats_ptr, n, scale_ptr, scale_offset, candidates: tl.f
         w = _weight(weights_ptr, w3, 3, W_FROM_PTR)
         fisher = tl.load(stats_ptr + 4 * n + idx, mask=mask, other=0.0)
         miss = c - 1.0 + q
-        g = sp.polygammas(a)
+        g = polygammas(a)
         trigamma_a = g[1]
         tetragamma_a = g[2]
         y_value = miss * miss + p_target * q / s1
@@ -556,10 +572,10 @@ def line_gradient_kernel(stats_ptr, n, scale_ptr, scale_offset, candidates: tl.f
                                           a * tetragamma_a * y_value), 0.0)
     if LOGDET:
         w = _weight(weights_ptr, w4, 4, W_FROM_PTR)
-        small, xs, zz, log_z, u = sp.plain_argument(strength)
+        small, xs, zz, log_z, u = plain_argument(strength)
         digamma, trigamma, tetragamma, lgamma, x_trigamma, x2_tetragamma = \
-            sp.polygammas_scaled(small, xs, zz, log_z, u)
-        r, x_r_prime = sp.fisher_remainder(strength, trigamma, tetragamma, u)
+            polygammas_scaled(small, xs, zz, log_z, u)
+        r, x_r_prime = fisher_remainder(strength, trigamma, tetragamma, u)
         m = 0.5 * (nn - 1.0) + r - tl.load(stats_ptr + 6 * n + idx, mask=mask, other=0.0)
         all_ += tl.where(w != 0.0, w * (x2_tetragamma / x_trigamma + x_r_prime / m), 0.0)
         logdet_ratio = tl.where(w != 0.0, w + zero, 0.0)

@@ -26,21 +26,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-LN2_HI = 6.93147180369123816490e-01
-LN2_LO = 1.90821492927058770002e-10
-LN2 = 0.6931471805599453
-LOG2E = 1.4426950408889634
-HALF_LOG_2PI = 0.91893853320467274178
-SHIFT_FROM = 8.0
-# Largest power-of-two exponent kept unscaled in a float32 α (α < 2^61, α² < 2^122 < FLT_MAX).
-F32_SCALE_FROM = 60
-F64_SCALE_FROM = 1000
-
-
-@triton.jit
-def is_f64(x):
-    return x.dtype == tl.float64
-
 
 @triton.jit
 def pow2(e, like):
