@@ -2,11 +2,12 @@
 
 Nothing is broadcast silently: shapes must match exactly, dtypes must agree, tensors must share
 a device. Checks that read tensor values (finiteness, target range, the reference's float32
-overflow) go through `require`: a ValueError right away for eager CPU tensors; inside the graph
-under torch.compile, and on other devices, an asynchronous assert (`torch._assert_async`) that
-neither breaks the graph nor waits for the device: it raises RuntimeError with the same message
-(on CUDA, a device-side assert at the next synchronisation). Meta tensors have no values and are
-not checked. `check_finite=False` skips the finiteness checks altogether.
+overflow) go through `require`: in eager mode a ValueError right away on every device (on a GPU
+this reads one bool back, a host synchronisation: `check_finite=False` skips the finiteness
+checks and that read); where no value can be read (while torch.compile traces, on fake tensors,
+while a CUDA graph is captured) an asynchronous assert (`torch._assert_async`) that neither
+breaks the graph nor waits for the device: RuntimeError with the same message on CPU, a
+device-side assert on CUDA. Meta tensors have no values and are not checked.
 """
 
 from __future__ import annotations
@@ -31,11 +32,22 @@ from .config import (
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
+def values_unreadable(t: Tensor) -> bool:
+    """Whether reading `t`'s values now is impossible or forbidden: while torch.compile traces, for
+    a fake tensor, or while a CUDA graph is being captured."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    if torch.compiler.is_compiling() or is_fake(t):
+        return True
+    return t.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 def require(condition: Tensor, message: str) -> None:
-    """Raise `message` unless the 0-D bool tensor `condition` holds (see the module docstring)."""
+    """Raise ValueError(`message`) unless the 0-D bool tensor `condition` holds; an asynchronous
+    assert where values cannot be read (see the module docstring)."""
     if condition.device.type == "meta":
         return
-    if torch.compiler.is_compiling() or condition.device.type != "cpu":
+    if values_unreadable(condition):
         torch._assert_async(condition, message)
     elif not bool(condition):
         raise ValueError(message)

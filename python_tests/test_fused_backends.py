@@ -246,6 +246,20 @@ def test_tau_whose_inverse_overflows_is_an_error(fused):
         eo.opinion(x, x, tau=1e-320, backend=fused.name)
 
 
+def test_nan_input_is_a_value_error_in_eager_mode_on_every_device(fused, gen):
+    """SPEC §5: a ValueError naming the tensor, also on a GPU (one bool read back; never a
+    device-side assert that would leave the CUDA context unusable)."""
+    x, y = random_pairs(40, 8, generator=gen)
+    x, y = x.to(fused.device), y.to(fused.device)
+    bad = y.clone()
+    bad[5, 1] = float("inf")
+    with pytest.raises(ValueError, match="y contains NaN or Inf"):
+        eo.evidential_loss(x, bad, backend=fused.name)
+    with pytest.raises(ValueError, match="weights"):
+        eo.evidential_loss(x, y, weights={"risk": 1.0, "kl": float("nan")}, backend=fused.name)
+    assert torch.isfinite(eo.evidential_loss(x, y, backend=fused.name))  # the device still works
+
+
 def test_nan_input_with_check_finite_false_gives_nan_not_a_plausible_loss(fused, gen):
     x, y = random_pairs(40, 8, generator=gen)
     x[3, 2] = float("nan")
@@ -497,12 +511,40 @@ def test_torch_compile_fullgraph_training_step_with_check_finite(fused, gen):
     torch.testing.assert_close(result, eager)
     torch.testing.assert_close(xc.grad, xe.grad)
     torch.testing.assert_close(yc.grad, ye.grad)
+    if fused.device.type == "cuda":
+        return  # inside a graph the check is a device-side assert: test_compiled_nan_on_cuda_...
     bad = x.clone()
     bad[0, 0] = float("nan")
-    with pytest.raises((RuntimeError, ValueError), match="x contains NaN or Inf"):
+    with pytest.raises(RuntimeError, match="x contains NaN or Inf"):
         compiled(bad, y)
-        if fused.device.type == "cuda":
-            torch.cuda.synchronize()
+
+
+COMPILED_NAN_ON_CUDA = """
+import torch, evidential_ops as eo
+x = torch.randn(64, 16, device="cuda")
+step = torch.compile(lambda x: eo.evidential_loss(x, x, backend="{backend}"), fullgraph=True)
+step(x)
+x[0, 0] = float("nan")
+step(x)
+torch.cuda.synchronize()
+print("NOT RAISED")
+"""
+
+
+@pytest.mark.parametrize("backend", [c.name for c in fused_cases() if c.device.type == "cuda"] or ["cuda"])
+def test_compiled_nan_on_cuda_is_a_device_side_assert_in_its_own_process(backend):
+    """Under torch.compile a NaN input on CUDA cannot raise a ValueError without a host read in
+    the graph: it is an asynchronous (device-side) assert, which ends the process's CUDA context.
+    Run in a subprocess so the rest of the suite keeps a working device."""
+    import subprocess
+    import sys
+
+    if not any(c.name == backend and c.device.type == "cuda" for c in fused_cases()):
+        pytest.skip(f"no {backend} backend on a CUDA device here")
+    run = subprocess.run([sys.executable, "-c", COMPILED_NAN_ON_CUDA.format(backend=backend)], capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode != 0 and "NOT RAISED" not in run.stdout
+    assert "assert" in run.stderr.lower(), run.stderr[-2000:]
 
 
 def test_torch_compile_does_not_recompile_for_each_annealed_weight(fused, gen):
@@ -523,8 +565,9 @@ def test_torch_compile_does_not_recompile_for_each_annealed_weight(fused, gen):
         torch.testing.assert_close(step(x, y, lam),
                                    eo.evidential_loss(x, y, weights={"risk": 1.0, "kl": lam}, backend=fused.name))
     assert counter.frame_count <= 2
-    with pytest.raises((RuntimeError, ValueError), match="weights"):
-        step(x, y, float("nan"))
+    if fused.device.type != "cuda":  # a device-side assert on CUDA (see the test above)
+        with pytest.raises(RuntimeError, match="weights"):
+            step(x, y, float("nan"))
 
 
 # ---------------------------------------------------------------- opinions

@@ -239,7 +239,7 @@ def test_meta_tensors_flow_through_the_public_api_on_the_reference():
 
 
 def test_torch_compile_fullgraph_on_the_reference_with_every_value_check(gen):
-    """What `auto` runs on CUDA tensors until a GPU backend is built: compiled with the default
+    """What `auto` runs on CUDA tensors where no GPU backend is built: compiled with the default
     check_finite=True, a target_scale and the float32 overflow check, all inside one graph."""
     x, y = random_pairs(24, 8, generator=gen)
     scale = torch.rand(24, generator=gen)

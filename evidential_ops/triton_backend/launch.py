@@ -4,26 +4,32 @@ One Python function per op of csrc/ops.cpp, with the same arguments and the same
 messages) as csrc/op_args.cpp. Each is written to be traceable: under torch.compile the ops are
 decomposed (registration.py) into these calls, so they never read a tensor's values on the host
 while tracing. Value checks (finite weights, a line strength that overflowed double) run on the
-host in eager mode (a ValueError, like the C++ kernels) and as `torch._assert_async` in a graph.
+host in eager mode (a ValueError, like the C++ kernels) and as `torch._assert_async` in a graph
+(evidential_ops.checks.require); the overflow check reads the device only where an overflow is
+possible at all for the inputs' dtype, evidence and τ (as the CUDA backend).
 """
 
 from __future__ import annotations
 
 import math
+import os
+import sys
 
 import torch
 from torch import Tensor
 
+from ..checks import require as _require
+from ..checks import values_unreadable
+from ..config import EVIDENCE_KINDS, MATMUL_PRECISIONS
+from ..config import TERMS as TERM_NAMES
 from . import configs, kernels
 
 NUM_LINE_STATS = kernels.NUM_LINE_STATS
 NUM_GRADIENT_FIELDS = kernels.NUM_GRADIENT_FIELDS
-EVIDENCE_KINDS = ("exp", "relu", "softplus", "exp_tanh")
-TERM_NAMES = ("risk", "kl", "mse", "fmse", "logdet")
 LINE_BLOCK = 128  # lines per program of the per-line kernels
 # Column partials of the one-pass forward (G programs × NS × N float64) may use this much device
 # memory; beyond it (or when G would leave SMs idle) both directions run as two passes.
-PARTIAL_BUDGET_BYTES = int(float(__import__("os").environ.get("EO_TRITON_PARTIAL_MIB", "64")) * 2**20)
+PARTIAL_BUDGET_BYTES = int(float(os.environ.get("EO_TRITON_PARTIAL_MIB", "64")) * 2**20)
 
 
 # ----------------------------------------------------------------------------------- launching
@@ -40,17 +46,8 @@ def _launch(kernel, grid, *args, **meta):
 
 
 def _tracing(t: Tensor) -> bool:
-    from torch._subclasses.fake_tensor import is_fake
-
-    return torch.compiler.is_compiling() or is_fake(t)
-
-
-def _require(condition: Tensor, message: str) -> None:
-    """A ValueError in eager mode; an asynchronous assert inside a graph (never a host read there)."""
-    if _tracing(condition):
-        torch._assert_async(condition, message)
-    elif not bool(condition):
-        raise ValueError(message)
+    """No host read of `t`'s values, no benchmark launch: tracing, fake, or CUDA graph capture."""
+    return values_unreadable(t)
 
 
 def _value(condition: bool, message: str) -> None:
@@ -234,7 +231,7 @@ def _config(kernel: str, variant: tuple, k: int, d: int, dtype: torch.dtype, ben
 
 def _tf32(dtype: torch.dtype, precision: str) -> int:
     """TF32 tile products for float32 inputs with matmul_precision "tf32" (the op argument)."""
-    if precision not in ("ieee", "tf32"):
+    if precision not in MATMUL_PRECISIONS:
         raise ValueError(f"matmul_precision must be 'ieee' or 'tf32', got {precision!r}")
     return int(precision == "tf32" and dtype == torch.float32)
 
@@ -334,10 +331,24 @@ def _line_statistics(source: _Source, t_off: int, evidence: int, inv_tau: float,
     return row_stats, col_stats
 
 
-def _overflow_check(stats: Tensor, message: str) -> None:
-    """A line strength beyond double (exp evidence at |s|/τ > 709) is an error naming τ."""
-    strength = stats[1] + stats[0]
-    _require(~torch.isinf(strength).any(), message)
+def _overflow_possible(kind: int, dtype: torch.dtype, inv_tau: float, n: int) -> bool:
+    """Whether Σα of a line of n candidates can overflow double for inputs of `dtype`, from what the
+    host knows (csrc/cuda/evidential_cuda.cpp overflow_possible): if not, no device read."""
+    largest = {torch.float64: sys.float_info.max, torch.float16: 65504.0}.get(dtype, 3.4028234663852886e38)
+    largest *= inv_tau  # may be inf: then possible
+    if kind == 0:  # exp: α <= e^{s/τ} + 1
+        return largest + math.log(n) > 709.0
+    if kind in (1, 2):  # relu, softplus: α <= s/τ + 2
+        return n * (largest + 2.0) > 1e307
+    return False  # exp_tanh: α <= e + 1
+
+
+def _overflow_check(stats: list[Tensor], message: str) -> None:
+    """A line strength beyond double (exp evidence at |s|/τ > 709) is an error naming τ: one
+    check (one host read in eager mode) for every direction in `stats`."""
+    if stats:
+        overflowed = torch.stack([torch.isinf(s[1] + s[0]).any() for s in stats]).any()
+        _require(~overflowed, message)
 
 
 def _tau_message(tau: float, evidence: str) -> str:
@@ -384,8 +395,8 @@ def line_stats(x: Tensor, y: Tensor, target_offset: int, evidence: str, tau: flo
     row_stats, col_stats = _line_statistics(_Source(x, y), target_offset, kind, inv_tau, selection, True, rows, cols,
                                             precision)
     # Columns of a strip are partial: only the caller's sum over every strip can be checked.
-    if rows:
-        _overflow_check(row_stats, _tau_message(tau, evidence))
+    if rows and _overflow_possible(kind, x.dtype, inv_tau, y.shape[0]):
+        _overflow_check([row_stats], _tau_message(tau, evidence))
     return row_stats, col_stats
 
 
@@ -400,10 +411,7 @@ def line_losses(row_stats: Tensor, col_stats: Tensor, target_scale: Tensor | Non
     selection = _Terms(terms)
     w = _Weights(weights, selection, row_stats)
     message = "a line strength overflowed double precision: exp(s/tau) with |s|/tau > 709. Use a larger tau."
-    if rows:
-        _overflow_check(row_stats, message)
-    if cols:
-        _overflow_check(col_stats, message)
+    _overflow_check([row_stats] * rows + [col_stats] * cols, message)
     zeros = lambda k: torch.zeros(k, dtype=torch.float64, device=row_stats.device)
     return (_line_losses(row_stats, scale, target_offset, n, w, selection) if rows else zeros(m),
             _line_losses(col_stats, scale, 0, n, w, selection) if cols else zeros(n))
@@ -417,11 +425,8 @@ def _forward(source: _Source, target_scale, evidence, tau, weights, terms, rows,
     selection = _Terms(terms)
     w = _Weights(weights, selection, like)
     row_stats, col_stats = _line_statistics(source, 0, kind, inv_tau, selection, True, rows, cols, precision)
-    message = _tau_message(tau, evidence)
-    if rows:
-        _overflow_check(row_stats, message)
-    if cols:
-        _overflow_check(col_stats, message)
+    if _overflow_possible(kind, source.dtype, inv_tau, k):
+        _overflow_check([row_stats] * rows + [col_stats] * cols, _tau_message(tau, evidence))
     out_dtype = _output_dtype(like.dtype)
     zeros = torch.zeros(k, dtype=out_dtype, device=like.device)
     row_losses = _line_losses(row_stats, scale, 0, k, w, selection).to(out_dtype) if rows else zeros
@@ -530,9 +535,8 @@ def _opinion(source: _Source, evidence: str, tau: float, out_dtype: torch.dtype,
     _value(source.n_own >= 1 and source.n_other >= 1, "opinions need at least one query and candidate")
     kind, inv_tau = _evidence_index(evidence), _inverse_tau(tau)
     row_stats, col_stats = _line_statistics(source, 0, kind, inv_tau, None, False, True, True, precision)
-    message = _tau_message(tau, evidence)
-    _overflow_check(row_stats, message)
-    _overflow_check(col_stats, message)
+    if _overflow_possible(kind, source.dtype, inv_tau, max(source.n_own, source.n_other)):
+        _overflow_check([row_stats, col_stats], _tau_message(tau, evidence))
     # No targets: rest is the whole sum S.
     return row_stats[1].log().to(out_dtype), col_stats[1].log().to(out_dtype)
 
