@@ -91,7 +91,8 @@ def extension():
         archs = os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCHS)
         # Bare tokens (module.cpp stringifies them): quotes and ';' would not survive ninja's shell.
         archs_define = "-DEO_CUDA_ARCHS=" + ",".join(a for a in archs.replace(";", " ").split() if a)
-        nvcc = ["-O3" if not debug else "-G", "-lineinfo", "--expt-relaxed-constexpr", "-DEO_WITH_CUDA"]
+        nvcc = ["-G"] if debug else ["-O3", "-lineinfo"]  # -G implies full device debug info
+        nvcc += ["--expt-relaxed-constexpr", "-DEO_WITH_CUDA"]
         blas_cxx, blas_libraries, blas_link = _cublas_flags()
         return CUDAExtension(
             "evidential_ops._C",

@@ -4,6 +4,7 @@
 // the CPU instruction-set switch and the CUDA working budget.
 #include <Python.h>
 
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -28,7 +29,12 @@ std::string build_info() {
 #else
   info += "off";
 #endif
-  info += ";cpu_isa=" + evidential_ops::cpu::cpu_isa("");
+  try {  // a diagnostic must not fail on the very misconfiguration it may be asked to show
+    info += ";cpu_isa=" + evidential_ops::cpu::cpu_isa("");
+  } catch (const std::invalid_argument&) {
+    const char* requested = std::getenv("EO_CPU_ISA");
+    info += std::string(";cpu_isa=invalid(EO_CPU_ISA=") + (requested ? requested : "") + ")";
+  }
   info += ";cuda=";
 #if defined(EO_WITH_CUDA)
   // setup.py passes the arch list as bare tokens (8.0,9.0+PTX): no quotes to survive the shell.

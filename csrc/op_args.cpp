@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <sstream>
 
 namespace evidential_ops {
 
@@ -85,7 +86,8 @@ void check_square(std::int64_t rows, std::int64_t cols) {
 }
 
 void check_strip(std::int64_t rows, std::int64_t cols, std::int64_t offset) {
-  TORCH_CHECK_VALUE(cols >= 2 && rows >= 1 && offset >= 0 && offset + rows <= cols,
+  // offset <= cols - rows, not offset + rows <= cols: a huge offset must not wrap around.
+  TORCH_CHECK_VALUE(cols >= 2 && rows >= 1 && offset >= 0 && offset <= cols - rows,
                     "a strip is rows [target_offset, target_offset + M) of an N×N problem (N >= 2): got M = ", rows,
                     ", N = ", cols, ", target_offset = ", offset);
 }
@@ -105,10 +107,10 @@ void check_target_scale(const c10::optional<at::Tensor>& target_scale, std::int6
 }
 
 void check_line_stats(const at::Tensor& stats, const char* name, std::int64_t n, const at::Tensor& like) {
-  TORCH_CHECK_VALUE(stats.scalar_type() == at::kDouble && stats.dim() == 2 && stats.size(0) == kNumLineStats &&
-                        stats.size(1) == n,
-                    name, " must be the float64 (", kNumLineStats, ", ", n,
-                    ") statistics of the forward, got ", stats.scalar_type(), " ", stats.sizes());
+  TORCH_CHECK_TYPE(stats.scalar_type() == at::kDouble, name, " must be the float64 statistics of the forward, got ",
+                   stats.scalar_type());
+  TORCH_CHECK_VALUE(stats.dim() == 2 && stats.size(0) == kNumLineStats && stats.size(1) == n, name,
+                    " must be the (", kNumLineStats, ", ", n, ") statistics of the forward, got ", stats.sizes());
   check_same_device(stats, name, like, "the inputs");
 }
 
@@ -129,6 +131,14 @@ void check_backward_lines(std::int64_t m, std::int64_t n, std::int64_t target_of
   check_line_stats(col_stats, "col_stats", n, like);
   check_upstream(grad_rows, "grad_rows", m, rows, like);
   check_upstream(grad_cols, "grad_cols", n, cols, like);
+}
+
+std::string tau_overflow_message(double tau, const std::string& evidence) {
+  std::ostringstream message;
+  message << "tau=" << tau << " is too small for evidence='" << evidence
+          << "': the line strength Σα overflows double precision (exp evidence: |s|/tau > 709; any evidence: an "
+             "infinite similarity). Use a larger tau.";
+  return message.str();
 }
 
 }  // namespace evidential_ops

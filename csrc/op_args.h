@@ -65,6 +65,13 @@ void check_line_stats(const at::Tensor& stats, const char* name, std::int64_t n,
 // The upstream gradient of one direction's losses: n entries on like's device (when `used`).
 void check_upstream(const at::Tensor& grad, const char* name, std::int64_t n, bool used, const at::Tensor& like);
 
+// The ValueError message of a line strength Σα beyond double precision (SPEC §1), naming τ; and
+// the message of line_losses, which sees statistics only (no τ, no evidence).
+std::string tau_overflow_message(double tau, const std::string& evidence);
+inline constexpr const char* kStrengthOverflowMessage =
+    "a line strength overflowed double precision (exp evidence: |s|/tau > 709; any evidence: an infinite "
+    "similarity). Use a larger tau.";
+
 // Every backward op's line inputs: rows [target_offset, target_offset + M) of an N×N problem, the
 // forward's statistics of both directions and the upstream gradients of the directions used.
 void check_backward_lines(std::int64_t m, std::int64_t n, std::int64_t target_offset,

@@ -26,7 +26,7 @@ def module() -> ModuleType | None:
 
 def build_info() -> str:
     """Compiler, OpenMP, CPU instruction set and CUDA settings of the compiled extension, or why it
-    did not load. Raises ValueError if the EO_CPU_ISA environment variable names no usable variant."""
+    did not load. A bad EO_CPU_ISA shows as `cpu_isa=invalid(EO_CPU_ISA=...)` (the ops raise)."""
     if _C is None:
         return f"extension not loaded: {LOAD_ERROR}"
     return _C.build_info()

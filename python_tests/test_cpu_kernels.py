@@ -111,6 +111,7 @@ def test_unknown_eo_cpu_isa_is_an_error_naming_the_variable():
         "    eo.evidential_loss(x, x, backend='cpu')\n"
         "except ValueError as e:\n"
         "    print('ValueError:', e)\n"
+        "print('info:', eo.build_info())\n"  # a diagnostic shows the misconfiguration, not raise
         "eo.cpu_isa('generic')\n"  # an explicit choice still works, and then the op runs
         "print('after request:', float(eo.evidential_loss(x, x, backend='cpu')) > 0)\n"
     )
@@ -119,6 +120,7 @@ def test_unknown_eo_cpu_isa_is_an_error_naming_the_variable():
     assert proc.returncode == 0, proc.stderr
     assert "ValueError: EO_CPU_ISA must be 'best', 'generic', 'avx2' or 'avx512', got 'avx1024'" in proc.stdout
     assert "after request: True" in proc.stdout
+    assert "cpu_isa=invalid(EO_CPU_ISA=avx1024)" in proc.stdout
 
 
 def test_bitwise_deterministic_across_runs_and_thread_counts(gen):

@@ -443,6 +443,39 @@ def test_direct_op_calls_check_their_arguments(fused, gen):
                           [True, True], "bf16x3")
 
 
+def test_direct_op_calls_reject_edge_arguments_alike(fused, gen):
+    """Arguments at the edges: a target_offset that would overflow int64 (it used to wrap round
+    and read target_scale out of bounds), statistics of the wrong dtype (TypeError), two bad
+    arguments at once (the same error from every op), an infinite similarity with relu evidence."""
+    x, y = random_pairs(40, 8, generator=gen)
+    x, y = x.to(fused.device), y.to(fused.device)
+    config = eo.checks.loss_config(evidence="exp", tau=0.05, weights=ALL_WEIGHTS, direction="both", reduction="mean")
+    backend = eo.backends.resolve(fused.name, x.device)
+    ops, w, mask = backend.ops, backend.weights(config, x), eo.ops.terms_mask(config)
+    rows, cols, row_stats, col_stats = ops.loss_forward(x, y, None, "exp", 0.05, w, mask, True, True)
+    scale = torch.ones(40, device=x.device)
+    for offset in (2**63 - 1, 1, -1):
+        with pytest.raises(ValueError, match="target_offset"):
+            ops.line_losses(row_stats, col_stats, scale, offset, w, mask, True, True)
+        with pytest.raises(ValueError, match="target_offset"):
+            ops.loss_backward(rows, cols, x, y, scale, row_stats, col_stats, "exp", 0.05, w, mask, True, True, offset,
+                              [True, True])
+    with pytest.raises(TypeError, match="row_stats must be the float64"):
+        ops.line_losses(row_stats.float(), col_stats, None, 0, w, mask, True, True)
+    for op in (lambda: ops.line_stats(x, y, 0, "bad", -1.0, mask, True, True),
+               lambda: ops.loss_forward(x, y, None, "bad", -1.0, w, mask, True, True)):
+        with pytest.raises(ValueError, match="evidence must be one of"):
+            op()
+    s = (x @ y.T).contiguous()
+    s[3, 5] = float("inf")
+    try:
+        rows, _, _, _ = ops.loss_forward_from_similarity(s, None, "relu", 0.05, w, mask, True, True)
+    except ValueError as error:  # the CPU reads every line strength
+        assert "too small" in str(error) and "infinite similarity" in str(error)
+    else:  # the GPU backends read no flag they cannot foresee being set (README "Backends")
+        assert not torch.isfinite(rows[3]) and torch.isfinite(torch.cat([rows[:3], rows[4:]])).all()
+
+
 @pytest.mark.parametrize("direction", ["rows", "both"])
 def test_tf32_reaches_forward_and_backward(fused, gen, direction):
     """matmul_precision is an op argument: the backward's products use the forward's precision.

@@ -221,15 +221,14 @@ std::pair<Tensor, Tensor> accumulate_stats(const TileSource& source, int evidenc
   return {row_stats, col_stats};
 }
 
-// Whether some line's Σα overflowed double: only exp evidence at |s|/τ beyond ~709 can do that.
-// (A NaN strength comes from a NaN input passed with check_finite=False and is left to propagate.)
+// Whether some line's Σα overflowed double: exp evidence at |s|/τ beyond ~709, or an infinite
+// similarity passed with check_finite=False (a NaN strength, from a NaN input, is left to propagate).
 bool strength_overflowed(const Tensor& stats) {
   return at::isinf(stats[generic::kRest] + stats[generic::kTargetAlpha]).any().item<bool>();
 }
 
 void check_finite_strengths(const Tensor& stats, double tau, const std::string& evidence) {
-  TORCH_CHECK_VALUE(!strength_overflowed(stats), "tau=", tau, " is too small for evidence='", evidence,
-                    "': exp(s/tau) overflows double precision (|s|/tau > 709). Use a larger tau.");
+  TORCH_CHECK_VALUE(!strength_overflowed(stats), tau_overflow_message(tau, evidence));
 }
 
 const double* scale_data(const Tensor& scale) { return scale.defined() ? scale.const_data_ptr<double>() : nullptr; }
@@ -383,9 +382,12 @@ std::tuple<Tensor, Tensor> line_stats(const Tensor& x, const Tensor& y, std::int
   tf32_requested(matmul_precision);
   const TileSource source = embeddings_source(x, y);
   check_strip(source.rows(), source.cols(), target_offset);
+  // In the order of every other op (evidence, then τ, then terms): the same error for the same call.
+  const int kind = evidence_index(evidence);
+  const double inv_tau = checked_inverse_tau(tau);
   const TermSelection selection = select_terms(terms);
-  auto [row_stats, col_stats] = accumulate_stats(source, evidence_index(evidence), checked_inverse_tau(tau),
-                                                 Targets{true, target_offset}, term_flags(selection), rows, cols);
+  auto [row_stats, col_stats] =
+      accumulate_stats(source, kind, inv_tau, Targets{true, target_offset}, term_flags(selection), rows, cols);
   // Columns of a strip are partial: only the caller's sum over every strip can overflow-check them.
   if (rows) check_finite_strengths(row_stats, tau, evidence);
   return {row_stats, col_stats};
@@ -405,7 +407,7 @@ std::tuple<Tensor, Tensor> line_losses(const Tensor& row_stats, const Tensor& co
   check_weights(weights, row_stats);
   const std::array<double, kNumTerms> weight = host_weights(weights, selection);
   TORCH_CHECK_VALUE(!(rows && strength_overflowed(row_stats)) && !(cols && strength_overflowed(col_stats)),
-                    "a line strength overflowed double precision: exp(s/tau) with |s|/tau > 709. Use a larger tau.");
+                    kStrengthOverflowMessage);
   const Tensor scale = scale_vector(target_scale);
   const Tensor row_lines = row_stats.contiguous(), col_lines = col_stats.contiguous();
   const auto options = at::TensorOptions().dtype(at::kDouble);
@@ -444,6 +446,7 @@ std::tuple<Tensor, Tensor> loss_backward(const Tensor& grad_rows, const Tensor& 
                                              cols, x);
   const bool need_dx = output_mask[0];
   const bool need_dy = output_mask[1];
+  if (!need_dx && !need_dy) return {at::empty({0}, x.options()), at::empty({0}, y.options())};
   Tensor dx = need_dx ? at::zeros_like(source.x()) : Tensor();
   Tensor dy = need_dy ? at::zeros_like(source.y()) : Tensor();
   for_each_gradient_tile(source, lines.options, target_offset, lines.rows, lines.cols,

@@ -10,16 +10,17 @@
 // Precision. Products of float32 inputs are exact IEEE float32 (cuBLAS with
 // CUBLAS_COMPUTE_32F and the default math mode) unless the op's matmul_precision argument is
 // "tf32" (CUBLAS_COMPUTE_32F_FAST_TF32): the forward's and the backward's products alike, whatever
-// torch's global TF32 switch says. float16/bfloat16 inputs go to
-// the tensor cores with float32 accumulation (s in float32; in the backward ∂L/∂s is rounded to
-// the input's type, float16 after an exact power-of-two scaling chosen on the device). float64
-// inputs use CUBLAS_COMPUTE_64F. Element math is double precision everywhere, as on the CPU.
+// torch's global TF32 switch says. float16/bfloat16 inputs go to the tensor cores with float32
+// accumulation (s in float32; in the backward ∂L/∂s is rounded to the input's type, float16 after
+// an exact power-of-two scaling chosen on the device). float64 inputs use CUBLAS_COMPUTE_64F. Element math is double precision everywhere, as on the CPU.
 //
 // Synchronisation: none in the hot path, except the τ overflow check (SPEC §1): where Σα could
 // overflow double for the given evidence, dtype and τ (always for "exp"), the forward ops read
-// one flag on the host, so that an overflow is the ValueError naming τ that the CPU raises.
-// During CUDA graph capture that read is skipped and an overflowed line's loss is +inf. Weights
-// passed on the device (KernelBackend passes them on the CPU) are copied to the host.
+// one flag on the host, so that an overflow is the ValueError naming τ that the CPU raises;
+// line_losses (the distributed loss's per-step op) always reads one. During CUDA graph capture
+// these reads are skipped and an overflowed line's loss is +inf, as it is for relu/softplus with
+// an infinite similarity (the host cannot foresee that one; the CPU raises). Weights passed on
+// the device (KernelBackend passes them on the CPU) are copied to the host.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/cuda/Exceptions.h>
@@ -90,10 +91,14 @@ Tensor overflow_flag(const Tensor& stats) {
 }
 
 void check_on_cuda(const Tensor& t, const char* name) {
-  TORCH_CHECK_VALUE(t.device().is_cuda(), name, " must be a CUDA tensor for the cuda kernels, got ", t.device());
+  // Reached when any argument is a CUDA tensor (the dispatcher picks the CUDA kernel for all).
+  TORCH_CHECK_VALUE(t.device().is_cuda(), name, " is on ", t.device(),
+                    " but another argument is a CUDA tensor: every tensor argument must be on one device");
 }
 
 TermFlags term_flags(const TermSelection& terms) { return TermFlags{terms.kl, terms.fmse, terms.logdet}; }
+
+static_assert(TermWeights::kTerms == kNumTerms, "TermWeights must hold one weight per term");
 
 TermWeights term_weights(const std::array<double, kNumTerms>& weight, const TermSelection& terms) {
   TermWeights w{};
@@ -333,8 +338,7 @@ void check_finite_strengths(const Tensor& row_stats, bool rows, const Tensor& co
   if (!(rows || cols) || !overflow_possible(evidence, value_type, inv_tau, longest) || stream_is_capturing()) return;
   Tensor flag = rows && cols ? at::logical_or(overflow_flag(row_stats), overflow_flag(col_stats))
                              : overflow_flag(rows ? row_stats : col_stats);
-  TORCH_CHECK_VALUE(!flag.item<bool>(), "tau=", tau, " is too small for evidence='", evidence_name,
-                    "': exp(s/tau) overflows double precision (|s|/tau > 709). Use a larger tau.");
+  TORCH_CHECK_VALUE(!flag.item<bool>(), tau_overflow_message(tau, evidence_name));
 }
 
 // Σ_term weight·term of every line of one direction (float64), or zeros.
@@ -465,8 +469,7 @@ std::tuple<Tensor, Tensor> line_losses(const Tensor& row_stats, const Tensor& co
   if ((rows || cols) && !stream_is_capturing()) {
     Tensor flag = rows && cols ? at::logical_or(overflow_flag(row_lines), overflow_flag(col_lines))
                                : overflow_flag(rows ? row_lines : col_lines);
-    TORCH_CHECK_VALUE(!flag.item<bool>(),
-                      "a line strength overflowed double precision: exp(s/tau) with |s|/tau > 709. Use a larger tau.");
+    TORCH_CHECK_VALUE(!flag.item<bool>(), kStrengthOverflowMessage);
   }
   const Tensor scale = scale_vector(target_scale);
   return {finalise_losses(line_spec(row_lines, scale, target_offset, n), rows, w, row_stats),

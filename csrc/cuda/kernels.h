@@ -101,8 +101,9 @@ struct LineSpec {
 };
 
 struct TermWeights {
-  double weight[5];
-  bool enabled[5];
+  static constexpr int kTerms = 5;  // generic::kNumTerms (checked where TermWeights is filled)
+  double weight[kTerms];
+  bool enabled[kTerms];
 };
 
 // losses[i] = Σ_term weight·term of line i (float64); +inf where the line's strength overflowed

@@ -12,8 +12,9 @@
 //   column partials (forward) row_groups·kStatSlots·N doubles: each row group's sum of the
 //             column statistics, likewise (at most half the budget: fewer row groups if need be);
 //   scalars   a few bytes (the float16 scale of ∂L/∂s and cuBLAS's alpha/beta).
-// Everything is one workspace allocation of at most the budget, except that a strip is never
-// less than one row: a single row of s (O(N)) is the floor, whatever the budget.
+// Everything is one workspace allocation of at most the budget, except two floors whatever the
+// budget: a strip is never less than one row (a row of s, O(N)), and the column partials never
+// less than one row group (kStatSlots·N doubles, 48·N bytes: beyond 64 MiB from N ≈ 1.4 million).
 #pragma once
 
 #include <algorithm>

@@ -173,10 +173,9 @@ def _check_target_scale(target_scale: Tensor | None, n: int, like: Tensor) -> Te
 
 
 def _check_line_stats(stats: Tensor, name: str, n: int, like: Tensor) -> Tensor:
-    _value(stats.dtype == torch.float64 and stats.dim() == 2 and stats.shape[0] == NUM_LINE_STATS
-           and stats.shape[1] == n,
-           f"{name} must be the float64 ({NUM_LINE_STATS}, {n}) statistics of the forward, got {stats.dtype} "
-           f"{list(stats.shape)}")
+    _type(stats.dtype == torch.float64, f"{name} must be the float64 statistics of the forward, got {stats.dtype}")
+    _value(stats.dim() == 2 and stats.shape[0] == NUM_LINE_STATS and stats.shape[1] == n,
+           f"{name} must be the ({NUM_LINE_STATS}, {n}) statistics of the forward, got {list(stats.shape)}")
     _same_device(stats, name, like, "the inputs")
     return stats.contiguous()
 
@@ -352,8 +351,14 @@ def _overflow_check(stats: list[Tensor], message: str) -> None:
 
 
 def _tau_message(tau: float, evidence: str) -> str:
-    return (f"tau={tau} is too small for evidence='{evidence}': exp(s/tau) overflows double precision "
-            "(|s|/tau > 709). Use a larger tau.")
+    """csrc/op_args.cpp tau_overflow_message, word for word."""
+    return (f"tau={tau} is too small for evidence='{evidence}': the line strength Σα overflows double precision "
+            "(exp evidence: |s|/tau > 709; any evidence: an infinite similarity). Use a larger tau.")
+
+
+# csrc/op_args.h kStrengthOverflowMessage: line_losses sees statistics only (no τ, no evidence).
+_STRENGTH_OVERFLOW_MESSAGE = ("a line strength overflowed double precision (exp evidence: |s|/tau > 709; any "
+                              "evidence: an infinite similarity). Use a larger tau.")
 
 
 # ----------------------------------------------------------------------------------- per line
@@ -390,8 +395,8 @@ def line_stats(x: Tensor, y: Tensor, target_offset: int, evidence: str, tau: flo
                cols: bool, precision: str = "ieee") -> tuple[Tensor, Tensor]:
     _check_embeddings(x, y)
     _check_strip(x.shape[0], y.shape[0], target_offset)
-    selection = _Terms(terms)
     kind, inv_tau = _evidence_index(evidence), _inverse_tau(tau)
+    selection = _Terms(terms)
     row_stats, col_stats = _line_statistics(_Source(x, y), target_offset, kind, inv_tau, selection, True, rows, cols,
                                             precision)
     # Columns of a strip are partial: only the caller's sum over every strip can be checked.
@@ -410,8 +415,7 @@ def line_losses(row_stats: Tensor, col_stats: Tensor, target_scale: Tensor | Non
     scale = _check_target_scale(target_scale, n, row_stats)
     selection = _Terms(terms)
     w = _Weights(weights, selection, row_stats)
-    message = "a line strength overflowed double precision: exp(s/tau) with |s|/tau > 709. Use a larger tau."
-    _overflow_check([row_stats] * rows + [col_stats] * cols, message)
+    _overflow_check([row_stats] * rows + [col_stats] * cols, _STRENGTH_OVERFLOW_MESSAGE)
     zeros = lambda k: torch.zeros(k, dtype=torch.float64, device=row_stats.device)
     return (_line_losses(row_stats, scale, target_offset, n, w, selection) if rows else zeros(m),
             _line_losses(col_stats, scale, 0, n, w, selection) if cols else zeros(n))
