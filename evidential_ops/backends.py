@@ -102,16 +102,12 @@ class KernelBackend:
         name: the backend's name ("cpu", "cuda", "triton").
         namespace: the torch.ops namespace of its op family ("evidential_ops" for the C++ kernels).
         supports: device -> whether this backend's kernels run on tensors there.
-        weights_on_device: build the `weights` tensor on the inputs' device (for kernels that load
-            it there) instead of on the CPU (where the C++ kernels read it without a sync).
     """
 
-    def __init__(self, name: str, namespace: str, supports: Callable[[torch.device], bool], *,
-                 weights_on_device: bool = False):
+    def __init__(self, name: str, namespace: str, supports: Callable[[torch.device], bool]):
         self.name = name
         self.namespace = namespace
         self._supports = supports
-        self.weights_on_device = weights_on_device
 
     @property
     def ops(self):
@@ -123,7 +119,9 @@ class KernelBackend:
         return device.type == "meta" or self._supports(device)
 
     def weights(self, config: LossConfig, like: Tensor) -> Tensor:
-        return ops.weights_tensor(config, like.device if self.weights_on_device else None)
+        """The (5,) float64 term weights of `config` on the CPU, whatever `like`'s device: every
+        kernel family reads them there without a device synchronisation."""
+        return ops.weights_tensor(config, None)
 
     def _check_no_functorch(self) -> None:
         # The ops' autograd formulas (torch.library.register_autograd) have no functorch rules:

@@ -126,8 +126,10 @@ def opinion(
             return op
         work = checks.output_dtype(x.dtype)
         xw, yw = x.detach().to(work), y.detach().to(work)
-        return _with_extras(op, lambda r0, r1, c0, c1: xw[r0:r1] @ yw[c0:c1].T, x.shape[0], y.shape[0],
-                            evidence, tau, top_k, tile_mib, work)
+        # The same exact float32 products as the op's S ("ieee"), whatever torch's TF32 switch says.
+        with backends.matmul_precision("ieee"):
+            return _with_extras(op, lambda r0, r1, c0, c1: xw[r0:r1] @ yw[c0:c1].T, x.shape[0], y.shape[0],
+                                evidence, tau, top_k, tile_mib, work)
 
 
 def opinion_from_similarity(

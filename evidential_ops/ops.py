@@ -89,20 +89,43 @@ def _check_weights(weights: Tensor, like: Tensor) -> None:
         raise ValueError(f"weights must be on the CPU or on {like.device}, got {weights.device}")
 
 
+# The fakes accept exactly the calls the kernels accept (csrc/op_args.cpp), so that a bad direct
+# call fails while tracing, not at the first run of the compiled graph.
+
+
 def _check_embeddings(x: Tensor, y: Tensor) -> None:
     _same_device(y, "y", x)
     if x.dim() != 2 or y.dim() != 2 or x.shape[1] != y.shape[1]:
         raise ValueError(f"x and y must be 2-D with the same embedding size D, got {tuple(x.shape)} and {tuple(y.shape)}")
-    if x.dtype != y.dtype:
+    if x.dtype != y.dtype or not x.is_floating_point():
         raise TypeError(f"x and y must have the same floating dtype, got {x.dtype} and {y.dtype}")
+
+
+def _check_similarity(s: Tensor) -> None:
+    if s.dim() != 2:
+        raise ValueError(f"s must be a 2-D similarity matrix, got shape {tuple(s.shape)}")
+    if not s.is_floating_point():
+        raise TypeError(f"s must be floating, got {s.dtype}")
+
+
+def _check_square(m, n) -> None:
+    if m != n or m < 2:
+        raise ValueError(f"the loss needs a square K×K problem with K >= 2, got {m}×{n}")
+
+
+def _check_strip(m, n, offset: int) -> None:
+    if not (n >= 2 and m >= 1 and 0 <= offset <= n - m):
+        raise ValueError("a strip is rows [target_offset, target_offset + M) of an N×N problem (N >= 2): got "
+                         f"M = {m}, N = {n}, target_offset = {offset}")
 
 
 def _check_stats(stats: Tensor, name: str, n: int, like: Tensor) -> None:
     _same_device(stats, name, like)
-    if stats.dtype != torch.float64 or tuple(stats.shape) != (LAYOUT.num_line_stats, n):
+    if stats.dtype != torch.float64:
+        raise TypeError(f"{name} must be the float64 statistics of the forward, got {stats.dtype}")
+    if tuple(stats.shape) != (LAYOUT.num_line_stats, n):
         raise ValueError(
-            f"{name} must be the float64 ({LAYOUT.num_line_stats}, {n}) statistics of the forward, "
-            f"got {stats.dtype} {tuple(stats.shape)}"
+            f"{name} must be the ({LAYOUT.num_line_stats}, {n}) statistics of the forward, got {tuple(stats.shape)}"
         )
 
 
@@ -118,6 +141,7 @@ def _register_fakes(namespace: str) -> None:
     @fake("line_stats")
     def _(x, y, target_offset, evidence, tau, terms, rows, cols, matmul_precision="ieee"):
         _check_embeddings(x, y)
+        _check_strip(x.shape[0], y.shape[0], target_offset)
         return _stats_pair(x, x.shape[0], y.shape[0])
 
     @fake("line_losses")
@@ -125,7 +149,11 @@ def _register_fakes(namespace: str) -> None:
         _same_device(col_stats, "col_stats", row_stats)
         _same_device(target_scale, "target_scale", row_stats)
         _check_weights(weights, row_stats)
-        m, n = row_stats.shape[1], col_stats.shape[1]
+        m = row_stats.shape[1] if row_stats.dim() == 2 else -1
+        n = col_stats.shape[1] if col_stats.dim() == 2 else -1
+        _check_stats(row_stats, "row_stats", m, row_stats)
+        _check_stats(col_stats, "col_stats", n, row_stats)
+        _check_strip(m, n, target_offset)
         return row_stats.new_empty(m), row_stats.new_empty(n)
 
     def forward_fake(like, target_scale, weights, m, n):
@@ -137,10 +165,13 @@ def _register_fakes(namespace: str) -> None:
     @fake("loss_forward")
     def _(x, y, target_scale, evidence, tau, weights, terms, rows, cols, matmul_precision="ieee"):
         _check_embeddings(x, y)
+        _check_square(x.shape[0], y.shape[0])
         return forward_fake(x, target_scale, weights, x.shape[0], y.shape[0])
 
     @fake("loss_forward_from_similarity")
     def _(s, target_scale, evidence, tau, weights, terms, rows, cols):
+        _check_similarity(s)
+        _check_square(s.shape[0], s.shape[1])
         return forward_fake(s, target_scale, weights, s.shape[0], s.shape[1])
 
     def backward_checks(like, grad_rows, grad_cols, target_scale, row_stats, col_stats, weights, m, n):
@@ -154,6 +185,7 @@ def _register_fakes(namespace: str) -> None:
     def _(grad_rows, grad_cols, x, y, target_scale, row_stats, col_stats, evidence, tau, weights, terms, rows, cols,
           target_offset, output_mask, matmul_precision="ieee"):
         _check_embeddings(x, y)
+        _check_strip(x.shape[0], y.shape[0], target_offset)
         backward_checks(x, grad_rows, grad_cols, target_scale, row_stats, col_stats, weights, x.shape[0], y.shape[0])
         # new_empty, not empty_like: the kernels return contiguous gradients for any input strides.
         dx = x.new_empty(x.shape) if output_mask[0] else x.new_empty(0)
@@ -162,6 +194,8 @@ def _register_fakes(namespace: str) -> None:
 
     @fake("loss_backward_from_similarity")
     def _(grad_rows, grad_cols, s, target_scale, row_stats, col_stats, evidence, tau, weights, terms, rows, cols):
+        _check_similarity(s)
+        _check_square(s.shape[0], s.shape[1])
         backward_checks(s, grad_rows, grad_cols, target_scale, row_stats, col_stats, weights, s.shape[0], s.shape[1])
         return s.new_empty(s.shape)
 
@@ -173,6 +207,7 @@ def _register_fakes(namespace: str) -> None:
 
     @fake("opinion_from_similarity")
     def _(s, evidence, tau):
+        _check_similarity(s)
         dtype = output_dtype(s.dtype)
         return s.new_empty(s.shape[0], dtype=dtype), s.new_empty(s.shape[1], dtype=dtype)
 

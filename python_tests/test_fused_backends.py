@@ -512,6 +512,27 @@ def test_direct_op_calls_reject_tensors_on_another_device(fused, gen):
                           row_stats.to("meta"), col_stats, "exp", 0.05, w, mask, True, True, 0, [True, True])
 
 
+def test_fakes_reject_what_the_kernels_reject(fused, gen):
+    """A direct op call on meta tensors (what torch.compile traces) fails like the kernels do,
+    not at the first run of the compiled graph."""
+    ops = eo.backends.resolve(fused.name, torch.device(fused.device)).ops
+    x, y = random_pairs(7, 4, generator=gen)
+    real = [t.to(fused.device) for t in (x, y)]
+    meta = [t.to("meta") for t in (x, y)]
+    w = torch.tensor([1.0, 0.1, 0, 0, 0], dtype=torch.float64)
+    calls = {
+        "not square": (ValueError, lambda a, b: ops.loss_forward(a[:5], b, None, "exp", 0.05, w, 3, True, True)),
+        "1-D s": (ValueError, lambda a, b: ops.loss_forward_from_similarity(a[0], None, "exp", 0.05, w, 3, True, True)),
+        "strip offset": (ValueError, lambda a, b: ops.line_stats(a[:3], b, 5, "exp", 0.05, 3, True, True)),
+        "integer s": (TypeError, lambda a, b: ops.opinion_from_similarity((a @ b.T).long(), "exp", 0.05)),
+    }
+    for what, (error, call) in calls.items():
+        for tensors in (real, meta):
+            with pytest.raises(error):
+                call(*tensors)
+                pytest.fail(f"{what} on {tensors[0].device} was accepted")
+
+
 def test_meta_tensors_through_the_public_api(fused):
     x = torch.empty(32, 8, device="meta")
     loss = eo.evidential_loss(x, x, weights=ALL_WEIGHTS, backend=fused.name)
