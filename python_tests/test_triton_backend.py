@@ -205,3 +205,18 @@ def test_triton_tf32_agrees(gen):
     ieee = eo.evidential_loss(x, y, weights=ALL_WEIGHTS, backend="triton")
     tf32 = eo.evidential_loss(x, y, weights=ALL_WEIGHTS, backend="triton", matmul_precision="tf32")
     torch.testing.assert_close(tf32, ieee, rtol=5e-3 / 0.05, atol=0)
+
+
+def test_triton_one_program_over_several_row_blocks_matches(gen, monkeypatch):
+    """On a GPU from K of a few thousand a stats program sweeps several row blocks, read-modify-
+    writing its column partials between them; the interpreter's default never does. Force it (a
+    partial budget of one byte: one program for every row block) and compare bitwise."""
+    from evidential_ops.triton_backend import launch
+
+    x, y = hard_pairs(130, 24, generator=gen)
+    x, y = x.to(device()), y.to(device())
+    expected = eo.evidential_loss(x, y, weights=ALL_WEIGHTS, reduction="none", backend="triton")
+    monkeypatch.setattr(launch, "PARTIAL_BUDGET_BYTES", 1)
+    several = eo.evidential_loss(x, y, weights=ALL_WEIGHTS, reduction="none", backend="triton")
+    for a, b in zip(expected, several):
+        assert torch.equal(a, b)

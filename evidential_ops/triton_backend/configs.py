@@ -45,6 +45,11 @@ class TileConfig:
 # tiles with several warps keep that within 255 registers. ptxas allocates differently per
 # target: the Hopper stats tile spills 4-36 bytes on sm_80 (DUQ float32, UML TF32), a 16-deep K
 # step there does not. Larger tiles are in the autotuning space.
+# With triton 3.6 (the lent GPU machines' version) no candidate stats tile is spill-free: over the
+# 12 required stats variants the sm_90 default spills 52 bytes in all (at most 32 in one, TCL
+# float32 at 128 registers), and each of m16n16k16w4, m16n16k{16,32}w8, m16n32k32w8 spills 28-140;
+# sm_80's default 32. Measured ahead of time (aot_check under triton 3.6); whether that costs time
+# is for the GPU benchmark.
 DEFAULTS_BY_ARCH = {
     90: {
         "stats": TileConfig(16, 16, 32, 4, 1),

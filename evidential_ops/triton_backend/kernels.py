@@ -45,15 +45,10 @@ from .special import (
     trigamma_difference,
 )
 
-# LineStat indices (csrc/kernels/line_terms.h) and the LineGradient field order (line_finalise.h).
-TARGET_ALPHA, REST, KL_H, SQUARES, FISHER, LOG_TRIGAMMA, REMAINDER = range(7)
+# Sizes of the LineStat layout (csrc/kernels/line_terms.h: target α, rest, kl h, squares, fisher,
+# log-trigamma, remainder; the kernels index it by those literal positions) and of LineGradient.
 NUM_LINE_STATS = 7
 NUM_GRADIENT_FIELDS = 9
-
-
-@triton.jit
-def _num_partials(MSE: tl.constexpr, KL: tl.constexpr, FMSE: tl.constexpr, LOGDET: tl.constexpr):
-    return 1 + MSE + KL + FMSE + 2 * LOGDET
 
 
 @triton.jit
@@ -91,13 +86,11 @@ def _rmw_partial(ptr, cols, cmask, values):
 def _element_kl_h(xs, small, digamma, lgamma, log_z, u):
     """h(α) of an element as float64. float32: the direct form below 8, (x − 1)ψ(x) − lnΓ(x) − x with
     ψ and lnΓ shifted from x + 8, cancels to ~2e-6 absolute in float32 — too much for a KL that sums
-    K of them and is itself small (SPEC: 1e-5). That branch runs in float64 (one log, one division);
-    the series branch (α >= 8, no cancellation) stays in CT."""
+    K of them and is itself small (SPEC: 1e-5). That branch runs in float64 (tl.where evaluates it
+    for every element: the full float64 polygammas); the series branch (α >= 8) stays in CT."""
     h = kl_h(xs, small, digamma, lgamma, log_z, u).to(tl.float64)
     if xs.dtype != tl.float64:
-        small64, xs64, zz64, log_z64, u64 = plain_argument(xs.to(tl.float64))
-        digamma64, _t, _tt, lgamma64, _xt, _x2tt = polygammas_scaled(small64, xs64, zz64, log_z64, u64)
-        h = tl.where(small, kl_h(xs64, small64, digamma64, lgamma64, log_z64, u64), h)
+        h = tl.where(small, _kl_h_of(xs.to(tl.float64)), h)
     return h
 
 
@@ -117,7 +110,9 @@ def stats_kernel(
 
     own_ptr: (7, n_own) float64, zero-initialised; other_ptr: (7, n_other), only LineStat 0 (the
     target α, a single element) is written there; part_ptr: (num_programs, NS, n_other) float64,
-    zero-initialised, NS = `_num_partials`, slots in LineStat order of the enabled statistics.
+    zero-initialised, NS = launch._Terms.num_partials(): slot 0 rest, then those enabled of
+    squares (MSE), kl h (KL), fisher (FMSE), log-trigamma and remainder (LOGDET), in that order
+    (`reduce_partials_kernel` maps them back to LineStats).
     """
     pid = tl.program_id(0)
     inv_tau = tl.full([], inv_tau, tl.float64)  # (float arguments: see `line_loss_kernel`)
@@ -129,8 +124,8 @@ def stats_kernel(
     SLOT_FI: tl.constexpr = 1 + MSE + KL
     SLOT_LT: tl.constexpr = 1 + MSE + KL + FMSE
     part = part_ptr + pid * NS * n_other
-    # Row blocks pid, pid + n_programs, ... (the loop bound is a plain argument: the interpreter
-    # of triton 3.6 cannot take a program id as a range bound)
+    # Row blocks pid, pid + n_programs, ... (the loop bound is a plain argument: Triton's
+    # interpreter, 3.6 at least, cannot take a program id as a range bound)
     for it in range(0, blocks_per_program):
         rb = pid + it * n_programs
         rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -220,6 +215,9 @@ def stats_kernel(
             if LOGDET:
                 tl.store(own_ptr + 5 * n_own + rows, acc_lt, mask=rmask)
                 tl.store(own_ptr + 6 * n_own + rows, acc_rr, mask=rmask)
+        # The next row block read-modify-writes the same partials: its loads must see these
+        # stores, also where a value is held by several threads and stored by one of them.
+        tl.debug_barrier()
 
 
 @triton.jit
@@ -351,6 +349,7 @@ def grad_kernel(
     rb = tl.program_id(0)
     rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < n_own
+    rows64 = rows.to(tl.int64)  # offsets of out and b: K·stride beyond int32 for large K·D
     dks = tl.arange(0, BLOCK_D)
     acc = tl.zeros((BLOCK_M, BLOCK_D), CT)
     for c0 in range(0, n_other, BLOCK_N):
@@ -368,20 +367,22 @@ def grad_kernel(
             for d0 in range(0, D, BLOCK_D):
                 dk = d0 + dks
                 dmask = dk < D
-                b = tl.load(b_ptr + cols[:, None] * stride_bj + dk[None, :] * stride_bk,
+                b = tl.load(b_ptr + cols.to(tl.int64)[:, None] * stride_bj + dk[None, :] * stride_bk,
                             mask=cmask[:, None] & dmask[None, :], other=0.0)
-                optr = out_ptr + rows[:, None] * stride_oi + dk[None, :] * stride_ok
+                optr = out_ptr + rows64[:, None] * stride_oi + dk[None, :] * stride_ok
                 omask = rmask[:, None] & dmask[None, :]
                 part = tl.load(optr, mask=omask, other=0.0)
                 part = tl.dot(g_op, b, part, input_precision=PRECISION)
                 tl.store(optr, part, mask=omask)
+                # The next tile loads this chunk again: its loads must see every thread's stores.
+                tl.debug_barrier()
         else:
             dmask = dks < D
-            b = tl.load(b_ptr + cols[:, None] * stride_bj + dks[None, :] * stride_bk,
+            b = tl.load(b_ptr + cols.to(tl.int64)[:, None] * stride_bj + dks[None, :] * stride_bk,
                         mask=cmask[:, None] & dmask[None, :], other=0.0)
             acc = tl.dot(g_op, b, acc, input_precision=PRECISION)
     if not ACCUMULATE:
-        tl.store(out_ptr + rows[:, None] * stride_oi + dks[None, :] * stride_ok,
+        tl.store(out_ptr + rows64[:, None] * stride_oi + dks[None, :] * stride_ok,
                  acc.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & (dks < D)[None, :])
 
 

@@ -207,7 +207,7 @@ def _config(kernel: str, variant: tuple, k: int, d: int, dtype: torch.dtype, ben
     mode."""
     if not configs.autotuning():
         return configs.default(kernel, device)
-    key = (kernel, variant, configs.k_bucket(k), d, str(dtype))
+    key = (kernel, variant, configs.k_bucket(k), d, str(dtype), configs.arch(device))
     picked = configs.tuned(key)
     if picked is not None:
         return picked
@@ -270,7 +270,8 @@ def _stats_pass(source: _Source, own: Tensor, other: Tensor, partials: Tensor | 
     flags = terms.stat_flags() if terms is not None else dict(MSE=0, KL=0, FMSE=0, LOGDET=0)
     other_pass = partials is not None
     f64 = _compute_f64(source.dtype)
-    variant = (evidence, tuple(flags.values()), other_pass, source.from_s)
+    variant = (evidence, tuple(flags.values()), other_pass, source.from_s, has_target,
+               _tf32(source.dtype, precision))
 
     def run(config, out_own=own, out_other=other, out_part=partials):
         row_blocks = triton_cdiv(source.n_own, config.block_m)
@@ -477,7 +478,7 @@ def _grad_pass(a: Tensor, b: Tensor, own_g: Tensor, other_g: Tensor, t_off: int,
     register_d = max(16, 1 << max(0, (d - 1).bit_length()))
     accumulate = register_d > max_register_d
     acc_dtype = _output_dtype(a.dtype)
-    variant = (bw.kind, tuple(bw.terms.stat_flags().values()), accumulate)
+    variant = (bw.kind, tuple(bw.terms.stat_flags().values()), accumulate, _tf32(a.dtype, precision))
 
     def run(config, out):
         block_d = config.block_d if accumulate else register_d
