@@ -38,7 +38,8 @@ _evidence_map = evidence
 
 
 def log_alpha(s: Tensor, kind: str, tau: float) -> Tensor:
-    """ln α = ln(g(s/τ) + 1), finite even where α itself overflows (exp evidence, small τ)."""
+    """ln α = ln(g(s/τ) + 1) elementwise (SPEC §1; any shape, s's dtype), finite even where α
+    itself overflows (exp evidence, small τ)."""
     if kind == "exp":
         x = s / tau
         return torch.relu(x) + torch.log1p(torch.exp(-x.abs()))

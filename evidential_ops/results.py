@@ -47,6 +47,9 @@ class Opinion:
 
     @staticmethod
     def from_log_strengths(row_log_strength: Tensor, col_log_strength: Tensor) -> "Opinion":
+        """The opinion of ln S of every query row (M,) and candidate column (N,) (SPEC §4): the
+        uncertainty of a row is u = N/S over its N candidates, of a column M/S, formed from ln S so
+        that it stays finite where S overflows."""
         n_candidates_of_row = col_log_strength.shape[0]
         n_candidates_of_col = row_log_strength.shape[0]
         return Opinion(
