@@ -8,9 +8,11 @@ computed on every rank too: the results are errors against it, which the tests b
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import math
+import time
 from pathlib import Path
 
 import torch
@@ -267,6 +269,58 @@ def bad_inputs(rank, world):
     return out
 
 
+@contextlib.contextmanager
+def failing_op(name: str, active: bool, exc: Exception):
+    """Within the block, the backend op torch.ops.evidential_ops.<name> raises `exc` (when active)."""
+    namespace = torch.ops.evidential_ops
+    original = getattr(namespace, name)
+
+    def fail(*args, **kwargs):
+        raise exc
+
+    if active:
+        setattr(namespace, name, fail)
+    try:
+        yield
+    finally:
+        setattr(namespace, name, original)
+
+
+def failure_in_backward(rank, world):
+    """loss_backward raises (out of memory) on the last rank only: every rank must raise promptly,
+    the failing one its own error, the others a PeerError naming it, and the group stay usable.
+    Also a failure of the forward's copies (after the all-gather) on that rank."""
+    x, y, _ = batch(world, seed=14)
+    sizes = SIZES[world]
+    bad = rank == world - 1
+    oom = torch.OutOfMemoryError("injected: out of memory allocating dy_parts")
+    out = {}
+    for reduction in ("mean", "sum", "none"):
+        for direction in ("both", "rows"):
+            xr = strip(x, sizes, rank).clone().requires_grad_()
+            yr = strip(y, sizes, rank).clone().requires_grad_()
+            got = eod.evidential_loss(xr, yr, reduction=reduction, direction=direction, weights=ALL_WEIGHTS)
+            total = sum(t.sum() for t in got) if reduction == "none" else got
+            start = time.monotonic()
+            try:
+                with failing_op("loss_backward", bad, oom):
+                    total.backward()
+                result = ("no error", "")
+            except Exception as e:  # the test checks the type and the text
+                result = (type(e).__name__, str(e))
+            out[f"backward/{reduction}/{direction}"] = (*result, time.monotonic() - start)
+    start = time.monotonic()
+    try:
+        with failing_op("line_stats", bad, oom):
+            eod.evidential_loss(strip(x, sizes, rank), strip(y, sizes, rank))
+        result = ("no error", "")
+    except Exception as e:
+        result = (type(e).__name__, str(e))
+    out["forward/line_stats"] = (*result, time.monotonic() - start)
+    out["after"] = compare(rank, world, x, y, weights=ALL_WEIGHTS)
+    return out
+
+
 class Towers(nn.Module):
     """Two linear towers into a unit-norm joint space (a stand-in for any dual encoder)."""
 
@@ -397,5 +451,6 @@ def duq_steps(rank, world):
 
 CASES = {fn.__name__: fn for fn in (
     f64_all_terms, f64_directions_and_terms, f64_reductions, f64_normalize, f32_spec, bf16, upstream_mean,
-    ddp_flag, no_grad_and_module, reference_backend, volume, bad_inputs, ddp_step, compiled, tcl_step, duq_steps,
+    ddp_flag, no_grad_and_module, reference_backend, volume, bad_inputs, failure_in_backward, ddp_step,
+    compiled, tcl_step, duq_steps,
 )}

@@ -33,8 +33,10 @@ GROUP_TIMEOUT_S = 420  # a whole group (spawn, imports, every case) on a loaded 
 
 TWO_RANK_CASES = ["f64_all_terms", "f64_directions_and_terms", "f64_reductions", "f64_normalize", "f32_spec",
                   "bf16", "upstream_mean", "ddp_flag", "no_grad_and_module", "reference_backend", "volume", "bad_inputs",
-                  "ddp_step", "compiled", "tcl_step", "duq_steps"]
-THREE_RANK_CASES = ["f64_all_terms", "f32_spec", "upstream_mean", "volume", "bad_inputs", "ddp_step"]
+                  "failure_in_backward", "ddp_step", "compiled", "tcl_step",
+                  "duq_steps"]
+THREE_RANK_CASES = ["f64_all_terms", "f32_spec", "upstream_mean", "volume", "bad_inputs", "failure_in_backward",
+                    "ddp_step"]
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +152,7 @@ def test_volume_formula_by_hand():
     fields = len(eod.loss.FIELDS)
     v = eod.communication_volume([3, 5], 4)
     assert v == {"all_gather": 2 * fields * 8 + 2 * 5 * 4 * 4,
-                 "all_reduce": (7 * 8 + 1 + 1) * 8 + 4,
+                 "all_reduce": (7 * 8 + 1 + 1) * 8 + 2 * 4,  # ..., error flag (float64); g, error flag (float32)
                  "reduce_scatter": 2 * 5 * 4 * 4}
 
 
@@ -175,6 +177,26 @@ def test_bad_input_on_one_rank_raises_on_every_rank(group):
             assert r[name][0] == "ValueError" and f"same {field}" in r[name][1], (name, r[name])
     for r in results:  # and the group is still in step: the next call is right everywhere
         assert r["after"] <= F64
+
+
+def test_a_rank_failing_in_the_backward_makes_every_rank_raise_promptly(group):
+    # The last rank's loss_backward raises (an injected out-of-memory error); without the error
+    # flag the others would wait in the reduce-scatter until the 60 s collective timeout.
+    results = group["failure_in_backward"]
+    bad = group.world - 1
+    for rank, per_case in enumerate(results):
+        for case, value in per_case.items():
+            if case == "after":
+                continue
+            kind, text, seconds = value
+            if rank == bad:
+                assert kind == "OutOfMemoryError" and "injected" in text, (case, value)
+            else:
+                expected = "PeerInputError" if case.startswith("forward") else "PeerError"
+                assert kind == expected and f"rank {bad}: OutOfMemoryError: injected" in text, (case, value)
+            assert seconds < 20, (rank, case, value)
+        assert_within(per_case["after"], F64, F64, f"rank {rank} after the failures")  # the group is in step
+    assert issubclass(eod.PeerInputError, eod.PeerError) and issubclass(eod.PeerInputError, ValueError)
 
 
 def test_without_an_initialised_group_the_error_says_what_to_do():

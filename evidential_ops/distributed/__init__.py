@@ -14,7 +14,7 @@ README "Multi-GPU / torch.distributed" has the design, the DDP convention and th
 volume; `loss.py` the algorithm, `comm.py` the collectives.
 """
 
-from .comm import CommunicationCounter, PeerInputError
+from .comm import CommunicationCounter, PeerError, PeerInputError
 from .loss import EvidentialLoss, communication_volume, evidential_loss
 
-__all__ = ["CommunicationCounter", "EvidentialLoss", "PeerInputError", "communication_volume", "evidential_loss"]
+__all__ = ["CommunicationCounter", "EvidentialLoss", "PeerError", "PeerInputError", "communication_volume", "evidential_loss"]

@@ -12,6 +12,11 @@ pieces:
   the reduce-scatter (SUM) that hands each owner its rows of a (K_global, ...) tensor. gloo's
   all-gather needs equal sizes, so uneven strips are zero-padded to K_max = max_r K_r (one code
   path for gloo and NCCL; the padding is part of the volume that `communication_volume` counts).
+  Each comes in a collective half and a local half
+  (`all_gather_padded` + `unpad_rows`, `scatter_buffers` + `reduce_scatter_buffers`), so that a
+  caller can catch the local half's errors (out of memory) and report them through a flag.
+- `fail_together`: after an all-reduced error flag says some rank failed, every rank raises: the
+  failing ranks their own error, the others a `PeerError` quoting it.
 - `CommunicationCounter`: a dispatch mode that records the bytes of every c10d collective issued
   while it is active (what the volume test and bench/distributed_bench.py measure).
 """
@@ -30,22 +35,38 @@ from torch.utils._python_dispatch import TorchDispatchMode
 __all__ = [
     "CommunicationCounter",
     "Layout",
+    "PeerError",
     "PeerInputError",
     "agree",
+    "all_gather_padded",
     "all_reduce_sum",
     "communication_volume",
+    "fail_together",
     "gather_rows",
     "group_info",
+    "reduce_scatter_buffers",
+    "scatter_buffers",
     "scatter_rows",
+    "unpad_rows",
 ]
 
 
-class PeerInputError(ValueError):
-    """Raised on the ranks whose own input was fine when another rank's input was not.
+class PeerError(RuntimeError):
+    """Raised on the ranks that did not fail when another rank of the group failed.
+
+    The failing rank raises its own error (e.g. torch.OutOfMemoryError in the backward); every
+    other rank raises this one, naming the failing rank(s) and quoting their errors, at the same
+    point, so that no rank is left waiting in a collective.
+    """
+
+
+class PeerInputError(PeerError, ValueError):
+    """Raised on the ranks whose own input was fine when another rank's input was not (or when
+    another rank's kernels failed on its rows in the forward, e.g. an overflowing strength).
 
     The rank with the bad input raises its own error (ValueError/TypeError naming the argument);
     every other rank raises this one, quoting it, at the same point, so that no rank is left
-    waiting in a collective.
+    waiting in a collective. A ValueError and a `PeerError`.
     """
 
 
@@ -93,7 +114,44 @@ def _reduce_scatter_single(output: Tensor, inp: Tensor, group) -> None:
 
 
 def all_reduce_sum(t: Tensor, group, *, async_op: bool = False):
+    """In-place all-reduce (SUM) of `t` over `group`.
+
+    Args:
+        t: a tensor of any shape (here 1-D: (n,) float64 statistics and flags, or (1,)/(2,) of the
+            working dtype), on the device of the group's backend (CPU for gloo, the rank's GPU for
+            NCCL), with the same shape and dtype on every rank. On return (or once the work
+            handle is waited on) every rank's `t` holds the element-wise sum over the ranks.
+        group: the process group (None: the default group).
+        async_op: return the work handle instead of waiting (`handle.wait()` before reading t).
+
+    Returns None, or the work handle with async_op=True.
+    """
     return dist.all_reduce(t, op=dist.ReduceOp.SUM, group=group, async_op=async_op)
+
+
+def fail_together(error: BaseException | None, failed: bool, group, *, who: str, what: str,
+                  peer_error: type[PeerError] = PeerError) -> None:
+    """Raise on every rank once an all-reduced error flag says that some rank failed.
+
+    Args:
+        error: this rank's exception (None if it did not fail).
+        failed: whether any rank failed (the all-reduced flag, the same on every rank).
+        who, what: the function and the step that failed, for the message.
+        peer_error: the exception the other ranks raise (a `PeerError`).
+
+    Does nothing when `failed` is False. Otherwise every rank takes part in one all_gather_object
+    of the error texts (issued only on this error path) and raises: a failing rank its own
+    exception, the others `peer_error` naming the failing ranks and quoting their errors.
+    """
+    if not failed:
+        return
+    world = dist.get_world_size(group)
+    messages = [None] * world
+    dist.all_gather_object(messages, None if error is None else f"{type(error).__name__}: {error}", group=group)
+    if error is not None:
+        raise error
+    quoted = "; ".join(f"rank {r}: {m}" for r, m in enumerate(messages) if m is not None)
+    raise peer_error(f"{who}: {what} failed on another rank ({quoted}); no rank finished it")
 
 
 # ------------------------------------------------------------------------------------- agreement
@@ -202,6 +260,12 @@ def agree(group, fields: tuple[str, ...], values: dict, error: BaseException | N
 
 def gather_rows(t: Tensor, layout: Layout) -> Tensor:
     """All-gather each rank's (K_r, ...) rows into the (K_global, ...) batch, in rank order."""
+    return unpad_rows(all_gather_padded(t, layout), layout)
+
+
+def all_gather_padded(t: Tensor, layout: Layout) -> Tensor:
+    """The collective half of `gather_rows`: this rank's (K_r, ...) rows in, the (K_global, ...)
+    batch out when the strips are even, else the (W·K_max, ...) zero-padded strips (`unpad_rows`)."""
     t = t.contiguous()
     rest = tuple(t.shape[1:])
     if layout.even:
@@ -213,24 +277,42 @@ def gather_rows(t: Tensor, layout: Layout) -> Tensor:
     buf[: t.shape[0]] = t
     out = t.new_empty((layout.world * pad, *rest))
     _all_gather_single(out, buf, layout.group)
+    return out
+
+
+def unpad_rows(out: Tensor, layout: Layout) -> Tensor:
+    """The local half of `gather_rows`: the (K_global, ...) batch from `all_gather_padded`'s output."""
+    if layout.even:
+        return out
+    pad = layout.padded
     return torch.cat([out[r * pad: r * pad + k] for r, k in enumerate(layout.sizes)])
 
 
 def scatter_rows(parts: Tensor, layout: Layout) -> Tensor:
     """Reduce-scatter (SUM): every rank holds a (K_global, ...) tensor of partial sums; rank r gets
     the sum over the ranks of rows [offsets[r], offsets[r] + K_r), i.e. its own rows."""
+    return reduce_scatter_buffers(scatter_buffers(parts, layout), layout)
+
+
+def scatter_buffers(parts: Tensor, layout: Layout) -> tuple[Tensor, Tensor]:
+    """The local half of `scatter_rows`: (input, output) buffers of the reduce-scatter, every
+    allocation done (the (W·K_max, ...) padded copy of `parts` for uneven strips, the (K_max, ...)
+    output), so that what can run out of memory runs before the collective is issued."""
     parts = parts.contiguous()
     rest = tuple(parts.shape[1:])
     if layout.even:
-        out = parts.new_empty((layout.local, *rest))
-        _reduce_scatter_single(out, parts, layout.group)
-        return out
+        return parts, parts.new_empty((layout.local, *rest))
     pad = layout.padded
     buf = parts.new_zeros((layout.world, pad, *rest))
     for r, (start, k) in enumerate(zip(layout.offsets, layout.sizes)):
         buf[r, :k] = parts[start: start + k]
-    out = parts.new_empty((pad, *rest))
-    _reduce_scatter_single(out, buf.view(layout.world * pad, *rest), layout.group)
+    return buf.view(layout.world * pad, *rest), parts.new_empty((pad, *rest))
+
+
+def reduce_scatter_buffers(buffers: tuple[Tensor, Tensor], layout: Layout) -> Tensor:
+    """The collective half of `scatter_rows`: this rank's (K_r, ...) sums from `scatter_buffers`."""
+    inp, out = buffers
+    _reduce_scatter_single(out, inp, layout.group)
     return out[: layout.local]
 
 
@@ -261,8 +343,9 @@ def communication_volume(sizes, dim: int, *, embedding_dtype: torch.dtype, work_
         if reduction == "none":
             if cols:
                 gathered += world * pad * e_w            # upstream gradient of the owned columns
+            reduced += e_w                               # the backward's error flag
         else:
-            reduced += e_w                               # upstream gradient of the replicated loss
+            reduced += 2 * e_w                           # upstream gradient of the replicated loss, error flag
         if need_dy:
             scattered += world * pad * dim * e_w         # this rank's part of dy of every column
     return {"all_gather": gathered, "all_reduce": reduced, "reduce_scatter": scattered}

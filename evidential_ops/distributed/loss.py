@@ -15,10 +15,18 @@ forward
     5. line_losses(..., cols): the K column losses, identical on every rank. The returned value
        is mean(rows) + mean(cols) of the global batch (or the sum), replicated on every rank.
 backward (upstream gradient g of the replicated value)
-    6. ḡ = mean over the ranks of g (a 1-element all-reduce): the replicated loss counts once.
-    7. loss_backward(x_r, y, o_r, global column statistics): dx_r complete, and this strip's part of
-       dy for all K columns; a reduce-scatter (SUM) hands each rank the sum of the parts for its own
-       rows of y. Never an all-reduce of K × D; nothing K × K anywhere.
+    6. loss_backward(x_r, y, o_r, global column statistics): dx_r complete, and this strip's part of
+       dy for all K columns (with the reduce-scatter's buffers).
+    7. one small all-reduce of [g, error flag] ([error flag] for reduction "none"): ḡ = mean over
+       the ranks of g (the replicated loss counts once), and whether any rank's step 6 failed.
+    8. a reduce-scatter (SUM) hands each rank the sum of the parts for its own rows of y. Never an
+       all-reduce of K × D; nothing K × K anywhere.
+
+Failure. A rank whose step 3, 5 or 6 raises (out of memory on the K × D copies, an overflowing
+strength, ...) sets the error flag of the next all-reduce instead of leaving; every rank then
+raises at the same point: the failing rank its own error, the others a `PeerError` (a
+`PeerInputError` in the forward) naming the failing rank and quoting its error. Only the
+collectives themselves (and their own buffer allocations in step 2) are outside this net.
 
 Autograd. The collectives live inside one `torch.autograd.Function` (`_GlobalBatchLoss`), which the
 project's design otherwise avoids for custom ops because torch.compile may trace into a bare
@@ -112,7 +120,9 @@ def evidential_loss(
 
     Every rank must call it (and backward through it) the same number of times, like any
     collective. A bad input on one rank raises there (ValueError/TypeError naming the argument)
-    and a `PeerInputError` on the others, before any data moves.
+    and a `PeerInputError` on the others, before any data moves. An error of one rank's kernels or
+    copies later on (forward or backward, e.g. out of memory) raises there and a `PeerError`
+    naming that rank on the others, at the same point (module docstring, "Failure").
     """
     values: dict = {}
     error = None
@@ -187,7 +197,8 @@ def _check_local(x, y, values: dict, *, group, ddp, evidence, tau, weights, dire
 
 
 class _FusedPlan:
-    """Everything the fused Function needs besides x and y (non-tensor state and the gathered c)."""
+    """Everything the fused Function needs besides x and y (non-tensor state and the gathered c),
+    and the calls of the strip kernels."""
 
     def __init__(self, layout: comm.Layout, config, impl, c_all: Tensor | None, ddp: bool, like: Tensor):
         self.layout = layout
@@ -199,33 +210,61 @@ class _FusedPlan:
         self.ddp = ddp
         self.work = checks.output_dtype(like.dtype)
 
-    def stats_to_losses(self, row_stats, col_stats, rows: bool, cols: bool):
+    def line_stats(self, x_w: Tensor, y_all: Tensor) -> tuple[Tensor, Tensor]:
+        """(row statistics (7, K_r) of the own rows, partial column statistics (7, K) summed over
+        the own rows only), float64."""
+        config = self.config
+        return self.ops.line_stats(x_w, y_all, self.layout.offset, config.evidence, config.tau, self.terms,
+                                   config.rows, config.cols, config.matmul_precision)
+
+    def stats_to_losses(self, row_stats: Tensor, col_stats: Tensor, rows: bool, cols: bool) -> tuple[Tensor, Tensor]:
+        """(row losses (K_r,), column losses (K,)), float64, from the statistics (`line_losses`).
+
+        Args:
+            row_stats: (7, K_r) float64 statistics of this rank's rows (global row o + i in column i).
+            col_stats: (7, K) float64 statistics of all K columns, global ones (summed over the
+                ranks) whenever `cols` is asked for.
+            rows, cols: which of the two vectors to compute; the other is zeros of its length.
+
+        Uses the plan's weights, terms and gathered target scales c (K,) (entry o + i is row i's).
+        """
         o = self.layout.offset
         return self.ops.line_losses(row_stats, col_stats, self.c_all, o, self.weights, self.terms, rows, cols)
 
+    def loss_backward(self, grad_rows, grad_cols, x_w, y_all, row_stats, col_stats, need: list[bool]):
+        """(dx (K_r, D), this strip's part of dy (K, D)) (`loss_backward`; an empty tensor where
+        `need` is False)."""
+        config = self.config
+        return self.ops.loss_backward(
+            grad_rows, grad_cols, x_w, y_all, self.c_all, row_stats, col_stats, config.evidence, config.tau,
+            self.weights, self.terms, config.rows, config.cols, self.layout.offset, need, config.matmul_precision)
+
 
 class _GlobalBatchLoss(torch.autograd.Function):
-    """Forward and backward of the fused path (module docstring, steps 2-7). Returns (value,) for
+    """Forward and backward of the fused path (module docstring, steps 2-8). Returns (value,) for
     reduction mean/sum, (own rows, own columns) for "none"."""
 
     @staticmethod
     def forward(ctx, x, y, plan: _FusedPlan):
         layout, config = plan.layout, plan.config
         k, o, m = layout.total, layout.offset, layout.local
-        # 16-bit inputs go to the kernels in float32, which is what they compute in anyway: the
-        # partial dy of step 7 is then summed across ranks in float32, not rounded to 16 bits first.
-        y_all = comm.gather_rows(y, layout).to(plan.work)
-        x_w = x.to(plan.work)
         rows, cols, summed = config.rows, config.cols, config.reduction != "none"
+        # The all-gather itself stays outside the try: a rank that failed before issuing it could
+        # not join the all-reduce below in step with the others (they would be in the all-gather).
+        y_gathered = comm.all_gather_padded(y, layout)
         local_error = None
-        row_stats = col_stats = row_losses = None
+        x_w = y_all = row_stats = col_stats = row_losses = None
         try:
-            row_stats, col_stats = plan.ops.line_stats(x_w, y_all, o, config.evidence, config.tau, plan.terms,
-                                                       rows, cols, config.matmul_precision)
+            # 16-bit inputs go to the kernels in float32, which is what they compute in anyway: the
+            # partial dy of step 6 is then summed across ranks in float32, not rounded to 16 bits first.
+            y_all = comm.unpad_rows(y_gathered, layout).to(plan.work)
+            del y_gathered
+            x_w = x.to(plan.work)
+            row_stats, col_stats = plan.line_stats(x_w, y_all)
             if rows:
                 row_losses = plan.stats_to_losses(row_stats, col_stats, True, False)[0]
         except Exception as e:  # an overflowing row strength, out of memory...: any error of one
-            local_error = e      # rank's kernels must stop the others too (the flag below)
+            local_error = e      # rank's copies or kernels must stop the others too (the flag below)
         # One all-reduce: [column statistics | Σ own row losses | error flag].
         n_stats = ops.LAYOUT.num_line_stats
         buffer = torch.zeros(n_stats * k * cols + (rows and summed) + 1, dtype=torch.float64, device=x.device)
@@ -237,10 +276,9 @@ class _GlobalBatchLoss(torch.autograd.Function):
         else:
             buffer[-1] = 1.0
         comm.all_reduce_sum(buffer, layout.group)
-        if bool(buffer[-1] != 0):
-            if local_error is not None:
-                raise local_error
-            raise comm.PeerInputError(f"{WHO}: another rank failed while computing its rows; no rank computed the loss")
+        comm.fail_together(local_error, bool(buffer[-1] != 0), layout.group, who=WHO,
+                           what="the forward (a strip's copies, statistics or row losses)",
+                           peer_error=comm.PeerInputError)
         if cols:
             col_stats = buffer[: n_stats * k].view(n_stats, k)
             col_losses = plan.stats_to_losses(row_stats, col_stats, False, True)[1]
@@ -265,32 +303,45 @@ class _GlobalBatchLoss(torch.autograd.Function):
         plan = ctx.plan
         layout, config = plan.layout, plan.config
         x_w, y_all, row_stats, col_stats = ctx.saved_tensors
-        k, o, m = layout.total, layout.offset, layout.local
+        k, m = layout.total, layout.local
         need_dx, need_dy = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         device = x_w.device
         f64 = dict(dtype=torch.float64, device=device)
+        summed = config.reduction != "none"
+        grad_cols_all = None
+        if not summed and config.cols:  # a collective: issued by every rank, outside the try below
+            grad_cols_all = comm.gather_rows(grads[1].to(plan.work), layout)
+        # Step 7's buffer, [g, error flag] ([error flag] for "none"); allocated before anything can fail.
+        flags = torch.zeros(1 + summed, dtype=plan.work, device=device)
+        local_error = None
+        dx = dy_buffers = None
+        try:
+            if summed:
+                # Unit upstream in the kernels, the mean ḡ of the ranks' g applied after step 7.
+                unit = 1.0 / k if config.reduction == "mean" else 1.0
+                grad_rows = torch.full((m,), unit, **f64) if config.rows else torch.zeros(m, **f64)
+                grad_cols = torch.full((k,), unit, **f64) if config.cols else torch.zeros(k, **f64)
+                flags[0] = grads[0].detach().reshape(())
+            else:
+                grad_rows = grads[0].to(torch.float64) if config.rows else torch.zeros(m, **f64)
+                grad_cols = grad_cols_all.to(torch.float64) if config.cols else torch.zeros(k, **f64)
+            dx, dy_parts = plan.loss_backward(grad_rows, grad_cols, x_w, y_all, row_stats, col_stats,
+                                              [need_dx, need_dy])
+            if need_dy:  # every allocation of the reduce-scatter, before any rank issues it
+                dy_buffers = comm.scatter_buffers(dy_parts, layout)
+                del dy_parts
+        except Exception as e:  # out of memory on the K × D part of dy, ...: the others must hear
+            local_error = e      # of it before the reduce-scatter, or they would wait in it
+        if local_error is not None:
+            flags[-1] = 1.0
+        comm.all_reduce_sum(flags, layout.group)
+        comm.fail_together(local_error, bool(flags[-1] != 0), layout.group, who=WHO,
+                           what="the backward (loss_backward on a strip, or its buffers)")
+        dy = comm.reduce_scatter_buffers(dy_buffers, layout) if need_dy else None
         scale = float(layout.world) if plan.ddp else 1.0
-        if config.reduction == "none":
-            grad_rows = grads[0].to(torch.float64) if config.rows else torch.zeros(m, **f64)
-            grad_cols = (comm.gather_rows(grads[1].to(plan.work), layout).to(torch.float64) if config.cols
-                         else torch.zeros(k, **f64))
-            pending = None
-        else:
-            # Unit upstream now, ḡ after: the all-reduce of g runs while the kernels do.
-            unit = 1.0 / k if config.reduction == "mean" else 1.0
-            grad_rows = torch.full((m,), unit, **f64) if config.rows else torch.zeros(m, **f64)
-            grad_cols = torch.full((k,), unit, **f64) if config.cols else torch.zeros(k, **f64)
-            g = grads[0].detach().to(plan.work).reshape(1).clone()
-            pending = (g, comm.all_reduce_sum(g, layout.group, async_op=True))
-        dx, dy_parts = plan.ops.loss_backward(
-            grad_rows, grad_cols, x_w, y_all, plan.c_all, row_stats, col_stats, config.evidence, config.tau,
-            plan.weights, plan.terms, config.rows, config.cols, o, [need_dx, need_dy], config.matmul_precision)
-        dy = comm.scatter_rows(dy_parts, layout) if need_dy else None
-        if pending is not None:
-            g, work = pending
-            work.wait()
+        if summed:
             # Mean over the ranks of the replicated loss's upstream gradient (sum with ddp=True).
-            scale = g / layout.world * scale
+            scale = flags[0] / layout.world * scale
         x_dtype, y_dtype = ctx.input_dtypes
         dx = (dx * scale).to(x_dtype) if need_dx else None
         dy = (dy * scale).to(y_dtype) if need_dy else None
