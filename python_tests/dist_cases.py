@@ -29,6 +29,7 @@ _spec.loader.exec_module(_conftest)
 hard_pairs = _conftest.hard_pairs
 
 SIZES = {2: (29, 41), 3: (17, 1, 30)}  # uneven; a rank with a single row in the 3-rank group
+EMPTY_SIZES = {2: (0, 37), 3: (20, 0, 27)}  # a rank with no pairs at all
 MODEL_SIZES = {2: (13, 19), 3: (9, 2, 11)}  # model steps: within the tiny training split (48 pairs)
 D = 24
 ALL_WEIGHTS = {"risk": 1.0, "kl": 0.1, "mse": 0.5, "fmse": 0.7, "logdet": -0.01}
@@ -44,23 +45,26 @@ def strip(t, sizes, rank):
 
 def rel(got, ref) -> float:
     got, ref = got.detach().double(), ref.detach().double()
+    assert got.shape == ref.shape, (got.shape, ref.shape)
+    if ref.numel() == 0:
+        return 0.0
     return float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-300))
 
 
-def batch(world, dtype=torch.float64, seed=0, d=D):
+def batch(world, dtype=torch.float64, seed=0, d=D, sizes=None):
     gen = torch.Generator().manual_seed(seed)
-    x, y = hard_pairs(sum(SIZES[world]), d, generator=gen, dtype=dtype)
+    x, y = hard_pairs(sum(sizes or SIZES[world]), d, generator=gen, dtype=dtype)
     c = torch.rand(x.shape[0], generator=gen, dtype=torch.float64).to(dtype)
     return x, y, c
 
 
-def compare(rank, world, x, y, c=None, upstream_seed=None, **kw) -> dict:
+def compare(rank, world, x, y, c=None, upstream_seed=None, sizes=None, **kw) -> dict:
     """Loss and gradients of x, y: distributed (this rank's strip) against one process (all rows).
 
     reduction "none": the objective is Σ u·rows + Σ v·cols with fixed random u, v (each rank
-    backpropagates its own lines' share).
+    backpropagates its own lines' share). sizes: the strips (default SIZES[world]).
     """
-    sizes = SIZES[world]
+    sizes = sizes or SIZES[world]
     xr = strip(x, sizes, rank).clone().requires_grad_()
     yr = strip(y, sizes, rank).clone().requires_grad_()
     xs, ys = x.clone().requires_grad_(), y.clone().requires_grad_()
@@ -321,6 +325,28 @@ def failure_in_backward(rank, world):
     return out
 
 
+def empty_strip(rank, world):
+    """A rank with K_r = 0 (EMPTY_SIZES): every reduction and direction, float64 and float32, the
+    reference backend, and the bytes against the formula."""
+    sizes = EMPTY_SIZES[world]
+    x, y, c = batch(world, seed=15, sizes=sizes)
+    out = {"mean/c": compare(rank, world, x, y, c, sizes=sizes, weights=ALL_WEIGHTS),
+           "sum": compare(rank, world, x, y, c, sizes=sizes, weights=ALL_WEIGHTS, reduction="sum"),
+           "reference": compare(rank, world, x, y, c, sizes=sizes, weights=ALL_WEIGHTS, backend="reference")}
+    for direction in ("rows", "cols", "both"):
+        out[f"none/{direction}"] = compare(rank, world, x, y, c, sizes=sizes, weights=ALL_WEIGHTS,
+                                           reduction="none", direction=direction)
+        out[f"mean/{direction}/normalize"] = compare(rank, world, x, y, sizes=sizes, direction=direction,
+                                                     normalize=True)
+    x32, y32, _ = batch(world, dtype=torch.float32, seed=15, sizes=sizes)
+    out["f32"] = compare(rank, world, x32, y32, sizes=sizes)
+    xr, yr = strip(x32, sizes, rank).clone().requires_grad_(), strip(y32, sizes, rank).clone().requires_grad_()
+    with eod.CommunicationCounter() as counter:
+        eod.evidential_loss(xr, yr).backward()
+    out["volume"] = {"measured": counter.bytes, "expected": eod.communication_volume(sizes, D)}
+    return out
+
+
 class Towers(nn.Module):
     """Two linear towers into a unit-norm joint space (a stand-in for any dual encoder)."""
 
@@ -451,6 +477,6 @@ def duq_steps(rank, world):
 
 CASES = {fn.__name__: fn for fn in (
     f64_all_terms, f64_directions_and_terms, f64_reductions, f64_normalize, f32_spec, bf16, upstream_mean,
-    ddp_flag, no_grad_and_module, reference_backend, volume, bad_inputs, failure_in_backward, ddp_step,
+    ddp_flag, no_grad_and_module, reference_backend, volume, bad_inputs, failure_in_backward, empty_strip, ddp_step,
     compiled, tcl_step, duq_steps,
 )}

@@ -33,10 +33,10 @@ GROUP_TIMEOUT_S = 420  # a whole group (spawn, imports, every case) on a loaded 
 
 TWO_RANK_CASES = ["f64_all_terms", "f64_directions_and_terms", "f64_reductions", "f64_normalize", "f32_spec",
                   "bf16", "upstream_mean", "ddp_flag", "no_grad_and_module", "reference_backend", "volume", "bad_inputs",
-                  "failure_in_backward", "ddp_step", "compiled", "tcl_step",
+                  "failure_in_backward", "empty_strip", "ddp_step", "compiled", "tcl_step",
                   "duq_steps"]
 THREE_RANK_CASES = ["f64_all_terms", "f32_spec", "upstream_mean", "volume", "bad_inputs", "failure_in_backward",
-                    "ddp_step"]
+                    "empty_strip", "ddp_step"]
 
 
 @pytest.fixture(scope="module")
@@ -197,6 +197,17 @@ def test_a_rank_failing_in_the_backward_makes_every_rank_raise_promptly(group):
             assert seconds < 20, (rank, case, value)
         assert_within(per_case["after"], F64, F64, f"rank {rank} after the failures")  # the group is in step
     assert issubclass(eod.PeerInputError, eod.PeerError) and issubclass(eod.PeerInputError, ValueError)
+
+
+def test_an_empty_strip_is_supported(group):
+    for rank, per_case in enumerate(group["empty_strip"]):
+        for case, result in per_case.items():
+            if case == "volume":
+                assert result["measured"] == {k: n for k, n in result["expected"].items() if n}, result
+            elif case == "f32":
+                assert_within(result, F32_LOSS["risk"], F32_GRAD, f"rank {rank} {case}")
+            else:
+                assert_within(result, F64, F64, f"rank {rank} {case}")
 
 
 def test_without_an_initialised_group_the_error_says_what_to_do():

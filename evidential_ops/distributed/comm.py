@@ -12,7 +12,7 @@ pieces:
   the reduce-scatter (SUM) that hands each owner its rows of a (K_global, ...) tensor. gloo's
   all-gather needs equal sizes, so uneven strips are zero-padded to K_max = max_r K_r (one code
   path for gloo and NCCL; the padding is part of the volume that `communication_volume` counts).
-  Each comes in a collective half and a local half
+  A strip may be empty (K_r = 0). Each comes in a collective half and a local half
   (`all_gather_padded` + `unpad_rows`, `scatter_buffers` + `reduce_scatter_buffers`), so that a
   caller can catch the local half's errors (out of memory) and report them through a flag.
 - `fail_together`: after an all-reduced error flag says some rank failed, every rank raises: the

@@ -28,6 +28,10 @@ raises at the same point: the failing rank its own error, the others a `PeerErro
 `PeerInputError` in the forward) naming the failing rank and quoting its error. Only the
 collectives themselves (and their own buffer allocations in step 2) are outside this net.
 
+Empty strips. A rank may hold K_r = 0 pairs (K = Σ K_r >= 2): its row statistics and losses are
+empty, its partial column statistics zero, its part of dy zero; it still takes part in every
+collective and returns the global value (or two empty vectors for reduction "none").
+
 Autograd. The collectives live inside one `torch.autograd.Function` (`_GlobalBatchLoss`), which the
 project's design otherwise avoids for custom ops because torch.compile may trace into a bare
 Function and get it silently wrong. Here it is the only way to put collectives in the backward, and
@@ -103,8 +107,8 @@ def evidential_loss(
     one process, without any rank holding a K_global × K_global matrix (module docstring, README).
 
     Args:
-        x, y: this rank's (K_r, D) pairs, K_r >= 1 (may differ between ranks; K_global >= 2). Same
-            dtype, device, D and options on every rank.
+        x, y: this rank's (K_r, D) pairs, K_r >= 0 (may differ between ranks, and be 0 on some;
+            K_global >= 2). Same dtype, device, D and options on every rank.
         group: the process group (None: the default group).
         ddp: True when the gradients are then averaged over the ranks (DistributedDataParallel):
             each rank's x and y gradients are scaled by the world size so that the average is the
@@ -136,7 +140,8 @@ def evidential_loss(
     layout, _ = comm.agree(group, FIELDS, values, error, must_match=MUST_MATCH, value_checks=VALUE_CHECKS,
                            rows_field="rows", who=WHO)
     if layout.total < 2:
-        raise ValueError(f"the global batch needs K >= 2 pairs (a Dirichlet over >= 2 candidates), got {layout.total}")
+        raise ValueError(f"{WHO}: the global batch needs K >= 2 pairs (a Dirichlet over >= 2 candidates), got "
+                         f"K_r = {list(layout.sizes)} on ranks 0..{layout.world - 1}")
     x, y, c, config, impl = plan
     c_all = None if c is None else comm.gather_rows(c.to(torch.float64), layout)
     if isinstance(impl, backends.KernelBackend):
@@ -155,9 +160,9 @@ def _check_local(x, y, values: dict, *, group, ddp, evidence, tau, weights, dire
                                 reduction=reduction, check_finite=check_finite,
                                 matmul_precision=matmul_precision)
     checks.flag(normalize, "normalize")
-    # One row per rank is a valid strip; K_global >= 2 is checked once the sizes are known.
-    x = checks.float_matrix(x, "x", False, min_rows=1)
-    y = checks.float_matrix(y, "y", False, min_rows=1)
+    # Any strip, empty included, is valid; K_global >= 2 is checked once the sizes are known.
+    x = checks.float_matrix(x, "x", False, min_rows=0)
+    y = checks.float_matrix(y, "y", False, min_rows=0)
     checks.same_kind(x, y, "x", "y")
     if x.shape != y.shape:
         raise ValueError(f"x and y must have the same shape (K_r, D) (pair i = (x_i, y_i)), got x {tuple(x.shape)} "
@@ -198,7 +203,7 @@ def _check_local(x, y, values: dict, *, group, ddp, evidence, tau, weights, dire
 
 class _FusedPlan:
     """Everything the fused Function needs besides x and y (non-tensor state and the gathered c),
-    and the calls of the strip kernels."""
+    and the strip kernels' calls, with the empty strip (K_r = 0, which the kernels reject) done here."""
 
     def __init__(self, layout: comm.Layout, config, impl, c_all: Tensor | None, ddp: bool, like: Tensor):
         self.layout = layout
@@ -212,8 +217,12 @@ class _FusedPlan:
 
     def line_stats(self, x_w: Tensor, y_all: Tensor) -> tuple[Tensor, Tensor]:
         """(row statistics (7, K_r) of the own rows, partial column statistics (7, K) summed over
-        the own rows only), float64."""
+        the own rows only), float64. An empty strip's are empty and zero (the identity of the sum)."""
         config = self.config
+        if self.layout.local == 0:
+            f64 = dict(dtype=torch.float64, device=x_w.device)
+            n_stats = ops.LAYOUT.num_line_stats
+            return torch.zeros(n_stats, 0, **f64), torch.zeros(n_stats, self.layout.total, **f64)
         return self.ops.line_stats(x_w, y_all, self.layout.offset, config.evidence, config.tau, self.terms,
                                    config.rows, config.cols, config.matmul_precision)
 
@@ -227,14 +236,26 @@ class _FusedPlan:
             rows, cols: which of the two vectors to compute; the other is zeros of its length.
 
         Uses the plan's weights, terms and gathered target scales c (K,) (entry o + i is row i's).
+        A loss of row i needs row i's statistics only, a column loss its column's only: an empty
+        strip's column losses come from a one-row placeholder strip at offset 0 with rows=False.
         """
         o = self.layout.offset
+        if row_stats.shape[1] == 0:
+            rows_out = row_stats.new_zeros(0)
+            if not cols:
+                return rows_out, col_stats.new_zeros(col_stats.shape[1])
+            placeholder = row_stats.new_zeros(row_stats.shape[0], 1)
+            return rows_out, self.ops.line_losses(placeholder, col_stats, self.c_all, 0, self.weights, self.terms,
+                                                  False, True)[1]
         return self.ops.line_losses(row_stats, col_stats, self.c_all, o, self.weights, self.terms, rows, cols)
 
     def loss_backward(self, grad_rows, grad_cols, x_w, y_all, row_stats, col_stats, need: list[bool]):
         """(dx (K_r, D), this strip's part of dy (K, D)) (`loss_backward`; an empty tensor where
-        `need` is False)."""
+        `need` is False). An empty strip contributes nothing to dy: zeros."""
         config = self.config
+        if self.layout.local == 0:
+            return (x_w.new_zeros(x_w.shape) if need[0] else x_w.new_empty(0),
+                    y_all.new_zeros(y_all.shape) if need[1] else y_all.new_empty(0))
         return self.ops.loss_backward(
             grad_rows, grad_cols, x_w, y_all, self.c_all, row_stats, col_stats, config.evidence, config.tau,
             self.weights, self.terms, config.rows, config.cols, self.layout.offset, need, config.matmul_precision)
