@@ -232,6 +232,35 @@ def test_tcl_training_step_data_parallel_equals_one_process(two):
         assert result["state_dict_unchanged"]
 
 
+def test_enable_global_batch_refuses_models_whose_step_does_not_use_it():
+    from models_fixtures import tiny_bench
+
+    from evidential_ops.models import DUQ, FUME, TCL, UML, TcVSE, enable_global_batch
+    from evidential_ops.pipelines.baseline import infonce_baseline
+
+    bench = tiny_bench(noise_rate=0.4)
+    feat, vocab = bench.train.images.shape[-1], len(bench.vocab)
+    tcl = TCL.default(feat, vocab, embed_dim=8, bidirectional=False)
+    refused = {
+        "UML": UML.default(feat, vocab, len(bench.vocab_alt), total_epochs=2, embed_dim=8, bidirectional=False),
+        "FUME": FUME.default(feat, vocab, 4),
+        "InfoNCEBaseline": infonce_baseline("tcl", tcl),
+        "Linear": torch.nn.Linear(2, 2),
+    }
+    for name, model in refused.items():
+        with pytest.raises(TypeError, match=f"enable_global_batch: {name}.training_step"):
+            enable_global_batch(model)
+
+    class Declared(torch.nn.Linear):
+        supports_global_batch = True
+
+    accepted = [tcl, TcVSE.default(feat, vocab, embed_dim=8, bidirectional=False),
+                DUQ.default(feat, vocab, embed_dim=8, bidirectional=False), Declared(2, 2)]
+    for model in accepted:  # past the type check: the next error is the missing process group
+        with pytest.raises(RuntimeError, match="torch.distributed initialised"):
+            enable_global_batch(model)
+
+
 def test_duq_training_steps_keep_the_ranks_in_step(two):
     first, second = two["duq_steps"]
     assert first["max_param_difference"] == 0.0 and second["max_param_difference"] == 0.0

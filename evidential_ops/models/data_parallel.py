@@ -5,9 +5,17 @@ a process group, each rank passing its own batch:
 
 - the evidential term (TCL's L_u, DUQ's ISUM) becomes the loss of the global batch
   (`evidential_ops.distributed.evidential_loss`), every query against every rank's candidates;
-- the parameters' gradients are averaged over the ranks by DistributedDataParallel: every loss a
-  training step backpropagates is computed inside DDP's forward (`run_synced`), so DDP's reducer
-  is armed for the backward that follows, however many updates the step makes (TCL: 1 + T_max).
+- the parameters' gradients are averaged over the ranks by DistributedDataParallel: every forward
+  pass whose outputs a training step backpropagates runs inside DDP's forward (`run_synced`), so
+  DDP's reducer is armed for the backward that follows, however many updates the step makes (TCL:
+  1 + T_max, each loss computed inside; DUQ: the model's forward inside, its losses computed from
+  those outputs after `run_synced` returns, which DDP handles the same way).
+
+Only models whose `training_step` is written this way can be made data-parallel: TCL, TcVSE and
+DUQ (and any model class that sets `supports_global_batch = True`). UML, FUME and InfoNCEBaseline
+never call `run_synced` or `loss_function`, so under `enable_global_batch` DDP's forward would never
+run and every rank would train on its own gradients; `enable_global_batch` refuses them
+(TypeError).
 
 DDP averages; the global evidential loss is called with `ddp=True`, which scales each rank's share
 of its gradient by the world size, so the average is its single-process gradient. Method terms
@@ -28,7 +36,8 @@ from torch import nn
 from .. import distributed
 from ..losses import evidential_loss
 
-__all__ = ["GlobalBatch", "enable_global_batch", "global_batch", "loss_function", "run_synced"]
+__all__ = ["GlobalBatch", "enable_global_batch", "global_batch", "loss_function", "run_synced",
+           "supports_global_batch"]
 
 _ATTRIBUTE = "_evidential_global_batch"
 
@@ -63,13 +72,36 @@ class GlobalBatch:
         return self.ddp(fn, *args, **kwargs)
 
 
+def supports_global_batch(model: nn.Module) -> bool:
+    """Whether `model.training_step` runs its forward passes through `run_synced` (and its
+    evidential term through `loss_function` / the `GlobalBatch`), so that `enable_global_batch`
+    makes it data-parallel: a `supports_global_batch` attribute of the model (class) when it has
+    one, else True for TCL, TcVSE and DUQ and False for every other model."""
+    declared = getattr(model, "supports_global_batch", None)
+    if declared is not None:
+        return bool(declared)
+    from .duq import DUQ
+    from .tcl import TCL  # TcVSE is a TCL
+
+    return isinstance(model, (TCL, DUQ))
+
+
 def enable_global_batch(model: nn.Module, group=None, **ddp_kwargs) -> GlobalBatch:
     """Make `model.training_step` data-parallel over `group` (None: the default group).
 
     Call it once the model is on its device, on every rank. ddp_kwargs go to
     DistributedDataParallel (e.g. device_ids=[local_rank] on GPUs). Parameters are broadcast from
     rank 0 on the way in. Returns the `GlobalBatch` (also `global_batch(model)`).
+
+    Raises TypeError for a model whose training step does not go through `run_synced`
+    (`supports_global_batch`: UML, FUME, InfoNCEBaseline), which DDP could not average.
     """
+    if not supports_global_batch(model):
+        raise TypeError(
+            f"enable_global_batch: {type(model).__name__}.training_step does not run its forward passes through "
+            "models.data_parallel.run_synced, so DistributedDataParallel would never average its gradients and "
+            "every rank would train on its own batch; data-parallel training supports TCL, TcVSE and DUQ (a "
+            "model class written with run_synced / loss_function can declare supports_global_batch = True)")
     state = GlobalBatch(model, group, **ddp_kwargs)
     object.__setattr__(model, _ATTRIBUTE, state)  # a plain attribute: not a submodule, not in state_dict
     return state
