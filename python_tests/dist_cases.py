@@ -450,6 +450,44 @@ def tcl_step(rank, world):
             "param_vs_step": moved / step, "state_dict_unchanged": state_keys}
 
 
+def pipeline_ranks(rank, world):
+    """pipelines.distributed.run_training_distributed with training replaced by nothing and rank
+    0's evaluation by an error: the other ranks return promptly instead of waiting for rank 0 in a
+    collective."""
+    import tempfile
+    from unittest import mock
+
+    from evidential_ops.pipelines import distributed as pipeline
+    from evidential_ops.pipelines import runner
+    from evidential_ops.pipelines.recipes import get_recipe
+
+    recipe = get_recipe("tcvse").with_overrides(epochs=1, batch_size=8, embed_dim=16)
+    source = runner.DataSource.synthetic(recipe, seed=3, n_train=24, n_val=4, n_test=8, n_ood=4)
+
+    def fake_fit(model, *args, **kwargs):
+        return []
+
+    def failing_evaluate(*args, **kwargs):
+        raise RuntimeError("injected: rank 0's evaluation failed")
+
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.monotonic()
+        with mock.patch.object(pipeline, "fit", fake_fit), mock.patch.object(pipeline, "_evaluate", failing_evaluate):
+            try:
+                out["returned"] = repr(pipeline.run_training_distributed("tcvse", recipe, source, Path(tmp) / "dist",
+                                                                         seed=3, quiet=True, plots=False))
+            except RuntimeError as e:
+                out["returned"] = f"{type(e).__name__}: {e}"
+        out["seconds"] = time.monotonic() - start
+        out["checkpoint_written"] = (Path(tmp) / "dist" / "checkpoint.pt").is_file()
+    # ... and the group is still in step: every rank passed the barrier and nothing is pending.
+    flag = torch.ones(1)
+    dist.all_reduce(flag)
+    out["after"] = float(flag)
+    return out
+
+
 def duq_steps(rank, world):
     """DUQ after enable_global_batch: two steps; parameters stay identical on every rank, and the
     reported ISUM is the global one (the same number on every rank)."""
@@ -478,5 +516,5 @@ def duq_steps(rank, world):
 CASES = {fn.__name__: fn for fn in (
     f64_all_terms, f64_directions_and_terms, f64_reductions, f64_normalize, f32_spec, bf16, upstream_mean,
     ddp_flag, no_grad_and_module, reference_backend, volume, bad_inputs, failure_in_backward, empty_strip, ddp_step,
-    compiled, tcl_step, duq_steps,
+    compiled, tcl_step, pipeline_ranks, duq_steps,
 )}

@@ -4,9 +4,14 @@ training whose evidential term is the loss of the global batch (README "Multi-GP
 Every rank builds the same model (same seed; DDP broadcasts rank 0's weights anyway), reads its
 share of each epoch through a `DistributedSampler`, and trains with `model.training_step` after
 `models.enable_global_batch` (the global-batch loss + DistributedDataParallel). `--batch-size` is
-the global batch K: each rank gets K // N pairs per step. Rank 0 alone evaluates and writes the
-outputs (checkpoint.pt, metrics.json, plots, with a "distributed" record); the others wait for it
-at a barrier and exit quietly.
+the global batch K: each rank gets K // N pairs per step.
+
+Rank 0 alone evaluates and writes the outputs (checkpoint.pt, metrics.json, plots, with a
+"distributed" record), and does so with no collective pending: every rank evaluates the untrained
+model (the same numbers) before the first collective, all meet at one barrier after training and
+leave the process group (destroying it when this function created it), then the others exit
+quietly while rank 0 evaluates. A long evaluation cannot run into the collective timeout (NCCL's
+default is 10 minutes), and an error in it cannot leave the other ranks waiting.
 """
 
 from __future__ import annotations
@@ -90,8 +95,9 @@ def run_training_distributed(method: str, recipe: Recipe, source: DataSource, ou
     """`runner.run_training`, data-parallel on the ranks torchrun started (module docstring).
     plots: rank 0 draws the PNGs (False: metrics.json and the checkpoint only).
 
-    Initialises the default process group if needed (NCCL for a CUDA device, gloo otherwise).
-    Returns the metrics on rank 0, None on the others.
+    Initialises the default process group if needed (NCCL for a CUDA device, gloo otherwise), and
+    then destroys it once training is over, before rank 0 evaluates. Returns the metrics on rank 0,
+    None on the others (which return as soon as every rank has finished training).
     """
     if method not in DISTRIBUTED_METHODS:
         raise ValueError(f"data-parallel training supports --method {DISTRIBUTED_METHODS}, got {method!r}")
@@ -101,12 +107,15 @@ def run_training_distributed(method: str, recipe: Recipe, source: DataSource, ou
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
+        backend = str(dist.get_backend())
         main = rank == 0
         out_dir = Path(os.fspath(out_dir))
         start = time.perf_counter()
         bench = load_data(source)
         model = _build(recipe, bench, seed, device)
-        untrained = baseline_metrics(method, model, bench) if main else None
+        # On every rank, before the first collective (DDP's broadcast): were it rank 0's alone, the
+        # others would wait for it inside that collective, under its timeout.
+        untrained = baseline_metrics(method, model, bench)
         enable_global_batch(model, device_ids=[device.index] if device.type == "cuda" else None)
         epochs, loader = make_distributed_loader(bench.train, batch_size=recipe.batch_size, rank=rank,
                                                  world_size=world, languages=recipe.languages, seed=seed)
@@ -115,24 +124,24 @@ def run_training_distributed(method: str, recipe: Recipe, source: DataSource, ou
         history = fit(model, epochs, loader, optimizer, epochs=recipe.epochs, progress=main and progress_enabled(quiet),
                       desc=f"{method} train (rank 0 of {world})")
         train_seconds = time.perf_counter() - train_start
-        metrics = None
-        if main:
-            per_rank = loader.batch_size
-            record = {"world_size": world, "backend": dist.get_backend(), "per_rank_batch": per_rank,
-                      "global_batch": per_rank * world}
-            payload = {"method": method, "recipe": jsonable(asdict(recipe)), "data": jsonable(dict(source)),
-                       "seed": seed, "untrained": untrained, "distributed": record}
-            save_checkpoint(out_dir / "checkpoint.pt", model=model, optimizer=optimizer,
-                            payload={**payload, "history": jsonable(history), "epoch": recipe.epochs})
-            metrics, plot_data = _evaluate(method, model, bench, recipe, seed=seed, history=history,
-                                           untrained=untrained, source=source)
-            metrics.update(seed=seed, data=dict(source), recipe=asdict(recipe), distributed=record)
-            metrics["train"] = {"epochs": recipe.epochs, "seconds": train_seconds, "history": history,
-                                "batches_per_epoch": len(loader)}
-            metrics["total_seconds"] = time.perf_counter() - start
-            _write_outputs(out_dir, method, metrics, plot_data, history, plots=plots)
-        dist.barrier()  # the other ranks wait for rank 0's outputs before the group goes away
-        return metrics
+        dist.barrier()  # the last collective: every rank has finished training
     finally:
         if started_here:
             dist.destroy_process_group()
+    if not main:
+        return None
+    # Rank 0 alone, no collective pending: however long this takes, or if it raises, no other rank waits.
+    per_rank = loader.batch_size
+    record = {"world_size": world, "backend": backend, "per_rank_batch": per_rank, "global_batch": per_rank * world}
+    payload = {"method": method, "recipe": jsonable(asdict(recipe)), "data": jsonable(dict(source)),
+               "seed": seed, "untrained": untrained, "distributed": record}
+    save_checkpoint(out_dir / "checkpoint.pt", model=model, optimizer=optimizer,
+                    payload={**payload, "history": jsonable(history), "epoch": recipe.epochs})
+    metrics, plot_data = _evaluate(method, model, bench, recipe, seed=seed, history=history,
+                                   untrained=untrained, source=source)
+    metrics.update(seed=seed, data=dict(source), recipe=asdict(recipe), distributed=record)
+    metrics["train"] = {"epochs": recipe.epochs, "seconds": train_seconds, "history": history,
+                        "batches_per_epoch": len(loader)}
+    metrics["total_seconds"] = time.perf_counter() - start
+    _write_outputs(out_dir, method, metrics, plot_data, history, plots=plots)
+    return metrics
