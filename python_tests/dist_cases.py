@@ -451,9 +451,10 @@ def tcl_step(rank, world):
 
 
 def pipeline_ranks(rank, world):
-    """pipelines.distributed.run_training_distributed with training replaced by nothing and rank
-    0's evaluation by an error: the other ranks return promptly instead of waiting for rank 0 in a
-    collective."""
+    """pipelines.distributed.run_training_distributed with training replaced by a draw from the
+    global RNG (what TcVSE's augmentation and DUQ's ε use) and rank 0's evaluation by an error:
+    the draws differ between ranks, rank 0's are a single-process run's (runner.run_training), and
+    the other ranks return promptly instead of waiting for rank 0 in a collective."""
     import tempfile
     from unittest import mock
 
@@ -463,17 +464,28 @@ def pipeline_ranks(rank, world):
 
     recipe = get_recipe("tcvse").with_overrides(epochs=1, batch_size=8, embed_dim=16)
     source = runner.DataSource.synthetic(recipe, seed=3, n_train=24, n_val=4, n_test=8, n_ood=4)
+    draws = {}
 
-    def fake_fit(model, *args, **kwargs):
-        return []
+    def fake_fit(key):
+        def fit(model, *args, **kwargs):
+            draws[key] = torch.rand(4).tolist()
+            return []
+        return fit
 
     def failing_evaluate(*args, **kwargs):
         raise RuntimeError("injected: rank 0's evaluation failed")
 
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
+        with mock.patch.object(runner, "fit", fake_fit("single")), mock.patch.object(runner, "_evaluate",
+                                                                                     failing_evaluate):
+            try:
+                runner.run_training("tcvse", recipe, source, Path(tmp) / "single", seed=3, quiet=True, plots=False)
+            except RuntimeError as e:
+                assert "injected" in str(e)
         start = time.monotonic()
-        with mock.patch.object(pipeline, "fit", fake_fit), mock.patch.object(pipeline, "_evaluate", failing_evaluate):
+        with mock.patch.object(pipeline, "fit", fake_fit("distributed")), mock.patch.object(pipeline, "_evaluate",
+                                                                                           failing_evaluate):
             try:
                 out["returned"] = repr(pipeline.run_training_distributed("tcvse", recipe, source, Path(tmp) / "dist",
                                                                          seed=3, quiet=True, plots=False))
@@ -481,6 +493,7 @@ def pipeline_ranks(rank, world):
                 out["returned"] = f"{type(e).__name__}: {e}"
         out["seconds"] = time.monotonic() - start
         out["checkpoint_written"] = (Path(tmp) / "dist" / "checkpoint.pt").is_file()
+    out.update(draws)
     # ... and the group is still in step: every rank passed the barrier and nothing is pending.
     flag = torch.ones(1)
     dist.all_reduce(flag)

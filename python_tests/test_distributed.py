@@ -232,7 +232,7 @@ def test_tcl_training_step_data_parallel_equals_one_process(two):
         assert result["state_dict_unchanged"]
 
 
-def test_pipeline_ranks_do_not_wait_for_rank_0(group):
+def test_pipeline_ranks_draw_differently_and_do_not_wait_for_rank_0(group):
     results = group["pipeline_ranks"]
     main = results[0]
     # Rank 0's evaluation raised (injected) after it wrote the checkpoint; no other rank waited for it.
@@ -242,6 +242,10 @@ def test_pipeline_ranks_do_not_wait_for_rank_0(group):
         assert result["seconds"] < 30, result
     for result in results:
         assert result["after"] == group.world  # the group is still usable afterwards
+    # Rank 0 draws what one process with the same seed draws; every rank draws something else.
+    assert main["distributed"] == main["single"], main
+    draws = [tuple(r["distributed"]) for r in results]
+    assert len(set(draws)) == group.world, draws
 
 
 def test_enable_global_batch_refuses_models_whose_step_does_not_use_it():

@@ -4,7 +4,9 @@ training whose evidential term is the loss of the global batch (README "Multi-GP
 Every rank builds the same model (same seed; DDP broadcasts rank 0's weights anyway), reads its
 share of each epoch through a `DistributedSampler`, and trains with `model.training_step` after
 `models.enable_global_batch` (the global-batch loss + DistributedDataParallel). `--batch-size` is
-the global batch K: each rank gets K // N pairs per step.
+the global batch K: each rank gets K // N pairs per step. After the model is built, the random
+draws of training (TcVSE's augmentation masks, DUQ's ε samples) differ between ranks
+(`seed_rank_draws`).
 
 Rank 0 alone evaluates and writes the outputs (checkpoint.pt, metrics.json, plots, with a
 "distributed" record), and does so with no collective pending: every rank evaluates the untrained
@@ -35,7 +37,7 @@ from .runner import DataSource, _build, _evaluate, _write_outputs, load_data
 from .training import fit, progress_enabled, save_checkpoint
 
 __all__ = ["DISTRIBUTED_METHODS", "EpochSetter", "launched_by_torchrun", "make_distributed_loader",
-           "refuse_torchrun", "run_training_distributed"]
+           "refuse_torchrun", "run_training_distributed", "seed_rank_draws"]
 
 # Methods whose training_step computes its evidential term with models.data_parallel.
 DISTRIBUTED_METHODS = ("tcl", "tcvse", "duq")
@@ -81,6 +83,19 @@ def make_distributed_loader(split: CrossModalSplit, *, batch_size: int, rank: in
     return EpochSetter(dataset, sampler), loader
 
 
+def seed_rank_draws(seed: int, rank: int) -> None:
+    """Give every rank its own stream of training's random draws (torch's global generators, CPU
+    and accelerators: TcVSE's augmentation masks, DUQ's ε samples, dropout), which would otherwise
+    be the same on every rank, over different data.
+
+    Ranks other than 0 are seeded with seed + rank; rank 0 keeps the stream it has, so that its
+    draws are those of a single-process run with `seed`. Call it after the model is built, so that
+    the initial weights stay identical on every rank.
+    """
+    if rank != 0:
+        torch.manual_seed(seed + rank)
+
+
 def _local_device(device: str) -> torch.device:
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
@@ -117,6 +132,7 @@ def run_training_distributed(method: str, recipe: Recipe, source: DataSource, ou
         # others would wait for it inside that collective, under its timeout.
         untrained = baseline_metrics(method, model, bench)
         enable_global_batch(model, device_ids=[device.index] if device.type == "cuda" else None)
+        seed_rank_draws(seed, rank)
         epochs, loader = make_distributed_loader(bench.train, batch_size=recipe.batch_size, rank=rank,
                                                  world_size=world, languages=recipe.languages, seed=seed)
         optimizer = torch.optim.Adam(model.parameters(), lr=recipe.lr)
