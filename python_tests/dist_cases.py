@@ -450,6 +450,49 @@ def tcl_step(rank, world):
             "param_vs_step": moved / step, "state_dict_unchanged": state_keys}
 
 
+def tcl_consistency_step(rank, world):
+    """TCL.training_step past the consistency start (epoch 1: L_u with λ > 0, then T_max = 2 rounds
+    of L_c) after enable_global_batch, against one process: the same L_u update on the
+    concatenated batch, then each round's gradient the mean over the ranks' batches of ∇L_c (L_c
+    stays per rank; DDP averages it), clipped, one SGD step."""
+    from evidential_ops.models import TCL, enable_global_batch
+
+    from models_fixtures import tiny_batch, tiny_bench
+
+    sizes = MODEL_SIZES[world]
+    bench = tiny_bench()
+    full = tiny_batch(bench, k=sum(sizes))
+    torch.manual_seed(0)
+    model = TCL.default(bench.train.images.shape[-1], len(bench.vocab), embed_dim=16, bidirectional=False,
+                        batch_norm=False, t_max=2, consistency_start_epoch=1)
+    single = copy.deepcopy(model)
+    initial = copy.deepcopy(model)
+    enable_global_batch(model)
+    lr, epoch = 0.1, 1
+    info = model.training_step(_split_batch(full, sizes, rank), epoch, torch.optim.SGD(model.parameters(), lr=lr))
+
+    opt = torch.optim.SGD(single.parameters(), lr=lr)
+    params = list(single.parameters())
+    loss_u = single.uncertainty_loss(full, epoch)
+    opt.zero_grad(set_to_none=True)
+    loss_u.backward()
+    torch.nn.utils.clip_grad_norm_(params, single.grad_clip)
+    opt.step()
+    rounds = []
+    for _ in range(single.t_max):
+        opt.zero_grad(set_to_none=True)
+        losses = [single.consistency_loss(_split_batch(full, sizes, r)) for r in range(world)]
+        (sum(losses) / world).backward()
+        torch.nn.utils.clip_grad_norm_(params, single.grad_clip)
+        opt.step()
+        rounds.append(float(losses[rank].detach()))
+    moved = max(float((p - q).detach().abs().max()) for p, q in zip(model.parameters(), single.parameters()))
+    step = max(float((p - q).detach().abs().max()) for p, q in zip(single.parameters(), initial.parameters()))
+    return {"loss_u": abs(info["loss_u"] - float(loss_u)) / abs(float(loss_u)),
+            "loss_c": abs(info["loss_c"] - sum(rounds) / len(rounds)) / abs(sum(rounds) / len(rounds)),
+            "kl_weight": info["kl_weight"], "param_vs_step": moved / step}
+
+
 def pipeline_ranks(rank, world):
     """pipelines.distributed.run_training_distributed with training replaced by a draw from the
     global RNG (what TcVSE's augmentation and DUQ's ε use) and rank 0's evaluation by an error:
@@ -529,5 +572,5 @@ def duq_steps(rank, world):
 CASES = {fn.__name__: fn for fn in (
     f64_all_terms, f64_directions_and_terms, f64_reductions, f64_normalize, f32_spec, bf16, upstream_mean,
     ddp_flag, no_grad_and_module, reference_backend, volume, bad_inputs, failure_in_backward, empty_strip, ddp_step,
-    compiled, tcl_step, pipeline_ranks, duq_steps,
+    compiled, tcl_step, tcl_consistency_step, pipeline_ranks, duq_steps,
 )}

@@ -33,7 +33,7 @@ GROUP_TIMEOUT_S = 420  # a whole group (spawn, imports, every case) on a loaded 
 
 TWO_RANK_CASES = ["f64_all_terms", "f64_directions_and_terms", "f64_reductions", "f64_normalize", "f32_spec",
                   "bf16", "upstream_mean", "ddp_flag", "no_grad_and_module", "reference_backend", "volume", "bad_inputs",
-                  "failure_in_backward", "empty_strip", "ddp_step", "compiled", "tcl_step",
+                  "failure_in_backward", "empty_strip", "ddp_step", "compiled", "tcl_step", "tcl_consistency_step",
                   "pipeline_ranks", "duq_steps"]
 THREE_RANK_CASES = ["f64_all_terms", "f32_spec", "upstream_mean", "volume", "bad_inputs", "failure_in_backward",
                     "empty_strip", "ddp_step", "pipeline_ranks"]
@@ -230,6 +230,15 @@ def test_tcl_training_step_data_parallel_equals_one_process(two):
         assert result["loss_u"] <= 1e-5, result
         assert result["param_vs_step"] <= 1e-4, result
         assert result["state_dict_unchanged"]
+
+
+def test_tcl_consistency_rounds_data_parallel_equal_one_process(two):
+    # Epoch 1: L_u with λ = 0.005, then T_max = 2 consistency rounds, each DDP's mean of the
+    # ranks' per-batch ∇L_c: the same update as one process computing that mean.
+    for result in two["tcl_consistency_step"]:
+        assert result["kl_weight"] > 0, result
+        assert result["loss_u"] <= 1e-5 and result["loss_c"] <= 1e-5, result
+        assert result["param_vs_step"] <= 1e-4, result
 
 
 def test_pipeline_ranks_draw_differently_and_do_not_wait_for_rank_0(group):
