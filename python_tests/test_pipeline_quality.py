@@ -9,13 +9,13 @@ import torch
 from models_fixtures import single_thread, tiny_batch, tiny_bench
 
 from evidential_ops.data import concat_splits
-from evidential_ops.metrics import auroc, retrieval_metrics
+from evidential_ops.metrics import auroc, expected_calibration_error, instance_labels, retrieval_metrics, top1_correct
 from evidential_ops.methods import duq_similarity_loss
 from evidential_ops.models import InfoNCEBaseline
 from evidential_ops.pipelines import get_recipe
 from evidential_ops.pipelines.analysis import summary_checks
 from evidential_ops.pipelines.baseline import infonce_baseline
-from evidential_ops.pipelines.quality import PRIMARY_SCORE, quality_of
+from evidential_ops.pipelines.quality import PRIMARY_SCORE, evidential_scores, quality_of
 
 _one_thread = pytest.fixture(autouse=True)(single_thread)
 
@@ -93,6 +93,46 @@ def test_quality_of_reports_every_score_beside_the_free_ones(method):
         sims = model.infer(bench.test).similarity if method != "uml" else model.similarity(bench.test)
         r = retrieval_metrics(sims, bench.test.captions_per_image)
         assert metrics["i2t"]["r1"] == pytest.approx(r["i2t_r1"]) and metrics["t2i"]["r1"] == pytest.approx(r["t2i_r1"])
+
+
+def test_top_belief_is_the_owners_belief_of_the_returned_top1():
+    # Row 0: the ensemble ranking returns candidate 1, the owner model's own best is candidate 0.
+    owner = torch.tensor([[0.9, 0.8, 0.1], [0.2, 0.7, 0.6]], dtype=torch.float64)
+    ranking = torch.tensor([[0.5, 1.0, 0.0], [0.0, 1.0, 0.5]], dtype=torch.float64)
+    tau = 0.05
+    scores, belief = evidential_scores(owner, ranking, "exp", tau)
+    strength = (torch.exp(owner / tau) + 1.0).sum(dim=1)
+    want = torch.exp(owner[[0, 1], [1, 1]] / tau) / strength
+    torch.testing.assert_close(belief, want, rtol=1e-12, atol=0)
+    torch.testing.assert_close(scores["neg_top_belief"], -want, rtol=1e-12, atol=0)
+    # Not the owner's own top belief, which describes an answer that was never returned.
+    assert float(belief[0]) < 0.5 * float(torch.exp(owner[0, 0] / tau) / strength[0])
+    torch.testing.assert_close(scores["u"], 3.0 / strength.to(scores["u"].dtype))
+
+
+def test_tcl_top_belief_and_ece_describe_the_ensembles_answer():
+    model, bench = _model("tcl")
+    metrics, _ = quality_of("tcl", model, bench, seed=0)
+    out = model.infer(bench.test)
+    c = bench.test.captions_per_image
+    image_labels, text_labels = instance_labels(bench.test.n_images, c)
+    for direction, owner, ranking, labels in (
+            ("i2t", out.similarity_a, out.similarity, (image_labels, text_labels)),
+            ("t2i", out.similarity_b.T, out.similarity.T, (text_labels, image_labels))):
+        _, belief = evidential_scores(owner, ranking, out.evidence, out.tau)
+        right = top1_correct(ranking, *labels)
+        assert metrics[direction]["ece"] == pytest.approx(expected_calibration_error(belief, right), abs=1e-6)
+
+
+def test_infonce_by_class_also_reports_the_class_summed_softmax():
+    model, bench = _model("fume")
+    baseline = infonce_baseline("fume", model)
+    metrics, _ = quality_of("infonce", baseline, bench, seed=0, relevance="label")
+    for direction in ("i2t", "t2i"):
+        scores = metrics[direction]["scores"]
+        assert {"neg_top_probability", "neg_top_class_probability", "neg_top1_similarity"} <= set(scores)
+    by_instance, _ = quality_of("infonce", baseline, bench, seed=0)
+    assert "neg_top_class_probability" not in by_instance["i2t"]["scores"]
 
 
 def test_infonce_quality_uses_its_softmax_confidence():
