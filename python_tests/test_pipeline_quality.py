@@ -164,8 +164,8 @@ def _quality(u_auroc: float, free_auroc: float, u_aurc: float, ood: float | None
     return {"primary_score": "u", "i2t": direction, "t2i": direction}
 
 
-def _baseline(rsum: float, aurc: float) -> dict:
-    direction = {"scores": {"neg_top_probability": {"aurc": aurc}}}
+def _baseline(rsum: float, aurc: float, eaurc: float = 0.05) -> dict:
+    direction = {"scores": {"neg_top_probability": {"aurc": aurc, "eaurc": eaurc}}}
     return {"rsum": rsum, "uncertainty_quality": {"i2t": direction, "t2i": direction}}
 
 
@@ -187,12 +187,19 @@ def test_checks_fail_when_the_method_does_not_beat_the_baseline():
         assert not losing[f"u_error_auroc_vs_free_scores_{direction}"]["pass"]
         assert not losing[f"u_ood_auroc_vs_neg_top1_similarity_{direction}"]["pass"]
         assert not losing[f"aurc_vs_infonce_{direction}"]["pass"]
+        assert not losing[f"eaurc_vs_infonce_{direction}"]["pass"]
+        assert losing[f"eaurc_vs_infonce_{direction}"]["value"] == [0.1, 0.05]
     winning = summary_checks("tcl", _tcl_metrics(500.0, _quality(0.80, 0.70, 0.10, ood=0.95)), untrained,
-                             _baseline(488.0, 0.14))
+                             _baseline(488.0, 0.14, eaurc=0.2))
     assert all(check["pass"] for check in winning.values()), winning
+    # A lower AURC that comes from a more accurate model alone passes the AURC check, not E-AURC's.
+    accurate = summary_checks("tcl", _tcl_metrics(500.0, _quality(0.80, 0.70, 0.10, ood=0.95)), untrained,
+                              _baseline(488.0, 0.14, eaurc=0.08))
+    assert accurate["aurc_vs_infonce_i2t"]["pass"] and not accurate["eaurc_vs_infonce_i2t"]["pass"]
+    assert "accuracy taken out" in accurate["eaurc_vs_infonce_i2t"]["note"]
     # Without a baseline the checks against it are absent, not silently passed.
     alone = summary_checks("tcl", _tcl_metrics(500.0, _quality(0.80, 0.70, 0.10)), untrained)
-    assert "rsum_vs_infonce" not in alone and "aurc_vs_infonce_i2t" not in alone
+    assert "rsum_vs_infonce" not in alone and "aurc_vs_infonce_i2t" not in alone and "eaurc_vs_infonce_i2t" not in alone
 
 
 def test_duq_rerank_check_fails_when_eq_16_lowers_r1():
