@@ -124,6 +124,26 @@ def test_tcl_top_belief_and_ece_describe_the_ensembles_answer():
         assert metrics[direction]["ece"] == pytest.approx(expected_calibration_error(belief, right), abs=1e-6)
 
 
+def test_tcvse_baseline_augments_at_the_models_rates(monkeypatch):
+    torch.manual_seed(0)
+    bench = _bench("tcvse")
+    model = get_recipe("tcvse").with_overrides(embed_dim=8).with_model_options(region_drop=0.5,
+                                                                                 word_rate=0.3).build(bench)
+    baseline = infonce_baseline("tcvse", model)
+    assert (baseline.augment_region_drop, baseline.augment_word_rate) == (0.5, 0.3)
+    seen = {}
+
+    def spy(batch, **kwargs):
+        seen.update(kwargs)
+        return batch
+
+    monkeypatch.setattr("evidential_ops.models.infonce.augment_batch", spy)
+    baseline.training_step(tiny_batch(bench), 0, torch.optim.SGD(baseline.parameters(), lr=0.0))
+    assert seen["region_drop"] == 0.5 and seen["word_rate"] == 0.3
+    assert infonce_baseline("tcvse", get_recipe("tcvse").with_overrides(embed_dim=8).with_model_options(
+        augment=False).build(bench)).augment_vocab_size is None
+
+
 def test_infonce_by_class_also_reports_the_class_summed_softmax():
     model, bench = _model("fume")
     baseline = infonce_baseline("fume", model)
