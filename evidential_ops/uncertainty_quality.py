@@ -189,7 +189,9 @@ def risk_coverage_curve(uncertainty, wrong) -> dict:
 
 def aurc(uncertainty, wrong) -> float:
     """Area under the risk–coverage curve, AURC = (1/N) Σ_k risk(k) (Geifman et al. 2019;
-    SPEC §6). Lower is better; its floor for a given error rate is the oracle's (`excess_aurc`)."""
+    SPEC §6). uncertainty: (N,) real, higher = less confident; wrong: (N,) bool. Lower is better;
+    its floor for a given error rate is the oracle's (`excess_aurc`), so AURCs of models with
+    different accuracies mix accuracy into the comparison."""
     return float(np.mean(risk_coverage_curve(uncertainty, wrong)["risk"]))
 
 
@@ -202,14 +204,16 @@ def _oracle_aurc(n_wrong: int, n: int) -> float:
 def excess_aurc(uncertainty, wrong) -> float:
     """E-AURC = AURC − AURC of the oracle ordering with the same errors (Geifman et al. 2019;
     SPEC §6): what the score loses against perfect knowledge of which answers are wrong, with
-    the model's own accuracy taken out. 0 is perfect."""
+    the model's own accuracy taken out. 0 is perfect. uncertainty: (N,) real, higher = less
+    confident; wrong: (N,) bool."""
     _, err = _scores_and_flags(uncertainty, wrong, "uncertainty", "wrong")
     return aurc(uncertainty, wrong) - _oracle_aurc(int(err.sum()), err.numel())
 
 
 def accuracy_at_coverage(uncertainty, wrong, coverage: float) -> float:
     """Accuracy (in %) over the ⌈coverage·N⌉ most certain queries, e.g. R@1 at 50 % coverage
-    when `wrong` marks a wrong top-1 (SPEC §6). Ties as in `risk_coverage_curve`."""
+    when `wrong` marks a wrong top-1 (SPEC §6). uncertainty: (N,) real, higher = less
+    confident; wrong: (N,) bool; coverage: a real in (0, 1]. Ties as in `risk_coverage_curve`."""
     c = _coverage(coverage)
     risk = risk_coverage_curve(uncertainty, wrong)["risk"]
     k = max(1, math.ceil(c * risk.size - 1e-9))  # the 1e-9 keeps 0.5·500 from becoming 251
@@ -232,7 +236,11 @@ def expected_calibration_error(confidence, correct, n_bins: int = DEFAULT_ECE_BI
     if bool((conf < 0).any()) or bool((conf > 1).any()):
         raise ValueError("confidence must lie in [0, 1] (a belief or a probability)")
     n_bins = int(n_bins)
-    bins = (torch.ceil(conf * n_bins) - 1).clamp(0, n_bins - 1).to(torch.int64)
+    # Bin m holds (e_{m−1}, e_m] with the edges e_m = m/M as float64 rounds them: the first edge
+    # >= conf, found by comparison, never by ceil(conf·M), whose product rounds (e.g. 0.6·15 = 9 + ulp
+    # would put a confidence of exactly 9/15 into bin 10).
+    edges = torch.arange(n_bins + 1, dtype=torch.float64) / n_bins
+    bins = (torch.searchsorted(edges, conf, right=False) - 1).clamp(0, n_bins - 1)
     # (|B_m|/N)·|acc(B_m) − conf(B_m)| = |Σ_B hits − Σ_B conf| / N: no per-bin count needed.
     conf_sum = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, bins, conf)
     hit_sum = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, bins, ok.to(torch.float64))
@@ -297,6 +305,8 @@ def uncertainty_report(
     confidence of the top result (a belief, a softmax probability) for the ECE, named
     `confidence_name` in the report. ood_scores / ood_sims: the same scores
     for out-of-distribution queries over the same gallery: adds "ood_auroc" (OOD as positives).
+    A ValueError names the argument when ood_sims comes without ood_scores (or without sims),
+    or when a user score has the name of a baseline that sims / ood_sims would add.
 
     Returns {"n_queries", "r1" (%), "error_rate", "oracle": {aurc, r1_at_..}, "scores":
     {name: {error_auroc, error_aupr, aurc, eaurc, r1_at_50, r1_at_80[, ood_auroc]}},
@@ -316,15 +326,28 @@ def uncertainty_report(
     baselines = []
     if sims is not None:
         for name, v in similarity_baselines(sims).items():
+            if name in all_scores:
+                raise ValueError(f"scores[{name!r}] has the name of a baseline that sims adds; rename it or "
+                                 f"drop sims")
             if v.numel() != n:
                 raise ValueError(f"sims has {v.numel()} query rows, expected {n} (one per query)")
             all_scores[name] = v
             baselines.append(name)
+    if ood_sims is not None and ood_scores is None:
+        raise ValueError("ood_sims needs ood_scores (the same scores for the OOD queries); pass both or neither")
+    if ood_sims is not None and sims is None:
+        raise ValueError("ood_sims needs sims (its baselines are compared with those of sims)")
     ood = None
     if ood_scores is not None:
+        if not isinstance(ood_scores, Mapping):
+            raise TypeError("ood_scores must be a dict {name: (N_ood,) tensor}")
         ood = {name: _vector(v, f"ood_scores[{name!r}]") for name, v in ood_scores.items()}
         if ood_sims is not None:
-            ood.update(similarity_baselines(ood_sims))
+            for name, v in similarity_baselines(ood_sims).items():
+                if name in ood:
+                    raise ValueError(f"ood_scores[{name!r}] has the name of a baseline that ood_sims adds; "
+                                     f"rename it or drop ood_sims")
+                ood[name] = v
     n_wrong = int(err.sum())
     report = {
         "n_queries": n,

@@ -9,7 +9,7 @@ import torch
 from models_fixtures import single_thread, tiny_batch, tiny_bench
 
 from evidential_ops.models import DUQ
-from evidential_ops.methods import duq_rerank
+from evidential_ops.methods import duq_distance_matrix, duq_rerank
 from evidential_ops.reference.methods import duq_isum_loss, duq_total_loss
 
 
@@ -68,6 +68,20 @@ def test_inference_reranks_as_eq_16():
     assert set(metrics["reranked"]) >= {"i2t_r1", "t2i_r1", "rsum"}
     assert set(metrics["rerank_readings"]) == {"printed", "nonnegative", "candidate"}
     assert metrics["rerank_readings"][model.rerank_reading] == metrics["reranked"]
+
+
+def test_nearest_distance_is_the_min_rule_for_every_pair():
+    model, bench = _model()
+    nearest = model.nearest_distance(bench.test, seed=5, chunk_size=7)
+    farthest = model.infer(bench.test, seed=5).distance
+    assert nearest.shape == farthest.shape and bool((nearest <= farthest + 1e-6).all())
+    _, _, samples_t, samples_v = model._samples(bench.test, 512, 5)
+    for video, text in ((0, 0), (0, 7), (3, 1), (bench.test.n_images - 1, 2)):
+        # duq_distance_matrix's diagonal is the min rule of eq. 11 for the pair it is given.
+        one = duq_distance_matrix(samples_t[text:text + 1], samples_v[video:video + 1], diagonal_min=True)
+        assert float(nearest[video, text]) == pytest.approx(float(one[0, 0]), abs=1e-6)
+    metrics = model.evaluate(bench.test)
+    assert set(metrics["distance_only_min"]) >= {"i2t_r1", "t2i_r1", "rsum"}
 
 
 def test_rerank_reading_is_a_model_option():

@@ -9,13 +9,13 @@ import torch
 from models_fixtures import single_thread, tiny_batch, tiny_bench
 
 from evidential_ops.data import concat_splits
-from evidential_ops.metrics import auroc, retrieval_metrics
+from evidential_ops.metrics import auroc, expected_calibration_error, instance_labels, retrieval_metrics, top1_correct
 from evidential_ops.methods import duq_similarity_loss
 from evidential_ops.models import InfoNCEBaseline
 from evidential_ops.pipelines import get_recipe
 from evidential_ops.pipelines.analysis import summary_checks
 from evidential_ops.pipelines.baseline import infonce_baseline
-from evidential_ops.pipelines.quality import PRIMARY_SCORE, quality_of
+from evidential_ops.pipelines.quality import PRIMARY_SCORE, evidential_scores, quality_of
 
 _one_thread = pytest.fixture(autouse=True)(single_thread)
 
@@ -95,6 +95,66 @@ def test_quality_of_reports_every_score_beside_the_free_ones(method):
         assert metrics["i2t"]["r1"] == pytest.approx(r["i2t_r1"]) and metrics["t2i"]["r1"] == pytest.approx(r["t2i_r1"])
 
 
+def test_top_belief_is_the_owners_belief_of_the_returned_top1():
+    # Row 0: the ensemble ranking returns candidate 1, the owner model's own best is candidate 0.
+    owner = torch.tensor([[0.9, 0.8, 0.1], [0.2, 0.7, 0.6]], dtype=torch.float64)
+    ranking = torch.tensor([[0.5, 1.0, 0.0], [0.0, 1.0, 0.5]], dtype=torch.float64)
+    tau = 0.05
+    scores, belief = evidential_scores(owner, ranking, "exp", tau)
+    strength = (torch.exp(owner / tau) + 1.0).sum(dim=1)
+    want = torch.exp(owner[[0, 1], [1, 1]] / tau) / strength
+    torch.testing.assert_close(belief, want, rtol=1e-12, atol=0)
+    torch.testing.assert_close(scores["neg_top_belief"], -want, rtol=1e-12, atol=0)
+    # Not the owner's own top belief, which describes an answer that was never returned.
+    assert float(belief[0]) < 0.5 * float(torch.exp(owner[0, 0] / tau) / strength[0])
+    torch.testing.assert_close(scores["u"], 3.0 / strength.to(scores["u"].dtype))
+
+
+def test_tcl_top_belief_and_ece_describe_the_ensembles_answer():
+    model, bench = _model("tcl")
+    metrics, _ = quality_of("tcl", model, bench, seed=0)
+    out = model.infer(bench.test)
+    c = bench.test.captions_per_image
+    image_labels, text_labels = instance_labels(bench.test.n_images, c)
+    for direction, owner, ranking, labels in (
+            ("i2t", out.similarity_a, out.similarity, (image_labels, text_labels)),
+            ("t2i", out.similarity_b.T, out.similarity.T, (text_labels, image_labels))):
+        _, belief = evidential_scores(owner, ranking, out.evidence, out.tau)
+        right = top1_correct(ranking, *labels)
+        assert metrics[direction]["ece"] == pytest.approx(expected_calibration_error(belief, right), abs=1e-6)
+
+
+def test_tcvse_baseline_augments_at_the_models_rates(monkeypatch):
+    torch.manual_seed(0)
+    bench = _bench("tcvse")
+    model = get_recipe("tcvse").with_overrides(embed_dim=8).with_model_options(region_drop=0.5,
+                                                                                 word_rate=0.3).build(bench)
+    baseline = infonce_baseline("tcvse", model)
+    assert (baseline.augment_region_drop, baseline.augment_word_rate) == (0.5, 0.3)
+    seen = {}
+
+    def spy(batch, **kwargs):
+        seen.update(kwargs)
+        return batch
+
+    monkeypatch.setattr("evidential_ops.models.infonce.augment_batch", spy)
+    baseline.training_step(tiny_batch(bench), 0, torch.optim.SGD(baseline.parameters(), lr=0.0))
+    assert seen["region_drop"] == 0.5 and seen["word_rate"] == 0.3
+    assert infonce_baseline("tcvse", get_recipe("tcvse").with_overrides(embed_dim=8).with_model_options(
+        augment=False).build(bench)).augment_vocab_size is None
+
+
+def test_infonce_by_class_also_reports_the_class_summed_softmax():
+    model, bench = _model("fume")
+    baseline = infonce_baseline("fume", model)
+    metrics, _ = quality_of("infonce", baseline, bench, seed=0, relevance="label")
+    for direction in ("i2t", "t2i"):
+        scores = metrics[direction]["scores"]
+        assert {"neg_top_probability", "neg_top_class_probability", "neg_top1_similarity"} <= set(scores)
+    by_instance, _ = quality_of("infonce", baseline, bench, seed=0)
+    assert "neg_top_class_probability" not in by_instance["i2t"]["scores"]
+
+
 def test_infonce_quality_uses_its_softmax_confidence():
     model, bench = _model("tcl")
     baseline = infonce_baseline("tcl", model)
@@ -124,8 +184,8 @@ def _quality(u_auroc: float, free_auroc: float, u_aurc: float, ood: float | None
     return {"primary_score": "u", "i2t": direction, "t2i": direction}
 
 
-def _baseline(rsum: float, aurc: float) -> dict:
-    direction = {"scores": {"neg_top_probability": {"aurc": aurc}}}
+def _baseline(rsum: float, aurc: float, eaurc: float = 0.05) -> dict:
+    direction = {"scores": {"neg_top_probability": {"aurc": aurc, "eaurc": eaurc}}}
     return {"rsum": rsum, "uncertainty_quality": {"i2t": direction, "t2i": direction}}
 
 
@@ -147,12 +207,19 @@ def test_checks_fail_when_the_method_does_not_beat_the_baseline():
         assert not losing[f"u_error_auroc_vs_free_scores_{direction}"]["pass"]
         assert not losing[f"u_ood_auroc_vs_neg_top1_similarity_{direction}"]["pass"]
         assert not losing[f"aurc_vs_infonce_{direction}"]["pass"]
+        assert not losing[f"eaurc_vs_infonce_{direction}"]["pass"]
+        assert losing[f"eaurc_vs_infonce_{direction}"]["value"] == [0.1, 0.05]
     winning = summary_checks("tcl", _tcl_metrics(500.0, _quality(0.80, 0.70, 0.10, ood=0.95)), untrained,
-                             _baseline(488.0, 0.14))
+                             _baseline(488.0, 0.14, eaurc=0.2))
     assert all(check["pass"] for check in winning.values()), winning
+    # A lower AURC that comes from a more accurate model alone passes the AURC check, not E-AURC's.
+    accurate = summary_checks("tcl", _tcl_metrics(500.0, _quality(0.80, 0.70, 0.10, ood=0.95)), untrained,
+                              _baseline(488.0, 0.14, eaurc=0.08))
+    assert accurate["aurc_vs_infonce_i2t"]["pass"] and not accurate["eaurc_vs_infonce_i2t"]["pass"]
+    assert "accuracy taken out" in accurate["eaurc_vs_infonce_i2t"]["note"]
     # Without a baseline the checks against it are absent, not silently passed.
     alone = summary_checks("tcl", _tcl_metrics(500.0, _quality(0.80, 0.70, 0.10)), untrained)
-    assert "rsum_vs_infonce" not in alone and "aurc_vs_infonce_i2t" not in alone
+    assert "rsum_vs_infonce" not in alone and "aurc_vs_infonce_i2t" not in alone and "eaurc_vs_infonce_i2t" not in alone
 
 
 def test_duq_rerank_check_fails_when_eq_16_lowers_r1():

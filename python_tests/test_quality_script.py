@@ -40,8 +40,23 @@ def test_script_writes_the_results_and_the_tables(tmp_path, capsys):
     for header in ("#### TCL", "#### TcVSE", "#### UML", "#### FUME", "#### DUQ", "#### Variants"):
         assert header in table
     assert "baseline: −top-1 similarity" in table and "InfoNCE baseline: −softmax confidence" in table
-    assert "s′, `printed`" in table and "1 − D alone" in table
+    assert "s′, `printed`" in table and "1 − D alone (min rule for every pair)" in table
+    assert "InfoNCE baseline: −top-1 similarity" in table
+    assert "InfoNCE baseline: −softmax summed over the top-1's class" in table  # beside FUME (by class)
     assert "tcl seed 1: rsum" in capsys.readouterr().out
+
+
+def test_smoke_runs_never_overwrite_the_committed_results(tmp_path, monkeypatch):
+    script = _script()
+    committed = script.COMMITTED_RESULTS / "uncertainty_quality.json"
+    before = committed.read_bytes() if committed.exists() else None
+    for partial in (["--only", "tcl"], ["--epochs", "1"], ["--n-test", "10"]):
+        with pytest.raises(SystemExit):
+            script.main(["--results", str(script.COMMITTED_RESULTS), "--out", str(tmp_path), *partial])
+    assert (committed.read_bytes() if committed.exists() else None) == before
+    # Without --results the figures go to the run directory.
+    assert script.main(["--seeds", "0", "--only", "fume", "--out", str(tmp_path / "runs"), *TINY]) == 0
+    assert (tmp_path / "runs" / "uncertainty_quality.json").exists()
 
 
 def test_script_rejects_unknown_runs(tmp_path):

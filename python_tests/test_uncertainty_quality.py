@@ -85,6 +85,21 @@ def test_expected_calibration_error_by_hand():
     assert expected_calibration_error(T([0.0, 1.0]), B(False, True)) == 0.0  # 0 joins the first bin
 
 
+def test_expected_calibration_error_bins_a_confidence_on_an_edge_by_comparison():
+    # 0.28 is the edge 7/25 as float64 rounds both, but 0.28·25 rounds to 7 + ulp: ceil() put it
+    # into (0.28, 0.32]. It belongs to (0.24, 0.28] with 0.27: one bin, |1 − 0.55| / 2.
+    assert 0.28 == 7 / 25 and 0.28 * 25 > 7
+    conf = T([0.28, 0.27], dtype=torch.float64)  # float32 0.28 lies above the edge: not this case
+    assert expected_calibration_error(conf, B(True, False), n_bins=25) == pytest.approx(0.225)
+    # Every edge m/M lands in the bin it closes, for every M up to 40.
+    for n_bins in range(1, 41):
+        edges = T([m / n_bins for m in range(1, n_bins + 1)], dtype=torch.float64)
+        below = (edges - 0.5 / n_bins).clamp(min=0.0)  # the same bin's midpoint
+        conf, hits = torch.stack([edges, below], 1).flatten(), torch.tensor([True, False] * n_bins)
+        want = float((1.0 - edges - below).abs().sum()) / conf.numel()
+        assert expected_calibration_error(conf, hits, n_bins=n_bins) == pytest.approx(want), n_bins
+
+
 def test_similarity_baselines_by_hand():
     base = similarity_baselines(T([[0.9, 0.1, 0.5], [0.2, 0.2, -1.0]]))
     torch.testing.assert_close(base["neg_top1_similarity"], T([-0.9, -0.2], dtype=torch.float64))
@@ -169,3 +184,19 @@ def test_bad_inputs_name_the_argument():
         uncertainty_report({"u": T([0.1, 0.2])}, B(True, False), sims=T([[0.1, 0.2]]))
     with pytest.raises(ValueError, match="uncertainty must be 1-D"):
         aurc(T([[0.1, 0.2]]), B(True, False))
+
+
+def test_uncertainty_report_refuses_what_it_would_silently_drop_or_overwrite():
+    u, wrong, sims = T([0.1, 0.2]), B(True, False), T([[0.3, 0.1], [0.2, 0.4]])
+    # ood_sims without ood_scores was ignored; without sims its baselines have nothing to match.
+    with pytest.raises(ValueError, match="ood_sims needs ood_scores"):
+        uncertainty_report({"u": u}, wrong, sims=sims, ood_sims=sims)
+    with pytest.raises(ValueError, match="ood_sims needs sims"):
+        uncertainty_report({"u": u}, wrong, ood_scores={"u": u}, ood_sims=sims)
+    # A user score named like a baseline was overwritten by the baseline.
+    with pytest.raises(ValueError, match="scores\\['neg_margin'\\] has the name of a baseline"):
+        uncertainty_report({"neg_margin": u}, wrong, sims=sims)
+    with pytest.raises(ValueError, match="ood_scores\\['neg_top1_similarity'\\] has the name of a baseline"):
+        uncertainty_report({"u": u}, wrong, sims=sims, ood_scores={"u": u, "neg_top1_similarity": u}, ood_sims=sims)
+    # Without sims a score may carry any name.
+    assert uncertainty_report({"neg_margin": u}, wrong)["scores"]["neg_margin"]["error_auroc"] == 0.0

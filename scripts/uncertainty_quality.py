@@ -8,7 +8,11 @@ seed on the built-in data, plus the variants the README reports: UML with the ex
 (the option that frees u from [0.27, 0.73], `--evidence exp --tau T` on the CLI) and TcVSE
 without its augmentation. It writes RESULTS/uncertainty_quality.json (every seed's figures, the
 means, the command, commit and versions) and RESULTS/uncertainty_quality.md (the tables of the
-README's "Uncertainty quality" section). About 10 minutes on 2 cores for 3 seeds.
+README's "Uncertainty quality" section). About 10-20 minutes on 2 cores for 3 seeds.
+
+RESULTS defaults to the run directory (--out): the committed bench/results/ is written only when
+asked for, and only by a full run (every method and variant at the recipes' own sizes and
+epochs); a smoke run with --only, --epochs or --n-* into bench/results is refused.
 """
 
 from __future__ import annotations
@@ -43,6 +47,14 @@ SCORE_LABELS = {
     "neg_top1_similarity": "baseline: −top-1 similarity", "neg_margin": "baseline: −top-1/top-2 margin",
     "neg_top_probability": "InfoNCE baseline: −softmax confidence",
 }
+# The InfoNCE model's own scores shown beside each method's (its free −top-1 similarity too: under
+# FUME's relevance by class its max softmax is handicapped by construction, SPEC §6).
+INFONCE_LABELS = {
+    "neg_top_probability": "InfoNCE baseline: −softmax confidence",
+    "neg_top_class_probability": "InfoNCE baseline: −softmax summed over the top-1's class",
+    "neg_top1_similarity": "InfoNCE baseline: −top-1 similarity",
+}
+COMMITTED_RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 
 
 def _run(name: str, method: str, options: dict, seed: int, args) -> dict:
@@ -74,6 +86,7 @@ def _summary(method: str, m: dict) -> dict:
         keep["rerank_readings"] = {r: {k: v[k] for k in ("i2t_r1", "t2i_r1", "rsum")}
                                    for r, v in m["rerank_readings"].items()}
         keep["distance_only"] = {k: m["distance_only"][k] for k in ("i2t_r1", "t2i_r1", "rsum")}
+        keep["distance_only_min"] = {k: m["distance_only_min"][k] for k in ("i2t_r1", "t2i_r1", "rsum")}
     if method == "uml" and "audit" in m:
         a = m["audit"]
         keep["audit"] = {k: a[k] for k in ("uncertainty_auroc_noisy", "similarity_auroc_noisy", "uncertainty_clean_mean",
@@ -112,11 +125,11 @@ def _quality_table(mean: dict) -> list[str]:
     lines = ["| direction | score | error AUROC | error AUPR | AURC | E-AURC | R@1 @50 % | R@1 @80 % | OOD AUROC |",
              "|---|---|---|---|---|---|---|---|---|"]
     for d in ("i2t", "t2i"):
-        rows = list(mean["quality"][d]["scores"].items())
-        rows += [(f"{name}", s) for name, s in mean["infonce"]["quality"][d]["scores"].items()
-                 if name == "neg_top_probability"]
-        for name, s in rows:
-            lines.append(f"| {d} | {SCORE_LABELS.get(name, name)} | {_fmt(s['error_auroc'])} | {_fmt(s['error_aupr'])} | "
+        rows = [(SCORE_LABELS.get(name, name), s) for name, s in mean["quality"][d]["scores"].items()]
+        theirs = mean["infonce"]["quality"][d]["scores"]
+        rows += [(label, theirs[name]) for name, label in INFONCE_LABELS.items() if name in theirs]
+        for label, s in rows:
+            lines.append(f"| {d} | {label} | {_fmt(s['error_auroc'])} | {_fmt(s['error_aupr'])} | "
                          f"{_fmt(s['aurc'])} | {_fmt(s['eaurc'])} | {_fmt(s['r1_at_50'], 1)} | {_fmt(s['r1_at_80'], 1)} | "
                          f"{_fmt(s['ood_auroc'])} |")
     return lines
@@ -153,25 +166,33 @@ def markdown(results: dict) -> str:
             out.append("DUQ eq. 16, R@1 of plain s and of s′ under each reading (default: "
                        f"`{m['rerank_reading']}`):")
             out.append("")
-            out.append("| ranking | i2t R@1 | t2i R@1 | rSum |")
-            out.append("|---|---|---|---|")
-            out.append(f"| plain s | {m['i2t_r1']:.1f} | {m['t2i_r1']:.1f} | {m['rsum']:.1f} |")
-            for reading, r in m["rerank_readings"].items():
-                out.append(f"| s′, `{reading}` | {r['i2t_r1']:.1f} | {r['t2i_r1']:.1f} | {r['rsum']:.1f} |")
-            d = m["distance_only"]
-            out.append(f"| 1 − D alone | {d['i2t_r1']:.1f} | {d['t2i_r1']:.1f} | {d['rsum']:.1f} |")
+            runs = results["runs"][method]
+            out.append("| ranking | i2t R@1 | t2i R@1 | rSum | i2t R@1 per seed | t2i R@1 per seed | rSum per seed |")
+            out.append("|---|---|---|---|---|---|---|")
+            rankings = [("plain s", m, list(runs))]
+            rankings += [(f"s′, `{reading}`", r, [run["rerank_readings"][reading] for run in runs])
+                         for reading, r in m["rerank_readings"].items()]
+            rankings += [("1 − D alone (max rule, as inference)", m["distance_only"], [r["distance_only"] for r in runs]),
+                         ("1 − D alone (min rule for every pair)", m["distance_only_min"],
+                          [r["distance_only_min"] for r in runs])]
+            for label, r, per_seed in rankings:
+                seeds_cols = " | ".join(" / ".join(f"{s[k]:.2f}" for s in per_seed)
+                                        for k in ("i2t_r1", "t2i_r1", "rsum"))
+                out.append(f"| {label} | {r['i2t_r1']:.1f} | {r['t2i_r1']:.1f} | {r['rsum']:.1f} | {seeds_cols} |")
             out.append("")
     out.append("#### Variants")
     out.append("")
     out.append("| run | i2t R@1 | t2i R@1 | rSum | noisy-pair AUROC of u | of −pair similarity | mean u clean / noisy "
-               "| u range (training pairs) |")
+               "| u min–max over all seeds' training pairs |")
     out.append("|---|---|---|---|---|---|---|---|")
     for name in ("uml",) + tuple(VARIANTS):
         m = means[name]
         a = m.get("audit")
+        audits = [r["audit"] for r in results["runs"][name] if "audit" in r]
         audit = (f"{_fmt(a['uncertainty_auroc_noisy'])} | {_fmt(a['similarity_auroc_noisy'])} | "
                  f"{_fmt(a['uncertainty_clean_mean'])} / {_fmt(a['uncertainty_noisy_mean'])} | "
-                 f"{_fmt(a['uncertainty_min'], 2)}–{_fmt(a['uncertainty_max'], 2)}") if a else "– | – | – | –"
+                 f"{_fmt(min(x['uncertainty_min'] for x in audits), 2)}–"
+                 f"{_fmt(max(x['uncertainty_max'] for x in audits), 2)}") if a else "– | – | – | –"
         label = {"uml": "UML (exp_tanh, τ = 0.1: the paper)"}.get(name, name)
         out.append(f"| {label} | {m['i2t_r1']:.1f} | {m['t2i_r1']:.1f} | {m['rsum']:.1f} | {audit} |")
     out.append(f"| tcvse (augment, default) | {means['tcvse']['i2t_r1']:.1f} | {means['tcvse']['t2i_r1']:.1f} | "
@@ -184,12 +205,20 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default="runs/quality", help="run directories (metrics.json, checkpoints)")
-    parser.add_argument("--results", default="bench/results", help="where the .json and .md go")
+    parser.add_argument("--results", default=None,
+                        help="where the .json and .md go (default: --out; bench/results only for a full run)")
     parser.add_argument("--only", nargs="+", default=None, help="run only these (methods or variant names)")
     parser.add_argument("--epochs", type=int, default=None, help="override every recipe's epochs (smoke runs)")
     for name in ("n-train", "n-val", "n-test", "n-ood"):
         parser.add_argument(f"--{name}", type=int, default=None, help="built-in data size override (smoke runs)")
     args = parser.parse_args(argv)
+    results_dir = Path(args.out if args.results is None else args.results)
+    partial = [flag for flag, value in (("--only", args.only), ("--epochs", args.epochs), ("--n-train", args.n_train),
+                                        ("--n-val", args.n_val), ("--n-test", args.n_test), ("--n-ood", args.n_ood))
+               if value is not None]
+    if partial and results_dir.resolve() == COMMITTED_RESULTS:
+        parser.error(f"--results {args.results}: {', '.join(partial)} make a partial run, which must not overwrite "
+                     f"the committed {COMMITTED_RESULTS}; write it elsewhere (the default is --out)")
     runs = {m: (m, {}) for m in METHODS}
     runs.update(VARIANTS)
     if args.only:
@@ -210,7 +239,6 @@ def main(argv=None) -> int:
         "threads": torch.get_num_threads(), "runs": per_seed,
         "means": {name: _mean(values) for name, values in per_seed.items()},
     }
-    results_dir = Path(args.results)
     results_dir.mkdir(parents=True, exist_ok=True)
     with open(results_dir / "uncertainty_quality.json", "w") as f:
         json.dump(jsonable(results), f, indent=1, allow_nan=False)

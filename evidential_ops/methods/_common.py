@@ -47,6 +47,8 @@ def square_matrix(t, name: str, *, check_finite: bool) -> Tensor:
 
 
 def same_shape(reference: Tensor, other: Tensor, reference_name: str, other_name: str) -> None:
+    """Raise unless `other` has exactly `reference`'s shape, dtype and device (no broadcasting);
+    the error names both arguments."""
     same_kind(reference, other, reference_name, other_name)
     if other.shape != reference.shape:
         raise ValueError(

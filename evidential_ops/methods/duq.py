@@ -24,8 +24,10 @@ DEFAULT_BETA = 1e-4  # DUQ §4
 DEFAULT_GAMMA = 0.1  # γ1 = γ2, DUQ §4
 # Readings of the re-ranking of eq. 16 (SPEC §3 "DUQ", [choice]); see `duq_rerank`.
 RERANK_READINGS = ("printed", "nonnegative", "candidate")
-# Chosen by measurement (mean R@1 of seeds 0-2, bench/results/uncertainty_quality.md): the
-# candidate reading re-ranks but scored a little lower on every seed; none reaches plain s.
+# Chosen by measurement on the *test* split (mean R@1 of seeds 0-2, bench/results/
+# uncertainty_quality.md; no validation split was used): "nonnegative" and "candidate" are within a
+# few queries of each other, either way round depending on seed and direction, so the choice is
+# not a finding; none reaches plain s.
 DEFAULT_RERANK_READING = "nonnegative"
 
 
@@ -70,7 +72,8 @@ def _complement_target_mse_rows(alpha: Tensor) -> Tensor:
 def duq_distance_uncertainty_loss(d: Tensor, *, check_finite: bool = True) -> Tensor:
     """Inter-pair distance uncertainty loss L_D^U of DUQ eq. 13 (SPEC §3 "DUQ").
 
-    The ISUM loss of `duq_isum_loss` applied to the distance matrix with the dense target
+    The ISUM loss (`reference.methods.duq_isum_loss`; in the pipeline, the fused op's mse term)
+    applied to the distance matrix with the dense target
     y = 1 − I (a positive pair should have no distance evidence, every negative pair some):
     evidence relu(D) (τ = 1), L_D^U = (1/B)(Σ_i mse_i(rows) + Σ_j mse_j(cols)).
 
@@ -255,9 +258,10 @@ def duq_rerank(
       times that of the candidate, s'_ij = exp(−γ1(u_d,i + u_d,j))·(1 − D_ij/2) ·
       exp(−γ2(u_s,i + u_s,j))·(1 + s_ij)/2: the candidate's own uncertainty varies along the
       ranking, so eq. 16 can change it.
-    The default is the reading with the highest mean R@1 over seeds 0–2 on the built-in data
-    (README "Uncertainty quality", bench/results/uncertainty_quality.md); no reading reaches
-    the R@1 of plain s there.
+    The default is the reading with the highest mean R@1 over seeds 0–2 on the built-in data's
+    test split (README "Uncertainty quality", bench/results/uncertainty_quality.md), where
+    "nonnegative" and "candidate" differ by a few queries either way; no reading reaches the
+    R@1 of plain s there.
 
     Args:
         s: (N_q, N_g) similarities; d: (N_q, N_g) distances (`duq_distance_matrix`).

@@ -62,6 +62,9 @@ def evidential_beliefs(s: Tensor, *, evidence: str = "exp", tau: float = DEFAULT
 
 
 def model_pair(s_a, s_b, check_finite: bool) -> tuple[Tensor, Tensor]:
+    """The (K, K) similarity matrices of TCL's models A and B, checked: each square with K >= 2,
+    float32/float64, finite when `check_finite`, and both of the same shape, dtype and device
+    (a ValueError/TypeError naming s_a or s_b otherwise). Returns (s_a, s_b) unchanged."""
     s_a = _common.square_matrix(s_a, "s_a", check_finite=check_finite)
     s_b = _common.square_matrix(s_b, "s_b", check_finite=check_finite)
     _common.same_shape(s_a, s_b, "s_a", "s_b")

@@ -119,6 +119,8 @@ def uml_sigma(
 
 
 def named_labels(labels, name: str, s: Tensor) -> Tensor:
+    """UML's clean(1)/noisy(0) pair labels for the K rows of the (K, K) matrix s as a (K,) bool
+    tensor (bool, integer or 0/1 floating input on s's device); errors name the argument `name`."""
     return _common.binary_labels(labels, s.shape[0], s, name)
 
 

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from .. import checks
 from ..backends import check_name
+from ..config import NORMALIZE_EPS
 from ..data.types import CrossModalSplit
 from ..losses import evidential_loss_from_similarity
 from ..metrics import retrieval_metrics
@@ -227,8 +228,24 @@ class DUQ(nn.Module):
         with ε drawn from a generator seeded with `seed`, so evaluation is reproducible; the
         (chunk, N_v, K_p, K_p) cosines are formed `chunk_size` texts at a time.
         """
-        seed = checks.integer(seed, "seed", minimum=0)
         chunk_size = checks.integer(chunk_size, "chunk_size", minimum=1)
+        z_text, z_video, samples_t, samples_v = self._samples(split, batch_size, seed)
+        d_tv = torch.cat([duq_distance_matrix(samples_t[i:i + chunk_size], samples_v, diagonal_min=False)
+                          for i in range(0, samples_t.shape[0], chunk_size)])
+        s_tv = z_text @ z_video.T
+        t2v, v2t = self.rerank(s_tv.T, d_tv.T)
+        return DUQOutput(
+            similarity=s_tv.T, distance=d_tv.T, reranked_v2t=v2t.similarity, reranked_t2v=t2v.similarity.T,
+            similarity_uncertainty_v2t=v2t.similarity_uncertainty, distance_uncertainty_v2t=v2t.distance_uncertainty,
+            similarity_uncertainty_t2v=t2v.similarity_uncertainty, distance_uncertainty_t2v=t2v.distance_uncertainty,
+            rerank_reading=self.rerank_reading,
+        )
+
+    @torch.no_grad()
+    def _samples(self, split: CrossModalSplit, batch_size: int, seed: int):
+        """(z_text, z_video, samples_t (N_t, K_p, D_p), samples_v (N_v, K_p, D_p)) of a split, ε
+        drawn from a generator seeded with `seed` (videos first), all on the CPU."""
+        seed = checks.integer(seed, "seed", minimum=0)
         was_training = self.training
         self.eval()
         try:
@@ -241,16 +258,22 @@ class DUQ(nn.Module):
         generator = torch.Generator().manual_seed(seed)
         samples_v = duq_probabilistic_embeddings(mu_v, ls_v, num_samples=self.num_samples, generator=generator)
         samples_t = duq_probabilistic_embeddings(mu_t, ls_t, num_samples=self.num_samples, generator=generator)
-        d_tv = torch.cat([duq_distance_matrix(samples_t[i:i + chunk_size], samples_v, diagonal_min=False)
-                          for i in range(0, samples_t.shape[0], chunk_size)])
-        s_tv = z_text @ z_video.T
-        t2v, v2t = self.rerank(s_tv.T, d_tv.T)
-        return DUQOutput(
-            similarity=s_tv.T, distance=d_tv.T, reranked_v2t=v2t.similarity, reranked_t2v=t2v.similarity.T,
-            similarity_uncertainty_v2t=v2t.similarity_uncertainty, distance_uncertainty_v2t=v2t.distance_uncertainty,
-            similarity_uncertainty_t2v=t2v.similarity_uncertainty, distance_uncertainty_t2v=t2v.distance_uncertainty,
-            rerank_reading=self.rerank_reading,
-        )
+        return z_text, z_video, samples_t, samples_v
+
+    @torch.no_grad()
+    def nearest_distance(self, split: CrossModalSplit, *, batch_size: int = 512, seed: int = 0,
+                         chunk_size: int = 256) -> Tensor:
+        """(N_v, N_t) D under the *min* rule for every pair, min_{m,n} d: the rule training applies
+        to positives (eq. 11), for comparison with `infer`'s max rule ([choice], SPEC §3 "DUQ").
+        Same ε as `infer` with the same seed."""
+        chunk_size = checks.integer(chunk_size, "chunk_size", minimum=1)
+        _, _, samples_t, samples_v = self._samples(split, batch_size, seed)
+        video = torch.nn.functional.normalize(samples_v, dim=2, eps=NORMALIZE_EPS)
+        parts = []
+        for i in range(0, samples_t.shape[0], chunk_size):
+            text = torch.nn.functional.normalize(samples_t[i:i + chunk_size], dim=2, eps=NORMALIZE_EPS)
+            parts.append(1.0 - torch.einsum("imd,jnd->ijmn", text, video).amax(dim=(2, 3)))
+        return torch.cat(parts).T
 
     def rerank(self, similarity: Tensor, distance: Tensor, reading: str | None = None):
         """(t2v, v2t) `DUQRerank`s of eq. 16 for (N_v, N_t) videos × texts s and D: the text queries
@@ -266,7 +289,8 @@ class DUQ(nn.Module):
         """Retrieval metrics (SPEC §4) with plain s (top level) and with the re-ranking of eq. 16
         ("reranked" sub-dict under the model's reading: i2t keys from the video-query
         re-ranking, t2i keys from the text-query one; "rerank_readings": the same for every
-        reading of `methods.duq_rerank`), by 1 − D alone ("distance_only"), plus the median
+        reading of `methods.duq_rerank`), by 1 − D alone ("distance_only"; "distance_only_min"
+        with the min rule for every pair, `nearest_distance`), plus the median
         uncertainties u_s, u_d of each direction."""
         out = self.infer(split, batch_size=batch_size, seed=seed)
         c = split.captions_per_image
@@ -278,8 +302,11 @@ class DUQ(nn.Module):
             t2v, v2t = self.rerank(out.similarity, out.distance, reading)
             readings[reading] = _direction_metrics(v2t.similarity, t2v.similarity.T, c)
         metrics["rerank_readings"] = readings
-        # Ranking by the probabilistic distance alone shows what D contributes to eq. 16.
+        # Ranking by the probabilistic distance alone shows what D contributes to eq. 16; under the
+        # min rule too, the one training applies to positives (inference uses the max rule).
         metrics["distance_only"] = retrieval_metrics(1.0 - out.distance, c)
+        metrics["distance_only_min"] = retrieval_metrics(
+            1.0 - self.nearest_distance(split, batch_size=batch_size, seed=seed), c)
         for name in ("similarity_uncertainty_v2t", "distance_uncertainty_v2t",
                      "similarity_uncertainty_t2v", "distance_uncertainty_t2v"):
             metrics[f"{name}_median"] = float(getattr(out, name).double().quantile(0.5))

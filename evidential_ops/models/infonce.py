@@ -65,11 +65,14 @@ class InfoNCEBaseline(nn.Module):
         temperature: τ of the softmax (0.05). grad_clip: max gradient norm per update or None.
         augment_vocab_size: when set, every training batch goes through TcVSE's augmentation
             (`data.augment_batch`) first, so a TcVSE baseline sees the same data as TcVSE.
+        augment_region_drop, augment_word_rate: that augmentation's rates (TcVSE's defaults,
+            0.2 and 0.2); pass the TcVSE model's own so both see the same augmentation.
     """
 
     def __init__(self, members: list[DualEncoder], *, alt_text_encoders: list[nn.Module] | None = None,
                  eval_language: str = "en", temperature: float = DEFAULT_TEMPERATURE,
-                 grad_clip: float | None = 2.0, augment_vocab_size: int | None = None):
+                 grad_clip: float | None = 2.0, augment_vocab_size: int | None = None,
+                 augment_region_drop: float = DEFAULT_REGION_DROP, augment_word_rate: float = DEFAULT_WORD_RATE):
         super().__init__()
         members = list(members)
         if not members or not all(isinstance(m, DualEncoder) for m in members):
@@ -89,6 +92,9 @@ class InfoNCEBaseline(nn.Module):
         self.grad_clip = check_grad_clip(grad_clip)
         self.augment_vocab_size = (None if augment_vocab_size is None
                                    else checks.integer(augment_vocab_size, "augment_vocab_size", minimum=5))
+        self.augment_region_drop = checks.real_number(augment_region_drop, "augment_region_drop", minimum=0.0,
+                                                      maximum=0.99)
+        self.augment_word_rate = checks.real_number(augment_word_rate, "augment_word_rate", minimum=0.0, maximum=0.99)
 
     def loss(self, batch) -> Tensor:
         """Σ over members (and languages) of the symmetric InfoNCE of one batch (scalar)."""
@@ -111,8 +117,8 @@ class InfoNCEBaseline(nn.Module):
         check_optimizer(optimizer)
         self.train()
         if self.augment_vocab_size is not None:
-            batch = augment_batch(batch, vocab_size=self.augment_vocab_size, region_drop=DEFAULT_REGION_DROP,
-                                  word_rate=DEFAULT_WORD_RATE)
+            batch = augment_batch(batch, vocab_size=self.augment_vocab_size, region_drop=self.augment_region_drop,
+                                  word_rate=self.augment_word_rate)
         return {"loss": apply_step(self.loss(batch), optimizer, self.parameters(), self.grad_clip)}
 
     @torch.no_grad()

@@ -7,16 +7,21 @@ runs `metrics.uncertainty_report`. When the benchmark has an "ood" split its que
 over the *test* gallery (SPEC §6 [choice]) and every score also gets its OOD AUROC.
 
 Scores per method (all read as uncertainties, higher = less confident):
-- TCL, TcVSE, UML: "u" = N/S (vacuity), "dissonance" (top-10), "neg_top_belief" = −b_(1) of the
-  opinion that owns the direction (TCL: model A for i2t, model B for t2i; the ranking is the
-  ensemble s_A + s_B); ECE of b_(1).
-- DUQ: "u_s" (ISUM opinion, relu evidence, τ = 1), "u_d" (distance evidence relu(D) + 1),
-  "dissonance", "neg_top_belief" of the ISUM opinion; ranking = s.
+- TCL, TcVSE, UML: "u" = N/S (vacuity), "dissonance" (top-10) of the opinion that owns the
+  direction (TCL: model A for i2t, model B for t2i; the ranking is the ensemble s_A + s_B), and
+  "neg_top_belief" = −b of that opinion at the result the ranking returns first (for TCL the
+  ensemble's top-1, which need not be the owner's own best candidate); ECE of that b.
+- DUQ: "u_s" (ISUM opinion, relu evidence, τ = 1), "u_d" (distance evidence relu(D) + 1, as
+  eq. 16 defines it: the vacuity of the *mismatch* evidence, so a query far from everything gets
+  a low u_d; not an uncertainty in the §6 sense, reported as defined, SPEC §6), "dissonance",
+  "neg_top_belief" of the ISUM opinion; ranking = s.
 - FUME: "u_query" (the query's decision uncertainty, eq. 9) and "u_pair_top1" (the cross-modal
   uncertainty of the query and its top-1 result, eq. 10); label-based correctness (FUME's
   retrieval is by class); no belief, so no ECE.
 - InfoNCE baseline: "neg_top_probability" = −max softmax(s̄/τ), its own confidence; ECE of it;
-  judged by the relevance of the method it stands beside (by class for FUME's).
+  judged by the relevance of the method it stands beside (by class for FUME's). By class it also
+  gets "neg_top_class_probability" = −Σ softmax over the gallery items of the top-1's class (the
+  max softmax of one item is lower the more items share the right class: a structural handicap).
 Every method also gets the baselines −s_(1) and −(s_(1) − s_(2)) of its ranking.
 """
 
@@ -31,9 +36,9 @@ from ..data import concat_splits
 from ..data.types import CrossModalBenchmark, CrossModalSplit
 from ..methods import fume_cross_modal_uncertainty
 from ..metrics import instance_labels, risk_coverage_curve, similarity_baselines, top1_correct, uncertainty_report
-from ..opinion import opinion_from_similarity
+from ..opinion import belief, opinion_from_similarity
 
-__all__ = ["DIRECTIONS", "PRIMARY_SCORE", "QueryScores", "quality_of"]
+__all__ = ["DIRECTIONS", "PRIMARY_SCORE", "QueryScores", "evidential_scores", "quality_of"]
 
 DIRECTIONS = ("i2t", "t2i")
 # The uncertainty each method offers its users first; the demo's checks are about it.
@@ -53,11 +58,20 @@ class QueryScores:
     confidence_name: str = "top_belief"
 
 
-def _evidential(owner: Tensor, evidence: str, tau: float, prefix: str = "u") -> tuple[dict, Tensor]:
-    """u, dissonance and −top belief of each row's opinion over the columns of `owner`."""
+def evidential_scores(owner: Tensor, ranking: Tensor, evidence: str, tau: float,
+                      prefix: str = "u") -> tuple[dict, Tensor]:
+    """u, dissonance and −top belief of each row's opinion over the columns of `owner` (N_q, N_g),
+    with the top belief taken at the result the *ranking* (N_q, N_g) returns first (SPEC §6: a
+    per-result score is read at each query's returned top-1). For TCL/TcVSE the ranking is the
+    ensemble s_A + s_B while the opinion is the owner model's, whose own best candidate can be
+    another one: its belief would then describe an answer that was never returned.
+    Returns ({prefix: u, "dissonance", "neg_top_belief"} (N_q,) each, the belief (N_q,))."""
     op = opinion_from_similarity(owner.contiguous(), evidence=evidence, tau=tau, top_k=DISSONANCE_TOP_K)
-    scores = {prefix: op.row_uncertainty, "dissonance": op.row_dissonance, "neg_top_belief": -op.row_top_belief}
-    return scores, op.row_top_belief
+    returned = ranking.argmax(dim=1, keepdim=True)
+    log_strength = op.row_log_strength.to(torch.float64)
+    top_belief = belief(owner.gather(1, returned).to(torch.float64), log_strength, evidence=evidence, tau=tau)[:, 0]
+    scores = {prefix: op.row_uncertainty, "dissonance": op.row_dissonance, "neg_top_belief": -top_belief}
+    return scores, top_belief
 
 
 class _Outputs:
@@ -65,7 +79,7 @@ class _Outputs:
     of them (queries, gallery) into `QueryScores`."""
 
     def __init__(self, method: str, model: nn.Module, split: CrossModalSplit, seed: int, relevance: str):
-        self.method = method
+        self.method, self.relevance = method, relevance
         c = split.captions_per_image
         if relevance == "label":
             self.image_labels, self.text_labels = split.labels, split.labels.repeat_interleave(c)
@@ -101,7 +115,8 @@ class _Outputs:
         ranking = pick(self.ranking)
         if self.method in ("tcl", "tcvse", "uml", "duq"):
             owner = pick(self.owner_rows if rows_first else self.owner_cols)
-            scores, confidence = _evidential(owner, self.evidence, self.tau, "u_s" if self.method == "duq" else "u")
+            scores, confidence = evidential_scores(owner, ranking, self.evidence, self.tau,
+                                                   "u_s" if self.method == "duq" else "u")
             if self.method == "duq":
                 distance = pick(self.distance)
                 scores["u_d"] = distance.shape[1] / (torch.relu(distance) + 1.0).sum(dim=1)
@@ -112,8 +127,16 @@ class _Outputs:
             top1 = ranking.argmax(dim=1)
             return QueryScores(ranking, {"u_query": query_u,
                                          "u_pair_top1": fume_cross_modal_uncertainty(query_u, gallery_u[top1])}, None)
-        probability = torch.softmax(pick(self.mean_similarity).double() / self.temperature, dim=1).amax(dim=1)
-        return QueryScores(ranking, {"neg_top_probability": -probability}, probability, "top_softmax_probability")
+        softmax = torch.softmax(pick(self.mean_similarity).double() / self.temperature, dim=1)
+        probability = softmax.amax(dim=1)
+        scores = {"neg_top_probability": -probability}
+        if self.relevance == "label":
+            # By class, every gallery item of the top-1's class is a right answer: the max softmax
+            # of one item falls as that class grows, so the class's summed softmax is compared too.
+            labels = (self.text_labels if rows_first else self.image_labels)[gallery]
+            same_class = labels.unsqueeze(0) == labels[ranking.argmax(dim=1)].unsqueeze(1)
+            scores["neg_top_class_probability"] = -(softmax * same_class).sum(dim=1)
+        return QueryScores(ranking, scores, probability, "top_softmax_probability")
 
     def wrong(self, direction: str, queries: slice, gallery: slice, ranking: Tensor) -> Tensor:
         """(N_q,) bool: the query's top-1 is not relevant (instance protocol, or by class)."""
@@ -130,9 +153,10 @@ def quality_of(method: str, model: nn.Module, bench: CrossModalBenchmark, *, see
     method: one of PRIMARY_SCORE ("infonce" for `models.InfoNCEBaseline`). relevance: what makes
     a top-1 right, "instance" (its own image / one of its captions) or "label" (same class);
     default "label" for FUME (retrieval by class, its Table 1), "instance" otherwise. Returns
-    metrics = {"i2t": uncertainty_report, "t2i": ..., "primary_score": name, "ood_queries": n or 0}
-    and curves = {direction: {score: {"coverage", "risk"} numpy arrays, "oracle": ...}} for the
-    risk–coverage plot.
+    metrics = {"i2t": uncertainty_report, "t2i": ..., "primary_score": name, "relevance": the
+    relevance used, "ood_queries": {"i2t": n, "t2i": n} (the OOD queries of each direction, 0
+    without an "ood" split)} and curves = {direction: {score: {"coverage", "risk"} numpy arrays,
+    "oracle": ...}} for the risk–coverage plot.
     """
     test = bench.test
     has_ood = "ood" in bench
