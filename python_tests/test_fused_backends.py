@@ -397,15 +397,21 @@ def test_opcheck(fused, gen):
     torch.library.opcheck(ops.loss_forward_from_similarity, (st, c, "exp", 0.05, w, mask, True, True))
 
 
-def test_direct_op_calls_check_their_arguments(fused, gen):
-    """The ops are reachable without the Python checks (torch.ops.<family>.*): a wrong size, tau
-    or device must be a ValueError/TypeError, never an out-of-bounds read or uninitialised memory."""
+def _direct_call_setup(fused, gen):
+    """(x, y) of K = 40, D = 8 on the backend's device, its op family, weights and terms mask of
+    every term, and the forward's (rows, cols, row_stats, col_stats): what a direct op call needs."""
     x, y = random_pairs(40, 8, generator=gen)
     x, y = x.to(fused.device), y.to(fused.device)
     config = eo.checks.loss_config(evidence="exp", tau=0.05, weights=ALL_WEIGHTS, direction="both", reduction="mean")
     backend = eo.backends.resolve(fused.name, x.device)
     ops, w, mask = backend.ops, backend.weights(config, x), eo.ops.terms_mask(config)
-    rows, cols, row_stats, col_stats = ops.loss_forward(x, y, None, "exp", 0.05, w, mask, True, True)
+    return x, y, ops, w, mask, ops.loss_forward(x, y, None, "exp", 0.05, w, mask, True, True)
+
+
+def test_direct_op_calls_check_their_arguments(fused, gen):
+    """The ops are reachable without the Python checks (torch.ops.<family>.*): a wrong size, tau
+    or device must be a ValueError/TypeError, never an out-of-bounds read or uninitialised memory."""
+    x, y, ops, w, mask, (rows, cols, row_stats, col_stats) = _direct_call_setup(fused, gen)
     ones = torch.ones(39, dtype=torch.float64, device=x.device)
     with pytest.raises(ValueError, match="target_scale"):
         ops.loss_forward(x, y, ones, "exp", 0.05, w, mask, True, True)
@@ -447,12 +453,7 @@ def test_direct_op_calls_reject_edge_arguments_alike(fused, gen):
     """Arguments at the edges: a target_offset that would overflow int64 (it used to wrap round
     and read target_scale out of bounds), statistics of the wrong dtype (TypeError), two bad
     arguments at once (the same error from every op), an infinite similarity with relu evidence."""
-    x, y = random_pairs(40, 8, generator=gen)
-    x, y = x.to(fused.device), y.to(fused.device)
-    config = eo.checks.loss_config(evidence="exp", tau=0.05, weights=ALL_WEIGHTS, direction="both", reduction="mean")
-    backend = eo.backends.resolve(fused.name, x.device)
-    ops, w, mask = backend.ops, backend.weights(config, x), eo.ops.terms_mask(config)
-    rows, cols, row_stats, col_stats = ops.loss_forward(x, y, None, "exp", 0.05, w, mask, True, True)
+    x, y, ops, w, mask, (rows, cols, row_stats, col_stats) = _direct_call_setup(fused, gen)
     scale = torch.ones(40, device=x.device)
     for offset in (2**63 - 1, 1, -1):
         with pytest.raises(ValueError, match="target_offset"):
