@@ -89,3 +89,15 @@ def belief(s: Tensor, log_strength: Tensor, *, evidence: str, tau: float, dim: i
     if evidence == "exp":
         return torch.exp(s.to(log_s.dtype) / tau - log_s)
     return _evidence_map(s.to(log_s.dtype), evidence, tau) * torch.exp(-log_s)
+
+
+def unit_rows(x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """x, y (K, D) with unit-norm rows (the `normalize=True` option, SPEC §5), in at least float32:
+    normalising bf16 in bf16 would cost 2^-8 before the kernel starts."""
+    import torch.nn.functional as F
+
+    from .checks import output_dtype
+    from .config import NORMALIZE_EPS
+
+    work = output_dtype(x.dtype)
+    return F.normalize(x.to(work), dim=1, eps=NORMALIZE_EPS), F.normalize(y.to(work), dim=1, eps=NORMALIZE_EPS)

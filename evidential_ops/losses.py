@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import backends, checks
-from .config import NORMALIZE_EPS
+from .evidence import unit_rows
 
 LossOutput = Tensor | tuple[Tensor, Tensor]
 
@@ -62,10 +61,7 @@ def evidential_loss(
     c = checks.target_scale_vector(target_scale, x.shape[0], x, check_finite)
     impl = backends.resolve(backend, x.device)
     if normalize:
-        # In at least float32: normalising bf16 in bf16 would cost 2^-8 before the kernel starts.
-        work = checks.output_dtype(x.dtype)
-        x = F.normalize(x.to(work), dim=1, eps=NORMALIZE_EPS)
-        y = F.normalize(y.to(work), dim=1, eps=NORMALIZE_EPS)
+        x, y = unit_rows(x, y)
     rows, cols = impl.losses(x, y, c, config)
     return config.reduce(rows, cols)
 

@@ -18,14 +18,12 @@ import math
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from . import backends, checks
-from .config import NORMALIZE_EPS
 from .dissonance import belief_dissonance
 from .evidence import belief as _belief
-from .evidence import log_evidence
+from .evidence import log_evidence, unit_rows
 from .results import Opinion
 
 DEFAULT_TOP_K = 10  # candidates whose dissonance is measured (R@10's list)
@@ -118,9 +116,7 @@ def opinion(
     impl = backends.resolve(backend, x.device)
     with torch.no_grad():
         if normalize:
-            work = checks.output_dtype(x.dtype)
-            x = F.normalize(x.to(work), dim=1, eps=NORMALIZE_EPS)
-            y = F.normalize(y.to(work), dim=1, eps=NORMALIZE_EPS)
+            x, y = unit_rows(x, y)
         op = impl.opinion(x, y, evidence, tau)
         if top_k is None:
             return op

@@ -54,11 +54,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .. import backends, checks, ops
-from ..config import DIRECTIONS, EVIDENCE_KINDS, MATMUL_PRECISIONS, NORMALIZE_EPS, REDUCTIONS, TERMS
+from ..config import DIRECTIONS, EVIDENCE_KINDS, MATMUL_PRECISIONS, REDUCTIONS, TERMS
+from ..evidence import unit_rows
 from . import comm
 
 __all__ = ["EvidentialLoss", "FIELDS", "communication_volume", "evidential_loss"]
@@ -177,9 +177,7 @@ def _check_local(x, y, values: dict, *, group, ddp, evidence, tau, weights, dire
     if fused:
         impl._check_no_functorch()
     if normalize:
-        work = checks.output_dtype(x.dtype)
-        x = F.normalize(x.to(work), dim=1, eps=NORMALIZE_EPS)
-        y = F.normalize(y.to(work), dim=1, eps=NORMALIZE_EPS)
+        x, y = unit_rows(x, y)
     grad = torch.is_grad_enabled()
     values.update(
         rows=x.shape[0], dim=x.shape[1], dtype=checks.FLOAT_DTYPES.index(x.dtype),
