@@ -239,6 +239,19 @@ def test_overflow_beyond_double_is_an_error_naming_tau(fused):
         eo.evidential_loss_from_similarity(s, tau=0.01, backend=fused.name)
 
 
+def test_raw_features_overflow_names_the_fix_and_normalize_accepts_them(fused, gen):
+    """CLIP-style raw features (norms ~30: |s| in the hundreds) overflow exp(s/τ) at τ = 0.05: the
+    error says why (cosine similarities expected) and what to do; normalize=True takes them as is."""
+    need(fused)
+    x, y = (30 * t for t in random_pairs(16, 32, generator=gen, positive_cos=0.9))
+    x, y = x.to(fused.device), y.to(fused.device)
+    with pytest.raises(ValueError, match=r"tau=0.05 .*\|s\| > 35.45.*normalize=True"):
+        eo.evidential_loss(x, y, tau=0.05, backend=fused.name)
+    loss = eo.evidential_loss(x.requires_grad_(), y, tau=0.05, normalize=True, backend=fused.name)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(x.grad).all()
+
+
 def test_tau_whose_inverse_overflows_is_an_error(fused):
     x = torch.zeros(4, 3, device=fused.device)
     with pytest.raises(ValueError, match="tau"):
