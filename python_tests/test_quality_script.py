@@ -44,6 +44,10 @@ def test_script_writes_the_results_and_the_tables(tmp_path, capsys):
     assert "InfoNCE baseline: −top-1 similarity" in table
     assert "InfoNCE baseline: −softmax summed over the top-1's class" in table  # beside FUME (by class)
     assert "tcl seed 1: rsum" in capsys.readouterr().out
+    # The machine is named, and every model row gives the seeds' min–max beside the mean.
+    assert results["machine"]["cpu"] and "Machine: " in table
+    low, high = sorted(r["rsum"] for r in runs)
+    assert f"{mean['rsum']:.1f} ({low:.1f}–{high:.1f})" in table
 
 
 def test_smoke_runs_never_overwrite_the_committed_results(tmp_path, monkeypatch):

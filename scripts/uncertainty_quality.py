@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import evidential_ops as eo
 from evidential_ops.pipelines import DataSource, get_recipe, run_training
 from evidential_ops.pipelines.analysis import jsonable
 
@@ -117,6 +119,26 @@ def _mean(values: list):
     return first if all(v == first for v in values) else None
 
 
+def machine() -> dict:
+    """What the figures were measured on: training's float arithmetic (torch's kernels for the
+    encoders, ours for the loss) differs between instruction sets, so a run on another machine
+    lands elsewhere within the seeds' spread, not on the same numbers."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "build": eo.build_info()}
+
+
+def _spread(runs: list, key: str) -> str:
+    """min–max of one figure across the seeds' runs."""
+    values = [run[key] for run in runs]
+    return f"{min(values):.1f}–{max(values):.1f}"
+
+
 def _fmt(value, digits: int = 3) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
@@ -139,7 +161,14 @@ def markdown(results: dict) -> str:
     """The README tables from the means (per method: retrieval beside the InfoNCE baseline, then
     every uncertainty score beside the free baselines and the baseline's own confidence)."""
     means, seeds = results["means"], results["seeds"]
-    out = [f"Means over seeds {', '.join(map(str, seeds))} (`{results['command']}`, commit {results['commit']}).", ""]
+    where = results.get("machine")
+    out = [f"Means over seeds {', '.join(map(str, seeds))} (`{results['command']}`, commit {results['commit']}), "
+           f"min–max across the seeds in brackets.", ""]
+    if where:
+        out[-1:] = [f"Machine: {where['cpu']}, {where['cores']} cores, torch {results['torch']} "
+                    f"(CPU kernels {where['torch_cpu_capability']}), {where['build']}. Another machine's arithmetic "
+                    f"gives other numbers within about the seeds' spread: compare a fresh run with the ranges, "
+                    f"not the means.", ""]
     for method in METHODS:
         m = means[method]
         out.append(f"#### {NAMES[method]}")
@@ -148,12 +177,14 @@ def markdown(results: dict) -> str:
         extra = " | mAP | top-1 right by class i2t | t2i" if method == "fume" else ""
         out.append(f"| model | i2t R@1 | t2i R@1 | rSum{extra} | ECE i2t | ECE t2i |")
         out.append("|---|---|---|---|---|---|" + ("---|---|---|" if method == "fume" else ""))
-        for label, part in ((NAMES[method], m), ("InfoNCE baseline (same encoders)", m["infonce"])):
+        runs = results["runs"][method]
+        for label, part, per_seed in ((NAMES[method], m, runs),
+                                      ("InfoNCE baseline (same encoders)", m["infonce"], [r["infonce"] for r in runs])):
             ece = [part["quality"][d].get("ece") for d in ("i2t", "t2i")]
             by_class = (f" | {part['map']:.3f} | {part['quality']['i2t']['r1']:.1f} | {part['quality']['t2i']['r1']:.1f}"
                         if method == "fume" else "")
-            out.append(f"| {label} | {part['i2t_r1']:.1f} | {part['t2i_r1']:.1f} | {part['rsum']:.1f}{by_class} | "
-                       f"{_fmt(ece[0])} | {_fmt(ece[1])} |")
+            ranged = " | ".join(f"{part[k]:.1f} ({_spread(per_seed, k)})" for k in ("i2t_r1", "t2i_r1", "rsum"))
+            out.append(f"| {label} | {ranged}{by_class} | {_fmt(ece[0])} | {_fmt(ece[1])} |")
         out.append("")
         out.extend(_quality_table(m))
         passed = [name for name, rate in m["checks"].items() if rate == 1.0]
@@ -236,7 +267,7 @@ def main(argv=None) -> int:
     results = {
         "command": "python scripts/uncertainty_quality.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "commit": commit, "seeds": args.seeds, "torch": torch.__version__, "python": platform.python_version(),
-        "threads": torch.get_num_threads(), "runs": per_seed,
+        "threads": torch.get_num_threads(), "machine": machine(), "runs": per_seed,
         "means": {name: _mean(values) for name, values in per_seed.items()},
     }
     results_dir.mkdir(parents=True, exist_ok=True)
