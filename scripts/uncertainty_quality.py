@@ -157,6 +157,27 @@ def _quality_table(mean: dict) -> list[str]:
     return lines
 
 
+def summary_table(results: dict) -> list[str]:
+    """One row per method: its rSum and the same-encoder InfoNCE baseline's, mean (min–max) over
+    the seeds, and on how many seeds the method came out ahead: the verdict the demo's
+    rsum_vs_infonce check gives for one run, counted over every run."""
+    n = len(results["seeds"])
+    lines = ["| method | rSum | InfoNCE rSum | method ahead on | best error AUROC i2t / t2i (score) |",
+             "|---|---|---|---|---|"]
+    for method in METHODS:
+        runs, m = results["runs"][method], results["means"][method]
+        ahead = sum(run["rsum"] > run["infonce"]["rsum"] for run in runs)
+        best = []
+        for d in ("i2t", "t2i"):
+            scores = m["quality"][d]["scores"]
+            name = max((k for k in scores if scores[k]["error_auroc"] is not None),
+                       key=lambda k: scores[k]["error_auroc"])
+            best.append(f"{scores[name]['error_auroc']:.2f} ({SCORE_LABELS.get(name, name)})")
+        lines.append(f"| {NAMES[method]} | {m['rsum']:.1f} ({_spread(runs, 'rsum')}) | {m['infonce']['rsum']:.1f} "
+                     f"({_spread([r['infonce'] for r in runs], 'rsum')}) | {ahead} of {n} seeds | {' / '.join(best)} |")
+    return lines
+
+
 def markdown(results: dict) -> str:
     """The README tables from the means (per method: retrieval beside the InfoNCE baseline, then
     every uncertainty score beside the free baselines and the baseline's own confidence)."""
@@ -169,6 +190,7 @@ def markdown(results: dict) -> str:
                     f"(CPU kernels {where['torch_cpu_capability']}), {where['build']}. Another machine's arithmetic "
                     f"gives other numbers within about the seeds' spread: compare a fresh run with the ranges, "
                     f"not the means.", ""]
+    out += summary_table(results) + [""]
     for method in METHODS:
         m = means[method]
         out.append(f"#### {NAMES[method]}")
@@ -242,7 +264,14 @@ def main(argv=None) -> int:
     parser.add_argument("--epochs", type=int, default=None, help="override every recipe's epochs (smoke runs)")
     for name in ("n-train", "n-val", "n-test", "n-ood"):
         parser.add_argument(f"--{name}", type=int, default=None, help="built-in data size override (smoke runs)")
+    parser.add_argument("--tables-from", default=None, metavar="JSON",
+                        help="rewrite the .md beside a saved uncertainty_quality.json from its figures (no training)")
     args = parser.parse_args(argv)
+    if args.tables_from:
+        saved = Path(args.tables_from)
+        (saved.parent / "uncertainty_quality.md").write_text(markdown(json.loads(saved.read_text())))
+        print(f"wrote {saved.parent / 'uncertainty_quality.md'}", flush=True)
+        return 0
     results_dir = Path(args.out if args.results is None else args.results)
     partial = [flag for flag, value in (("--only", args.only), ("--epochs", args.epochs), ("--n-train", args.n_train),
                                         ("--n-val", args.n_val), ("--n-test", args.n_test), ("--n-ood", args.n_ood))
