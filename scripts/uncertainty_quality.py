@@ -162,7 +162,7 @@ def summary_table(results: dict) -> list[str]:
     the seeds, and on how many seeds the method came out ahead: the verdict the demo's
     rsum_vs_infonce check gives for one run, counted over every run."""
     n = len(results["seeds"])
-    lines = ["| method | rSum | InfoNCE rSum | method ahead on | best error AUROC i2t / t2i (score) |",
+    lines = ["| method | rSum | InfoNCE rSum | method ahead on | its best score at flagging a wrong top-1: error AUROC i2t / t2i |",
              "|---|---|---|---|---|"]
     for method in METHODS:
         runs, m = results["runs"][method], results["means"][method]
