@@ -8,7 +8,7 @@ seed on the built-in data, plus the variants the README reports: UML with the ex
 (the option that frees u from [0.27, 0.73], `--evidence exp --tau T` on the CLI) and TcVSE
 without its augmentation. It writes RESULTS/uncertainty_quality.json (every seed's figures, the
 means, the command, commit and versions) and RESULTS/uncertainty_quality.md (the tables of the
-README's "Uncertainty quality" section). About 10-20 minutes on 2 cores for 3 seeds.
+README's "Uncertainty quality" section). About 5-9 minutes per method and seed on 2 cores (24 runs for 3 seeds).
 
 RESULTS defaults to the run directory (--out): the committed bench/results/ is written only when
 asked for, and only by a full run (every method and variant at the recipes' own sizes and
@@ -119,6 +119,11 @@ def _mean(values: list):
     return first if all(v == first for v in values) else None
 
 
+MACHINE_CAVEAT = ("Another machine's arithmetic gives other numbers, within the seeds' spread or beyond it (TCL "
+                  "seed 0's rSum moved by about 7 points between machines): compare a fresh run with the ranges, "
+                  "not the means, and count seeds, not single runs.")
+
+
 def machine() -> dict:
     """What the figures were measured on: training's float arithmetic (torch's kernels for the
     encoders, ours for the loss) differs between instruction sets, so a run on another machine
@@ -186,10 +191,11 @@ def markdown(results: dict) -> str:
     out = [f"Means over seeds {', '.join(map(str, seeds))} (`{results['command']}`, commit {results['commit']}), "
            f"min–max across the seeds in brackets.", ""]
     if where:
-        out[-1:] = [f"Machine: {where['cpu']}, {where['cores']} cores, torch {results['torch']} "
-                    f"(CPU kernels {where['torch_cpu_capability']}), {where['build']}. Another machine's arithmetic "
-                    f"gives other numbers within about the seeds' spread: compare a fresh run with the ranges, "
-                    f"not the means.", ""]
+        named = (f"{where['cpu']}, {where['cores']} cores, torch {results['torch']} (CPU kernels "
+                 f"{where['torch_cpu_capability']}), {where['build']}")
+    else:
+        named = results.get("machine_note", "not recorded")
+    out += [f"Machine: {named}. {MACHINE_CAVEAT}", ""]
     out += summary_table(results) + [""]
     for method in METHODS:
         m = means[method]
