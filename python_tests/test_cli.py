@@ -93,6 +93,22 @@ def test_bad_command_lines(tmp_path):
         main(["train", "--method", "tcl", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path)])
 
 
+@pytest.mark.parametrize("command", ["train", "eval", "demo", "bench"])
+def test_help_shows_the_defaults(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines at any width
+    assert "(default: cpu)" in text  # every subcommand has --device
+    assert "(default: None)" not in text  # a None default is spelt out in words, not printed
+    if command in ("train", "demo"):
+        assert "(default: 0)" in text  # --seed
+        assert "training epochs (default: the method's, tcl " in text  # --epochs, one value per method
+        assert "(default: runs/<method>" in text and "(default: 2000)" in text
+    if command == "demo":
+        assert "(default: 1024)" in text and "with --method all, runs/demo" in text
+
+
 def test_progress_bars_only_for_a_terminal(monkeypatch):
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True, raising=False)
     assert progress_enabled(False) and not progress_enabled(True)
