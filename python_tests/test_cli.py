@@ -14,7 +14,7 @@ from models_fixtures import single_thread
 
 from evidential_ops.__main__ import main
 from evidential_ops.pipelines.analysis import RETRIEVAL_KEYS, auroc
-from evidential_ops.pipelines.runner import PLOTS_HINT
+from evidential_ops.pipelines.runner import PLOT_FILES, PLOTS_HINT
 from evidential_ops.pipelines.training import epoch_lines_enabled, progress_enabled
 
 _one_thread = pytest.fixture(autouse=True)(single_thread)
@@ -22,9 +22,10 @@ _one_thread = pytest.fixture(autouse=True)(single_thread)
 
 TINY = ["--n-train", "40", "--n-val", "4", "--n-test", "10", "--n-ood", "6", "--epochs", "1",
         "--batch-size", "16", "--embed-dim", "16", "--quiet"]
+# The same plot has the same file name for every method (clean vs corrupted queries: TCL, TcVSE, DUQ).
 PLOTS = {"tcl": ["uncertainty_corruption.png"], "tcvse": ["uncertainty_corruption.png"],
-         "uml": ["uml_noisy_vs_clean.png"], "fume": ["fume_map_vs_deletion.png", "fume_ood_uncertainty.png"],
-         "duq": ["duq_uncertainty_corruption.png"]}
+         "uml": ["uncertainty_noisy_vs_clean.png"], "fume": ["map_vs_deletion.png", "uncertainty_ood.png"],
+         "duq": ["uncertainty_corruption.png"]}
 FIGURES = {"tcl": ["corruption", "model_a", "model_b"], "tcvse": ["corruption"], "uml": ["audit"],
            "fume": ["map", "map_filtered", "ood_cross_modal_uncertainty_median"], "duq": ["reranked", "rerank_readings"]}
 
@@ -39,6 +40,10 @@ def test_demo_writes_metrics_and_plots(method, tmp_path, capsys):
     assert metrics["train"]["epochs"] == 1 and metrics["method"] == method
     for name in PLOTS[method] + ["training_loss.png", "risk_coverage.png"]:
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    # Exactly those: no method writes its own spelling of a plot another method also draws.
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(PLOTS[method] + ["training_loss.png",
+                                                                                      "risk_coverage.png"])
+    assert set(PLOTS[method]) <= set(PLOT_FILES.values())
     assert (tmp_path / "checkpoint.pt").is_file()
     out = capsys.readouterr().out
     assert f"== {method}" in out and "uncertainty quality of" in out

@@ -9,7 +9,7 @@ Files written to the output directory:
                     ("infonce_baseline"), the untrained model, the training history, the
                     acceptance checks ("done_when") and, for demo, the loss speed
     *.png           training curve, risk–coverage curves and the method's uncertainty plots
-                    (skipped when matplotlib is not installed)
+                    (skipped when matplotlib is not installed), named by `PLOT_FILES`
 """
 
 from __future__ import annotations
@@ -41,7 +41,19 @@ from .training import (
     save_checkpoint,
 )
 
-__all__ = ["DataSource", "load_data", "plots_available", "run_demo", "run_evaluation", "run_training", "speed"]
+__all__ = ["PLOT_FILES", "DataSource", "load_data", "plots_available", "run_demo", "run_evaluation", "run_training",
+           "speed"]
+
+# One file name per kind of plot, whatever the method, so that a script (or a person) comparing
+# methods finds the same figure under the same name in each run directory.
+PLOT_FILES = {
+    "training": "training_loss.png",  # every method that trained
+    "risk_coverage": "risk_coverage.png",  # every method
+    "corruption": "uncertainty_corruption.png",  # clean vs corrupted queries: TCL, TcVSE, DUQ
+    "noisy_pairs": "uncertainty_noisy_vs_clean.png",  # clean vs noisy training pairs: UML
+    "ood": "uncertainty_ood.png",  # in- vs out-of-distribution: FUME
+    "deletion": "map_vs_deletion.png",  # mAP@all vs deletion rate: FUME
+}
 
 PLOTS_HINT = ("matplotlib is not installed: skipping the plots "
               "(pip install matplotlib, or install evidential_ops with its [plots] extra)")
@@ -104,32 +116,32 @@ def _write_outputs(out_dir: Path, method: str, metrics: dict, plot_data: dict, h
     name = method.upper() if method != "tcvse" else "TcVSE"
     if "risk_coverage" in plot_data:
         written.append(figures.risk_coverage(
-            plot_data["risk_coverage"], out_dir / "risk_coverage.png",
+            plot_data["risk_coverage"], out_dir / PLOT_FILES["risk_coverage"],
             title=f"{name}: R@1 risk of the most certain queries (test split)"))
     if history:
         extra = "split_accuracy" if method == "uml" and "audit" in metrics else None
-        written.append(figures.training_curve(history, out_dir / "training_loss.png", title=f"{name} training",
+        written.append(figures.training_curve(history, out_dir / PLOT_FILES["training"], title=f"{name} training",
                                             extra=extra))
     if method in ("tcl", "tcvse"):
         written.append(figures.uncertainty_histograms(
             {"image queries (model A, i2t)": plot_data["uncertainty_i2t"],
              "text queries (model B, t2i)": plot_data["uncertainty_t2i"]},
-            out_dir / "uncertainty_corruption.png",
+            out_dir / PLOT_FILES["corruption"],
             title=f"{name}: query uncertainty u = N/S, clean vs corrupted test data"))
     elif method == "uml" and "uncertainty" in plot_data:
         written.append(figures.uncertainty_histograms(
-            {"vision ↔ non-English view": plot_data["uncertainty"]}, out_dir / "uml_noisy_vs_clean.png",
+            {"vision ↔ non-English view": plot_data["uncertainty"]}, out_dir / PLOT_FILES["noisy_pairs"],
             title="UML: pair uncertainty of truly clean vs noisy training pairs"))
     elif method == "fume":
         written.append(figures.deletion_curves(
             {"u (cross-modal uncertainty)": plot_data["curves"]["u"], "s (similarity)": plot_data["curves"]["s"]},
-            out_dir / "fume_map_vs_deletion.png", title="FUME: mAP@all (i2t) vs deletion rate"))
+            out_dir / PLOT_FILES["deletion"], title="FUME: mAP@all (i2t) vs deletion rate"))
         written.append(figures.uncertainty_histograms(
-            {"image-text pairs": plot_data["uncertainty"]}, out_dir / "fume_ood_uncertainty.png",
+            {"image-text pairs": plot_data["uncertainty"]}, out_dir / PLOT_FILES["ood"],
             title="FUME: cross-modal uncertainty, in- vs out-of-distribution"))
     elif method == "duq":
         written.append(figures.uncertainty_histograms(
-            {"text queries": plot_data["uncertainty"]}, out_dir / "duq_uncertainty_corruption.png",
+            {"text queries": plot_data["uncertainty"]}, out_dir / PLOT_FILES["corruption"],
             title="DUQ: similarity uncertainty u_s, clean vs corrupted queries"))
     return written
 
