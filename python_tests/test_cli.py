@@ -47,6 +47,12 @@ def test_demo_writes_metrics_and_plots(method, tmp_path, capsys):
     assert (tmp_path / "checkpoint.pt").is_file()
     out = capsys.readouterr().out
     assert f"== {method}" in out and "uncertainty quality of" in out
+    # Each printed R@1 says how it judges a top-1: R@K by instance for every method, FUME's
+    # uncertainty-quality R@1 (and mAP) by class, with a line on why the two differ.
+    assert "retrieval (test, by instance): i2t_r1 " in out
+    protocol = "by class: any result of the query's class is right" if method == "fume" else "instance-level"
+    assert len(re.findall(rf"^  (?:i2t|t2i): R@1 \S+ \({protocol}", out, flags=re.M)) == 4  # method + baseline
+    assert ("trained to match classes, not instances" in out) == (method == "fume")
     for direction in ("i2t", "t2i"):
         assert metrics["uncertainty_quality"][direction]["baselines"] == ["neg_top1_similarity", "neg_margin"]
     # The baseline is judged as its method is (by class beside FUME), so their AURCs compare.
