@@ -15,7 +15,7 @@ from models_fixtures import single_thread
 from evidential_ops.__main__ import main
 from evidential_ops.pipelines.analysis import RETRIEVAL_KEYS, auroc
 from evidential_ops.pipelines.runner import PLOT_FILES, PLOTS_HINT
-from evidential_ops.pipelines.training import epoch_lines_enabled, progress_enabled
+from evidential_ops.pipelines.training import epoch_line, epoch_lines_enabled, progress_enabled
 
 _one_thread = pytest.fixture(autouse=True)(single_thread)
 
@@ -133,15 +133,32 @@ LOUD = [arg for arg in TINY if arg != "--quiet"]
 
 
 def test_one_progress_line_per_epoch_without_a_terminal(tmp_path, capsys):
-    """pytest's captured stdout is not a TTY: each epoch prints its loss and seconds, no bars."""
+    """pytest's captured stdout is not a TTY: each epoch prints its loss and seconds, no bars;
+    TCL's line also names the annealed KL weight λ and the loss's parts, so a loss that rises
+    with λ is not mistaken for divergence."""
     assert main(["train", "--method", "tcl", "--out", str(tmp_path), *LOUD, "--epochs", "2"]) == 0
     out = capsys.readouterr().out
-    lines = re.findall(r"^tcl train epoch (\d)/2: loss (\S+), (\S+) s$", out, flags=re.M)
-    assert [int(e) for e, _, _ in lines] == [1, 2]
-    assert all(float(loss) == float(loss) and float(seconds) >= 0 for _, loss, seconds in lines)
+    lines = re.findall(r"^tcl train epoch (\d)/2: loss (\S+) = risk (\S+) \+ λ (\S+) × KL (\S+)"
+                       r"(?: \+ consistency (\S+))?, (\S+) s$", out, flags=re.M)
+    assert [int(line[0]) for line in lines] == [1, 2]
+    for _, loss, risk, weight, kl, consistency, seconds in lines:
+        assert float(seconds) >= 0
+        total = float(risk) + float(weight) * float(kl) + (float(consistency) if consistency else 0.0)
+        assert float(loss) == pytest.approx(total, abs=1e-3)  # the printed parts add up (4 decimals each)
+    assert [float(line[3]) for line in lines] == [0.0, 0.005]  # λ = min(1, 0.005·epoch), 0-based
+    assert not lines[0][5] and lines[1][5]  # the consistency step starts in the second epoch
     assert "\r" not in out
     assert main(["train", "--method", "tcl", "--out", str(tmp_path), *TINY]) == 0
     assert "train epoch" not in capsys.readouterr().out  # --quiet
+
+
+def test_epoch_line_adds_parts_only_where_the_model_reports_them():
+    # DUQ also reports a "loss_kl" (its Gaussian KL), but no annealed weight: no parts then.
+    duq = {"epoch": 2, "loss": 1.5, "loss_kl": 0.25, "seconds": 0.5}
+    assert epoch_line("duq train", 6, duq) == "duq train epoch 3/6: loss 1.5000, 0.5 s"
+    tcl = {"epoch": 0, "loss": 6.8, "loss_risk": 6.8, "loss_kl": 450.0, "kl_weight": 0.0, "loss_c": float("nan"),
+           "seconds": 1.0}
+    assert epoch_line("tcl train", 5, tcl) == "tcl train epoch 1/5: loss 6.8000 = risk 6.8000 + λ 0 × KL 450.0000, 1.0 s"
 
 
 def test_without_matplotlib_runs_train_and_demo_and_skips_the_plots(tmp_path, capsys, monkeypatch):
