@@ -120,8 +120,9 @@ def _write_outputs(out_dir: Path, method: str, metrics: dict, plot_data: dict, h
             title=f"{name}: R@1 risk of the most certain queries (test split)"))
     if history:
         extra = "split_accuracy" if method == "uml" and "audit" in metrics else None
-        written.append(figures.training_curve(history, out_dir / PLOT_FILES["training"], title=f"{name} training",
-                                            extra=extra))
+        # TCL's loss carries λ·KL with λ annealed upward (TCL eq. 10): the title says what is summed.
+        title = f"{name} training: loss = risk + λ·KL + consistency" if method in ("tcl", "tcvse") else f"{name} training"
+        written.append(figures.training_curve(history, out_dir / PLOT_FILES["training"], title=title, extra=extra))
     if method in ("tcl", "tcvse"):
         written.append(figures.uncertainty_histograms(
             {"image queries (model A, i2t)": plot_data["uncertainty_i2t"],
