@@ -7,7 +7,7 @@ PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS := test,plots,triton
-OUT ?= runs/demo
+OUT ?=
 METHOD ?= tcl
 PYTEST_ARGS ?=
 
@@ -23,8 +23,9 @@ install:
 		$(PIP) install --quiet --no-build-isolation -e ".[$(EXTRAS)]"; \
 	fi
 
+# Without OUT the CLI's own default: runs/<method>, or runs/demo/<method> for METHOD=all.
 demo: install
-	$(PYTHON) -m evidential_ops demo --method $(METHOD) --out $(OUT)
+	$(PYTHON) -m evidential_ops demo --method $(METHOD) $(if $(OUT),--out $(OUT))
 
 test: install ctest nvcc-check triton-aot-check
 	$(PYTHON) -m pytest python_tests -q $(PYTEST_ARGS)

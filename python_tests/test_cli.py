@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -91,6 +92,24 @@ def test_module_entry_point_runs_the_demo_with_the_speed_comparison(tmp_path):
     assert "speed duq loss" in proc.stdout and "\r" not in proc.stdout  # no bars without a TTY
     speed = json.loads((tmp_path / "metrics.json").read_text())["speed"]
     assert speed[0]["k"] == 64 and speed[0]["reference_ms"] > 0
+
+
+def test_make_demo_leaves_the_output_directory_to_the_cli():
+    """`make demo` writes where `python -m evidential_ops demo` does (runs/<method>, runs/demo for
+    all) unless OUT is given: one default, not two."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    root = Path(__file__).resolve().parents[1]
+
+    def demo_command(*assignments):
+        dry = subprocess.run(["make", "-n", "-s", "demo", *assignments], cwd=root, capture_output=True, text=True,
+                             check=True).stdout
+        return [line for line in dry.splitlines() if "-m evidential_ops demo" in line][-1].split()
+
+    assert "--out" not in demo_command()
+    assert "--out" not in demo_command("METHOD=all")
+    command = demo_command("OUT=somewhere")
+    assert command[command.index("--out") + 1] == "somewhere"
 
 
 def test_bad_command_lines(tmp_path):
