@@ -177,7 +177,8 @@ def test_epoch_line_adds_parts_only_where_the_model_reports_them():
     assert epoch_line("duq train", 6, duq) == "duq train epoch 3/6: loss 1.5000, 0.5 s"
     tcl = {"epoch": 0, "loss": 6.8, "loss_risk": 6.8, "loss_kl": 450.0, "kl_weight": 0.0, "loss_c": float("nan"),
            "seconds": 1.0}
-    assert epoch_line("tcl train", 5, tcl) == "tcl train epoch 1/5: loss 6.8000 = risk 6.8000 + λ 0 × KL 450.0000, 1.0 s"
+    assert epoch_line("tcl train", 5, tcl) == ("tcl train epoch 1/5: loss 6.8000 = risk 6.8000 + λ 0 × KL 450.0000, "
+                                               "1.0 s")
 
 
 def test_without_matplotlib_runs_train_and_demo_and_skips_the_plots(tmp_path, capsys, monkeypatch):

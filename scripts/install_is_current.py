@@ -123,7 +123,8 @@ def main(argv=None) -> int:
         print(reason, flush=True)  # the Makefile then says what it runs
         return 1
     print(f"{PACKAGE} is installed from this checkout and its C++ extension is newer than every build input: "
-          f"skipping pip install (`make clean` forces a rebuild, e.g. after changing EO_DEBUG or CUDA settings)", flush=True)
+          "skipping pip install (`make clean` forces a rebuild, e.g. after changing EO_DEBUG or CUDA settings)",
+          flush=True)
     return 0
 
 

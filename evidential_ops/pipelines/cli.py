@@ -116,8 +116,9 @@ def _training_options(p: argparse.ArgumentParser, *, allow_all: bool) -> None:
     p.add_argument("--alt-language", default=None,
                    help="with --data: read {split}_caps_LANG.txt (UML; default: no second language)")
     for name, what in (("n-train", "training"), ("n-val", "validation"), ("n-test", "test")):
+        default = _data_defaults(name.replace("-", "_"))
         p.add_argument(f"--{name}", type=_positive_int, default=None,
-                       help=f"built-in data: number of {what} samples (default: {_data_defaults(name.replace('-', '_'))})")
+                       help=f"built-in data: number of {what} samples (default: {default})")
     p.add_argument("--n-ood", type=int, default=None,
                    help=f"built-in data: out-of-distribution samples, 0 for none (default: {_data_defaults('n_ood')})")
     p.add_argument("--evidence", default=None, choices=EVIDENCE_KINDS,
@@ -216,7 +217,8 @@ def _demo(args) -> int:
 
 def add_subcommands(sub) -> None:
     """Register train, eval and demo on an argparse subparsers object."""
-    p = sub.add_parser("train", formatter_class=HelpFormatter, help="train a method; writes checkpoint.pt, metrics.json, plots")
+    p = sub.add_parser("train", formatter_class=HelpFormatter,
+                       help="train a method; writes checkpoint.pt, metrics.json, plots")
     _training_options(p, allow_all=False)
     p.add_argument("--baseline", action="store_true",
                    help="also train the same-encoder InfoNCE baseline and compare with it (as demo does)")
@@ -229,8 +231,9 @@ def add_subcommands(sub) -> None:
     p.add_argument("--quiet", action="store_true", help="accepted for symmetry; eval shows no bars")
     p.set_defaults(run=_eval)
 
-    p = sub.add_parser("demo", formatter_class=HelpFormatter, help="the README's main job: train on the built-in data with the fused loss, "
-                                    "evaluate, plot, and time the fused loss against plain PyTorch")
+    p = sub.add_parser("demo", formatter_class=HelpFormatter,
+                       help="the README's main job: train on the built-in data with the fused loss, evaluate, plot, "
+                            "and time the fused loss against plain PyTorch")
     _training_options(p, allow_all=True)
     p.add_argument("--bench-size", type=_positive_int, default=1024, help="K of the speed comparison")
     p.add_argument("--no-bench", action="store_true", help="skip the speed comparison")

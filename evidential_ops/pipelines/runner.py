@@ -121,7 +121,7 @@ def _write_outputs(out_dir: Path, method: str, metrics: dict, plot_data: dict, h
     if history:
         extra = "split_accuracy" if method == "uml" and "audit" in metrics else None
         # TCL's loss carries λ·KL with λ annealed upward (TCL eq. 10): the title says what is summed.
-        title = f"{name} training: loss = risk + λ·KL + consistency" if method in ("tcl", "tcvse") else f"{name} training"
+        title = f"{name} training" + (": loss = risk + λ·KL + consistency" if method in ("tcl", "tcvse") else "")
         written.append(figures.training_curve(history, out_dir / PLOT_FILES["training"], title=title, extra=extra))
     if method in ("tcl", "tcvse"):
         written.append(figures.uncertainty_histograms(
