@@ -24,8 +24,8 @@ deployment. A shifted query distribution (new concepts, another gallery size) vo
 The construction (`calibrate`):
 1. Learn: a seeded random part of the calibration set (`learn_fraction`), independent of the
    rest, fixes the threshold grid (its distinct scores, most certain first, then +∞ = answer
-   everything) and where the walk starts (the grid point whose first test it predicts most
-   likely to pass). Nothing of the test part enters these choices.
+   everything) and where the walk starts (the most conservative grid point whose test it
+   predicts to pass almost surely). Nothing of the test part enters these choices.
 2. Test: on the other part, for each grid λ the null H_λ: R(λ) > α gets the exact binomial
    p-value p(λ) = P(Binomial(n_λ, α) ≤ e_λ), n_λ = test-part queries answered at λ, e_λ = the
    wrong ones among them. Valid conditionally on n_λ: given which queries are answered, their
@@ -59,6 +59,7 @@ __all__ = ["Calibration", "apply", "binomial_cdf", "calibrate", "critical_errors
            "minimum_test_size"]
 
 DEFAULT_LEARN_FRACTION = 0.25
+START_Z = 2.33  # the walk's first test predicted to pass with probability ~0.99 (normal approximation)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -258,9 +259,10 @@ class Calibration:
 
 def _start_index(learn_answered: np.ndarray, learn_errors: np.ndarray, n_learn: int, n_test: int,
                  critical: np.ndarray) -> int:
-    """The grid point whose test the learn part predicts most likely to pass (normal
-    approximation of P(Binomial(ñ, r̂) ≤ c(ñ)) with the projected test count ñ and the smoothed
-    learn risk r̂ = (e + 1)/(m + 2)). Only the learn part enters, so validity does not depend on
+    """Where the walk starts: the most conservative grid point whose test the learn part predicts
+    to pass with probability ≥ Φ(START_Z) (normal approximation of P(Binomial(ñ, r̂) ≤ c(ñ)) with
+    the projected test count ñ and the smoothed learn risk r̂ = (e + 1)/(m + 2)), else the point
+    predicted likeliest to pass. Only the learn part enters, so validity does not depend on
     this choice, only the power: start too early and a handful of answers stop the walk, too
     late and the certifiable thresholds before the start are lost."""
     projected = np.clip(np.rint(learn_answered * (n_test / n_learn)).astype(np.int64), 0, critical.size - 1)
@@ -268,7 +270,11 @@ def _start_index(learn_answered: np.ndarray, learn_errors: np.ndarray, n_learn: 
     spread = np.sqrt(np.maximum(projected, 1) * risk * (1.0 - risk))
     z = (critical[projected] + 0.5 - projected * risk) / spread
     z[critical[projected] < 0] = -np.inf
-    return int(np.argmax(z))
+    # The most conservative point predicted to pass almost surely: the walk then goes on from
+    # there as far as the data allow. Starting at the single likeliest point instead jumps deep
+    # on a noisy learn estimate and loses everything when that one test fails.
+    sure = np.flatnonzero(z >= START_Z)
+    return int(sure[0]) if sure.size else int(np.argmax(z))
 
 
 def _counts_at(sorted_scores: np.ndarray, cumulative_errors: np.ndarray, thresholds: np.ndarray):

@@ -158,7 +158,8 @@ def quality_of(method: str, model: nn.Module, bench: CrossModalBenchmark, *, see
     without an "ood" split)} and curves = {direction: {score: {"coverage", "risk"} numpy arrays,
     "oracle": ...}} for the risk–coverage plot. keep_scores: a dict to fill with each direction's
     raw per-query figures {direction: {"scores": {name: (N_q,)} baselines included, "wrong",
-    "baselines", "ood_scores": the same names for the OOD queries or None}} (calibrated abstention).
+    "baselines", "top1": (N_q,) gallery index returned first, "ood_scores": the same names for the
+    OOD queries or None, "ood_top1"}} (calibrated abstention, `pipelines.abstention`).
     """
     test = bench.test
     has_ood = "ood" in bench
@@ -191,6 +192,8 @@ def quality_of(method: str, model: nn.Module, bench: CrossModalBenchmark, *, see
         curves[direction]["oracle"] = risk_coverage_curve(wrong.to(torch.float64), wrong)
         if keep_scores is not None:
             keep_scores[direction] = {"scores": all_scores, "wrong": wrong, "baselines": report["baselines"],
+                                      "top1": in_dist.ranking.argmax(dim=1),
                                       "ood_scores": None if ood is None else
-                                      {**ood.scores, **similarity_baselines(ood.ranking)}}
+                                      {**ood.scores, **similarity_baselines(ood.ranking)},
+                                      "ood_top1": None if ood is None else ood.ranking.argmax(dim=1)}
     return metrics, curves
