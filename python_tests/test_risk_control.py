@@ -199,18 +199,19 @@ def test_guarantee_with_a_fixed_grid_and_a_confidence():
     assert np.mean(answered) > 0.3  # it does answer: the best certifiable coverage is ~0.69
 
 
-def test_realised_error_on_fresh_queries():
-    """The realised error among answered fresh queries (a test set as large as the calibration
-    set) stays ≤ α at least 1 − δ of the time, within binomial noise."""
-    error_at = CASES["informative"][0]
+def test_within_a_fixed_pool_the_pool_risk_is_what_is_guaranteed():
+    """Random halves of one finite query set (the pipelines' experiment): the selective risk of
+    λ̂ over the whole set, the population the halves are drawn from, is ≤ α in ≥ 1 − δ of the
+    splits. The realised error of the other half alone is not guaranteed (it scatters, and the
+    two halves err in opposite directions) and is not asserted."""
     rng = np.random.default_rng(11)
+    s, correct = _draw(rng, 1500, CASES["informative"][0])
     trials, held = 300, 0
     for trial in range(trials):
-        s, correct = _draw(rng, 1000, error_at)
-        cal = rc.calibrate(s, correct, ALPHA, DELTA, higher_is_uncertain=True, seed=trial)
-        s_new, correct_new = _draw(rng, 1000, error_at)
-        answer = rc.apply(s_new, cal)
-        held += (not answer.any()) or (~correct_new[answer]).mean() <= ALPHA
+        calibration = rng.permutation(1500)[:750]
+        cal = rc.calibrate(s[calibration], correct[calibration], ALPHA, DELTA, higher_is_uncertain=True, seed=trial)
+        answered = rc.apply(s, cal)
+        held += (not answered.any()) or (~correct[answered]).mean() <= ALPHA
     assert held / trials >= _binomial_noise_floor(trials)
 
 
