@@ -9,8 +9,9 @@ answered with it (`risk_control.apply`). Per score this reports
   it answers. The halves are drawn from the test set, so the test set is the population of this
   experiment and that rate is the selective risk the guarantee bounds: the share must be
   ≥ 1 − δ up to the noise of `n_splits` splits (a split that certifies nothing counts as valid).
-  Drawing without replacement only helps: the hypergeometric law of the calibration errors is
-  more concentrated than the binomial the p-values assume (Hoeffding 1963, §6);
+  Drawing without replacement is expected only to help: the hypergeometric law of the
+  calibration errors is more concentrated than the binomial the p-values assume (Hoeffding 1963,
+  §6, in the convex order); this column is the empirical check;
 - held-out validity: the share of splits whose realised error among the answered held-out
   queries is ≤ α. Not guaranteed: a finite batch scatters around the selective risk (binomial
   noise), and the two halves of one test set err in opposite directions (the errors a lucky
@@ -176,7 +177,7 @@ def abstention_lines(report: dict, who: str) -> list[str]:
         head = (f"    {'score':<32}{'validity':>9}{'held-out':>9}{'coverage':>9}{'error':>7}{'certified':>10}"
                 f"{'hindsight':>10}")
         if has_ood:
-            head += f"{'OOD answered':>13}{'with OOD: error':>16}{'validity':>9}"
+            head += f"{'OOD answered':>13}{'with OOD: error':>16}{'held-out':>9}"
         lines.append(head)
         for name, r in q["scores"].items():
             label = name + (" (baseline)" if name in q["baselines"] else "")
