@@ -184,16 +184,26 @@ def main(argv=None) -> int:
         parser.error(f"--results {args.results}: {', '.join(partial)} make a partial run, which must not overwrite "
                      f"the committed {COMMITTED_RESULTS}; write it elsewhere (the default is --out)")
     methods = tuple(args.only) if args.only else METHODS
-    per_seed = {method: [_run(method, seed, args) for seed in args.seeds] for method in methods}
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
+    per_seed = {method: [] for method in methods}
+    # Seed by seed, every method, and the files rewritten after each seed: a run cut short still
+    # leaves the complete seeds behind (their list is in the files).
+    for done, seed in enumerate(args.seeds, start=1):
+        for method in methods:
+            per_seed[method].append(_run(method, seed, args))
+        _write(results_dir, per_seed, args.seeds[:done], commit, argv)
+    return 0
+
+
+def _write(results_dir: Path, per_seed: dict, seeds: list, commit: str, argv) -> None:
     first = next(iter(per_seed.values()))[0]
     results = {
         "command": "python scripts/abstention.py " + " ".join(sys.argv[1:] if argv is None else argv),
-        "commit": commit, "seeds": args.seeds, "alpha": first["alpha"], "delta": first["delta"],
+        "commit": commit, "seeds": seeds, "alpha": first["alpha"], "delta": first["delta"],
         "n_splits": first["n_splits"], "torch": torch.__version__, "python": platform.python_version(),
         "threads": torch.get_num_threads(), "runs": per_seed,
         "means": {method: _mean(runs) for method, runs in per_seed.items()},
@@ -203,8 +213,7 @@ def main(argv=None) -> int:
         json.dump(jsonable(results), f, indent=1, allow_nan=False)
     if set(METHODS) <= set(per_seed):
         (results_dir / "abstention.md").write_text(markdown(results))
-    print(f"wrote {results_dir / 'abstention.json'}", flush=True)
-    return 0
+    print(f"wrote {results_dir / 'abstention.json'} (seeds {', '.join(map(str, seeds))})", flush=True)
 
 
 if __name__ == "__main__":
