@@ -30,6 +30,7 @@ import torch
 
 from evidential_ops.pipelines import DataSource, get_recipe, run_training
 from evidential_ops.pipelines.analysis import jsonable
+from evidential_ops.pipelines.quality import PRIMARY_SCORE
 
 METHODS = ("tcl", "tcvse", "uml", "fume", "duq")
 NAMES = {"tcl": "TCL", "tcvse": "TcVSE", "uml": "UML", "fume": "FUME", "duq": "DUQ"}
@@ -153,8 +154,11 @@ def markdown(results: dict) -> str:
         out.append(f"Lowest validity of any score, direction and seed: {lowest[0]:.3f} ({lowest[1]}, {lowest[2]}).")
         for d in ("i2t", "t2i"):
             best = _best(m, d, delta)
+            primary = m["method"][d]["scores"][PRIMARY_SCORE[method]]
+            own = (f"; its primary score {SCORE_LABELS[PRIMARY_SCORE[method]]}: {100 * primary['coverage']:.1f} %"
+                   if primary["coverage"] is not None else "")
             note.append(f"{NAMES[method]} {d}: " + (f"{best[2]} ({100 * best[0]:.1f} % of queries)" if best else
-                                                  "no score answers any query"))
+                                                  "no score answers any query") + own)
         out.append("")
     out.append("#### Which score answers the most queries at the guaranteed error")
     out.append("")
@@ -176,7 +180,14 @@ def main(argv=None) -> int:
     parser.add_argument("--epochs", type=int, default=None, help="override every recipe's epochs (smoke runs)")
     for name in ("n-train", "n-test", "n-ood"):
         parser.add_argument(f"--{name}", type=int, default=None, help="built-in data size override (smoke runs)")
+    parser.add_argument("--markdown-from", default=None, metavar="JSON",
+                        help="only re-render abstention.md next to an abstention.json this script wrote")
     args = parser.parse_args(argv)
+    if args.markdown_from is not None:
+        source = Path(args.markdown_from)
+        (source.parent / "abstention.md").write_text(markdown(json.loads(source.read_text())))
+        print(f"wrote {source.parent / 'abstention.md'}")
+        return 0
     results_dir = Path(args.out if args.results is None else args.results)
     partial = [flag for flag, value in (("--only", args.only), ("--epochs", args.epochs), ("--n-train", args.n_train),
                                         ("--n-test", args.n_test), ("--n-ood", args.n_ood)) if value is not None]
