@@ -76,20 +76,26 @@ def _run(method: str, seed: int, args) -> dict:
 
 
 def _mean(values: list):
-    """Elementwise mean of nested dicts of numbers; None where any seed has None; strings kept
+    """Elementwise mean of nested dicts of numbers over the seeds that have a value (a realised
+    error exists only where something was answered); None where no seed has one; strings kept
     when every seed agrees, else the list of them."""
-    first = values[0]
+    first = next((v for v in values if v is not None), None)
     if isinstance(first, dict):
-        return {k: _mean([v.get(k) for v in values]) for k in first}
-    if any(v is None for v in values):
+        return {k: _mean([None if v is None else v.get(k) for v in values]) for k in first}
+    present = [v for v in values if v is not None]
+    if not present:
         return None
     if isinstance(first, (int, float)) and not isinstance(first, bool):
-        return float(np.mean(values))
+        return float(np.mean(present))
     return first if all(v == first for v in values) else list(values)
 
 
 def _fmt(value, digits: int = 3) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
+
+
+def _percent(share: float) -> str:
+    return f"{100 * share:.1f} %" if share >= 0.0005 else "< 0.1 %"
 
 
 def _rows(part: dict, labels: dict, only=None):
@@ -98,15 +104,11 @@ def _rows(part: dict, labels: dict, only=None):
             yield labels.get(name, name), name, r
 
 
-def _best(method_mean: dict, direction: str, delta: float):
-    """The score (method's or its InfoNCE baseline's) with the largest mean coverage at α among
-    those whose mean validity is ≥ 1 − δ; None when nothing is answered."""
-    candidates = []
-    for who, part, labels in (("method", method_mean["method"][direction], SCORE_LABELS),
-                              ("infonce", method_mean["infonce"][direction], INFONCE_LABELS)):
-        for label, _, r in _rows(part, labels):
-            if r["validity"] is not None and r["validity"] >= 1 - delta and r["coverage"]:
-                candidates.append((r["coverage"], who, label))
+def _best(part: dict, labels: dict, delta: float):
+    """(coverage, label) of the score of `part` with the largest mean coverage at α among those
+    whose mean validity is ≥ 1 − δ; None when none answers anything."""
+    candidates = [(r["coverage"], label) for label, _, r in _rows(part, labels)
+                  if r["validity"] is not None and r["validity"] >= 1 - delta and r["coverage"]]
     return max(candidates) if candidates else None
 
 
@@ -121,8 +123,9 @@ def markdown(results: dict) -> str:
            f"on ≤ α of all the test queries it answers (the test set is the population the halves are drawn from: "
            f"this is the guaranteed quantity, ≥ {1 - delta:.2f}; a split that certifies nothing counts as valid); "
            "held-out validity: the same for the realised error among answered held-out queries (not guaranteed: "
-           "a finite batch scatters, and the two halves of one test set err in opposite directions); coverage: mean share of held-out queries answered; error: mean "
-           "realised error among them; certified: share of splits that certify any threshold; hindsight: the "
+           "a finite batch scatters, and the two halves of one test set err in opposite directions); coverage: "
+           "mean share of held-out queries answered; error: mean realised error among them (over the splits and "
+           "seeds that answer something); certified: share of splits that certify any threshold; hindsight: the "
            "largest most-certain-first share with error ≤ α on the whole test set, every label known (no "
            "guarantee: the ceiling); cov. α = 0.2 / 0.3: mean coverage at those levels (40 splits); OOD: the "
            "thresholds applied to the held-out half plus every OOD query (all wrong by construction): share of "
@@ -138,8 +141,7 @@ def markdown(results: dict) -> str:
         out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for d in ("i2t", "t2i"):
             rows = list(_rows(m["method"][d], SCORE_LABELS))
-            rows += list(_rows(m["infonce"][d], INFONCE_LABELS, only=("neg_top_probability",
-                                                                       "neg_top_class_probability")))
+            rows += list(_rows(m["infonce"][d], INFONCE_LABELS))
             for label, _, r in rows:
                 by_alpha = r.get("coverage_by_alpha") or {}
                 out.append(f"| {d} | {label} | {_fmt(r['validity'])} | {_fmt(r['held_out_validity'])} | "
@@ -153,17 +155,20 @@ def markdown(results: dict) -> str:
                      for name in run[part][d]["scores"] if run[part][d]["scores"][name]["validity"] is not None)
         out.append(f"Lowest validity of any score, direction and seed: {lowest[0]:.3f} ({lowest[1]}, {lowest[2]}).")
         for d in ("i2t", "t2i"):
-            best = _best(m, d, delta)
+            own, theirs = _best(m["method"][d], SCORE_LABELS, delta), _best(m["infonce"][d], INFONCE_LABELS, delta)
             primary = m["method"][d]["scores"][PRIMARY_SCORE[method]]
-            own = (f"; its primary score {SCORE_LABELS[PRIMARY_SCORE[method]]}: {100 * primary['coverage']:.1f} %"
-                   if primary["coverage"] is not None else "")
-            note.append(f"{NAMES[method]} {d}: " + (f"{best[2]} ({100 * best[0]:.1f} % of queries)" if best else
-                                                  "no score answers any query") + own)
+            note.append(f"{NAMES[method]} {d}: " +
+                        (f"{own[1]} answers {_percent(own[0])}" if own else "none of its scores answers a query") +
+                        (f" (its primary score {SCORE_LABELS[PRIMARY_SCORE[method]]}: "
+                         f"{_percent(primary['coverage'])})" if primary["coverage"] is not None else "") +
+                        "; the InfoNCE baseline (another model, its own accuracy): " +
+                        (f"{theirs[1].removeprefix('InfoNCE baseline: ')} answers {_percent(theirs[0])}"
+                         if theirs else "nothing"))
         out.append("")
     out.append("#### Which score answers the most queries at the guaranteed error")
     out.append("")
     out.append(f"At α = {alpha}, δ = {delta}, the score with the largest mean coverage among those whose mean "
-               f"validity is ≥ {1 - delta:.2f}, the method's and its InfoNCE baseline's together:")
+               f"validity is ≥ {1 - delta:.2f}, among the method's own scores and among its InfoNCE baseline's:")
     out.append("")
     out.extend(f"- {line}" for line in note)
     out.append("")
@@ -181,12 +186,16 @@ def main(argv=None) -> int:
     for name in ("n-train", "n-test", "n-ood"):
         parser.add_argument(f"--{name}", type=int, default=None, help="built-in data size override (smoke runs)")
     parser.add_argument("--markdown-from", default=None, metavar="JSON",
-                        help="only re-render abstention.md next to an abstention.json this script wrote")
+                        help="only recompute the means from the per-seed runs of an abstention.json this script "
+                             "wrote, and re-render abstention.md next to it")
     args = parser.parse_args(argv)
     if args.markdown_from is not None:
         source = Path(args.markdown_from)
-        (source.parent / "abstention.md").write_text(markdown(json.loads(source.read_text())))
-        print(f"wrote {source.parent / 'abstention.md'}")
+        results = json.loads(source.read_text())
+        results["means"] = {method: _mean(runs) for method, runs in results["runs"].items()}
+        source.write_text(json.dumps(jsonable(results), indent=1, allow_nan=False))
+        (source.parent / "abstention.md").write_text(markdown(results))
+        print(f"wrote {source} (means) and {source.parent / 'abstention.md'}")
         return 0
     results_dir = Path(args.out if args.results is None else args.results)
     partial = [flag for flag, value in (("--only", args.only), ("--epochs", args.epochs), ("--n-train", args.n_train),
