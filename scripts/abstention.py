@@ -95,6 +95,8 @@ def _fmt(value, digits: int = 3) -> str:
 
 
 def _percent(share: float) -> str:
+    if share == 0:
+        return "0 %"
     return f"{100 * share:.1f} %" if share >= 0.0005 else "< 0.1 %"
 
 
