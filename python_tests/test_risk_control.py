@@ -286,3 +286,17 @@ def test_too_small_a_calibration_set_is_an_error_not_a_silent_threshold():
         rc.calibrate(np.linspace(0, 1, 21), ok[:21], ALPHA, DELTA, higher_is_uncertain=True, thresholds=[0.5, 1.0])
     assert rc.calibrate(np.linspace(0, 1, 22), ok[:22], ALPHA, DELTA, higher_is_uncertain=True,
                         thresholds=[1.0]).certified
+
+
+def test_calibrate_stops_at_the_first_failed_threshold_even_if_a_later_one_passes():
+    # Threshold 1: 30 answered, 0 wrong (passes: c(30) = 0). Threshold 2: 40 answered, 3 wrong
+    # (fails: c(40) = 1). Threshold 3: 300 answered, 15 wrong (would pass alone: c(300) >= 15).
+    scores = np.concatenate([np.full(30, 1.0), np.full(10, 2.0), np.full(260, 3.0)])
+    correct = np.ones(300, dtype=bool)
+    correct[30:33] = False
+    correct[40:52] = False
+    table = rc.critical_errors(300, ALPHA, DELTA)
+    assert (table[30], table[40]) == (0, 1) and table[300] >= 15
+    cal = rc.calibrate(scores, correct, ALPHA, DELTA, higher_is_uncertain=True, thresholds=[1.0, 2.0, 3.0])
+    assert list(cal.grid_answered) == [30, 40, 300] and list(cal.grid_errors) == [0, 3, 15]
+    assert cal.n_certified == 1 and cal.threshold == 1.0 and cal.answered == 30
