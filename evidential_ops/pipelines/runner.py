@@ -5,10 +5,12 @@ Files written to the output directory:
                     the InfoNCE baseline's state when one was trained
     metrics.json    the test-split retrieval keys (SPEC §4) at the top level, the method's
                     uncertainty figures, the uncertainty quality of every score and direction
-                    (SPEC §6, "uncertainty_quality"), the same-encoder InfoNCE baseline
+                    (SPEC §6, "uncertainty_quality"), the calibrated abstention of every
+                    score (SPEC §7, "abstention"), the same-encoder InfoNCE baseline
                     ("infonce_baseline"), the untrained model, the training history, the
                     acceptance checks ("done_when") and, for demo, the loss speed
-    *.png           training curve, risk–coverage curves and the method's uncertainty plots
+    *.png           training curve, risk–coverage curves, coverage against the guaranteed
+                    error level (abstention_coverage.png) and the method's uncertainty plots
                     (skipped when matplotlib is not installed)
 """
 
