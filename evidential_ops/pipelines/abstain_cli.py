@@ -132,7 +132,8 @@ def _run(args) -> int:
           f"({100 * held['coverage']:.1f} %), realised error among them {error}")
     if "ood" in result:
         o = result["ood"]
-        print(f"OOD queries (not covered by the guarantee): answered {o['answered']} of {o['n_queries']}, all wrong")
+        print(f"OOD queries (not covered by the guarantee): answered {o['answered']} of {o['n_queries']}"
+              + (", every one wrong (no relevant item in the gallery)" if o["answered"] else ""))
     print(f"wrote {path}")
     return 0
 
