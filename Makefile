@@ -1,22 +1,31 @@
 # The README's two commands: `make demo` (the main job) and `make test`. Both work on a fresh
-# machine: `install` puts torch 2.13.0 (CPU build, from local disk here) in place when no torch is
-# importable, then builds the package with its C++ extension.
+# machine: `install` puts torch 2.13.0 in place when no torch is importable, then builds the
+# package with its C++ extension. Each slow step says what it does before it starts (pip is
+# quiet, and a silent minute looks like a hang); on later runs the build is skipped while it is
+# current (scripts/install_is_current.py: a C++ or setup edit, or a new torch, rebuilds).
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 TORCH_SPEC ?= torch==2.13.0
-OUT ?= runs/demo
+EXTRAS := test,plots,triton
+OUT ?=
 METHOD ?= tcl
 PYTEST_ARGS ?=
 
 .PHONY: install demo test bench ctest nvcc-check triton-aot-check triton-test clean
 
 install:
-	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install --quiet "$(TORCH_SPEC)"
-	$(PIP) install --quiet setuptools wheel ninja
-	$(PIP) install --quiet --no-build-isolation -e ".[test,plots,triton]"
+	@$(PYTHON) -c "import torch" 2>/dev/null || { \
+		echo "== installing $(TORCH_SPEC): $(PYTHON) has no torch (first run only; a large download unless pip finds a local wheel)"; \
+		$(PIP) install --quiet "$(TORCH_SPEC)"; }
+	@if ! $(PYTHON) scripts/install_is_current.py --extras $(EXTRAS); then \
+		echo "== building evidential_ops and its C++ extension: pip install --no-build-isolation -e \".[$(EXTRAS)]\" (first run, or after a C++/setup change; ~1-2 min on 2 cores)"; \
+		$(PIP) install --quiet setuptools wheel ninja && \
+		$(PIP) install --quiet --no-build-isolation -e ".[$(EXTRAS)]"; \
+	fi
 
+# Without OUT the CLI's own default: runs/<method>, or runs/demo/<method> for METHOD=all.
 demo: install
-	$(PYTHON) -m evidential_ops demo --method $(METHOD) --out $(OUT)
+	$(PYTHON) -m evidential_ops demo --method $(METHOD) $(if $(OUT),--out $(OUT))
 
 test: install ctest nvcc-check triton-aot-check
 	$(PYTHON) -m pytest python_tests -q $(PYTEST_ARGS)

@@ -135,9 +135,11 @@ void check_backward_lines(std::int64_t m, std::int64_t n, std::int64_t target_of
 
 std::string tau_overflow_message(double tau, const std::string& evidence) {
   std::ostringstream message;
+  // Overflow at a sane tau almost always means raw features: |s| far beyond the cosine range.
   message << "tau=" << tau << " is too small for evidence='" << evidence
-          << "': the line strength Σα overflows double precision (exp evidence: |s|/tau > 709; any evidence: an "
-             "infinite similarity). Use a larger tau.";
+          << "' or the similarities are too large: the line strength Σα overflows double precision (exp evidence: "
+             "|s|/tau > 709, i.e. |s| > "
+          << 709.0 * tau << "; any evidence: an infinite similarity). " << kNormaliseHint;
   return message.str();
 }
 

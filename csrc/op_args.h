@@ -68,9 +68,14 @@ void check_upstream(const at::Tensor& grad, const char* name, std::int64_t n, bo
 // The ValueError message of a line strength Σα beyond double precision (SPEC §1), naming τ; and
 // the message of line_losses, which sees statistics only (no τ, no evidence).
 std::string tau_overflow_message(double tau, const std::string& evidence);
+// What to do about an overflowing line strength: the usual cause is unnormalised features.
+inline constexpr const char* kNormaliseHint =
+    "The losses expect cosine similarities (|s| <= 1): for raw features pass normalize=True or L2-normalise x "
+    "and y; otherwise use a larger tau.";
 inline constexpr const char* kStrengthOverflowMessage =
     "a line strength overflowed double precision (exp evidence: |s|/tau > 709; any evidence: an infinite "
-    "similarity). Use a larger tau.";
+    "similarity). The losses expect cosine similarities (|s| <= 1): for raw features pass normalize=True or "
+    "L2-normalise x and y; otherwise use a larger tau.";
 
 // Every backward op's line inputs: rows [target_offset, target_offset + M) of an N×N problem, the
 // forward's statistics of both directions and the upstream gradients of the directions used.

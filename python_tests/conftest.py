@@ -38,3 +38,31 @@ def hard_pairs(k: int, d: int, *, dtype=torch.float32, generator=None, group: in
 def gen():
     """A fresh, seeded generator per test (fresh inputs, reproducible failures)."""
     return torch.Generator().manual_seed(20261122)
+
+
+def on_exact_grid(t: torch.Tensor, bits: int = 8) -> torch.Tensor:
+    """`t` (entries in [-1, 1]) rounded to multiples of 2^-bits, in t's dtype.
+
+    With bits = 8 every entry is exact in float16, bfloat16 and tf32 as well as float32, every
+    product x_k·y_k is a multiple of 2^-16, and every partial sum of a dot product of unit-norm
+    rows (|Σ| ≤ ‖x‖‖y‖ < 2) needs at most 18 significant bits: float32 holds them all, so x @ yᵀ
+    is exact whatever the GEMM's order, blocking or precision. Tests that compare two ways of
+    computing the same result (strips against the square op) use such inputs so that only the
+    orders of the float64 statistics' sums and of the gradient GEMMs remain to bound.
+    """
+    return (t.double() * 2.0**bits).round().div(2.0**bits).to(t.dtype)
+
+
+def unit_roundoff(dtype: torch.dtype) -> float:
+    """u = 2^-p for a floating dtype with a p-bit significand: the relative error of one rounding."""
+    return torch.finfo(dtype).eps / 2
+
+
+def reordered_sum_bound(n: int, dtype: torch.dtype, magnitude: torch.Tensor) -> torch.Tensor:
+    """How far two sums of the same n terms, taken in different orders in `dtype`, can differ.
+
+    Each recursive or blocked sum of n terms is within (n − 1)·u·Σ|t| of the exact sum (Higham,
+    Accuracy and Stability of Numerical Algorithms, §4.2, to first order), so two orders differ by
+    at most 2(n − 1)·u·Σ|t|; `magnitude` is Σ|t| (per sum).
+    """
+    return 2 * max(n - 1, 1) * unit_roundoff(dtype) * magnitude

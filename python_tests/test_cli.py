@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,17 +15,18 @@ from models_fixtures import single_thread
 
 from evidential_ops.__main__ import main
 from evidential_ops.pipelines.analysis import RETRIEVAL_KEYS, auroc
-from evidential_ops.pipelines.runner import PLOTS_HINT
-from evidential_ops.pipelines.training import epoch_lines_enabled, progress_enabled
+from evidential_ops.pipelines.runner import PLOT_FILES, PLOTS_HINT
+from evidential_ops.pipelines.training import epoch_line, epoch_lines_enabled, progress_enabled
 
 _one_thread = pytest.fixture(autouse=True)(single_thread)
 
 
 TINY = ["--n-train", "40", "--n-val", "4", "--n-test", "10", "--n-ood", "6", "--epochs", "1",
         "--batch-size", "16", "--embed-dim", "16", "--quiet"]
+# The same plot has the same file name for every method (clean vs corrupted queries: TCL, TcVSE, DUQ).
 PLOTS = {"tcl": ["uncertainty_corruption.png"], "tcvse": ["uncertainty_corruption.png"],
-         "uml": ["uml_noisy_vs_clean.png"], "fume": ["fume_map_vs_deletion.png", "fume_ood_uncertainty.png"],
-         "duq": ["duq_uncertainty_corruption.png"]}
+         "uml": ["uncertainty_noisy_vs_clean.png"], "fume": ["map_vs_deletion.png", "uncertainty_ood.png"],
+         "duq": ["uncertainty_corruption.png"]}
 FIGURES = {"tcl": ["corruption", "model_a", "model_b"], "tcvse": ["corruption"], "uml": ["audit"],
            "fume": ["map", "map_filtered", "ood_cross_modal_uncertainty_median"], "duq": ["reranked", "rerank_readings"]}
 
@@ -37,11 +39,22 @@ def test_demo_writes_metrics_and_plots(method, tmp_path, capsys):
                                                           "infonce_baseline"):
         assert key in metrics, key
     assert metrics["train"]["epochs"] == 1 and metrics["method"] == method
-    for name in PLOTS[method] + ["training_loss.png", "risk_coverage.png"]:
+    for name in PLOTS[method] + ["training_loss.png", "risk_coverage.png", "abstention_coverage.png"]:
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    # Exactly those: no method writes its own spelling of a plot another method also draws.
+    assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(PLOTS[method] + ["training_loss.png",
+                                                                                      "risk_coverage.png",
+                                                                                      "abstention_coverage.png"])
+    assert set(PLOTS[method]) <= set(PLOT_FILES.values())
     assert (tmp_path / "checkpoint.pt").is_file()
     out = capsys.readouterr().out
     assert f"== {method}" in out and "uncertainty quality of" in out
+    # Each printed R@1 says how it judges a top-1: R@K by instance for every method, FUME's
+    # uncertainty-quality R@1 (and mAP) by class, with a line on why the two differ.
+    assert "retrieval (test, by instance): i2t_r1 " in out
+    protocol = "by class: any result of the query's class is right" if method == "fume" else "instance-level"
+    assert len(re.findall(rf"^  (?:i2t|t2i): R@1 \S+ \({protocol}", out, flags=re.M)) == 4  # method + baseline
+    assert ("trained to match classes, not instances" in out) == (method == "fume")
     for direction in ("i2t", "t2i"):
         assert metrics["uncertainty_quality"][direction]["baselines"] == ["neg_top1_similarity", "neg_margin"]
     # The baseline is judged as its method is (by class beside FUME), so their AURCs compare.
@@ -82,6 +95,24 @@ def test_module_entry_point_runs_the_demo_with_the_speed_comparison(tmp_path):
     assert speed[0]["k"] == 64 and speed[0]["reference_ms"] > 0
 
 
+def test_make_demo_leaves_the_output_directory_to_the_cli():
+    """`make demo` writes where `python -m evidential_ops demo` does (runs/<method>, runs/demo for
+    all) unless OUT is given: one default, not two."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    root = Path(__file__).resolve().parents[1]
+
+    def demo_command(*assignments):
+        dry = subprocess.run(["make", "-n", "-s", "demo", *assignments], cwd=root, capture_output=True, text=True,
+                             check=True).stdout
+        return [line for line in dry.splitlines() if "-m evidential_ops demo" in line][-1].split()
+
+    assert "--out" not in demo_command()
+    assert "--out" not in demo_command("METHOD=all")
+    command = demo_command("OUT=somewhere")
+    assert command[command.index("--out") + 1] == "somewhere"
+
+
 def test_bad_command_lines(tmp_path):
     with pytest.raises(SystemExit):
         main(["demo", "--method", "clip", "--out", str(tmp_path)])
@@ -91,6 +122,22 @@ def test_bad_command_lines(tmp_path):
         main(["eval", "--checkpoint", str(tmp_path / "missing.pt")])
     with pytest.raises(FileNotFoundError):
         main(["train", "--method", "tcl", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path)])
+
+
+@pytest.mark.parametrize("command", ["train", "eval", "demo", "bench"])
+def test_help_shows_the_defaults(command, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main([command, "--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines at any width
+    assert "(default: cpu)" in text  # every subcommand has --device
+    assert "(default: None)" not in text  # a None default is spelt out in words, not printed
+    if command in ("train", "demo"):
+        assert "(default: 0)" in text  # --seed
+        assert "training epochs (default: the method's, tcl " in text  # --epochs, one value per method
+        assert "(default: runs/<method>" in text and "(default: 2000)" in text
+    if command == "demo":
+        assert "(default: 1024)" in text and "with --method all, runs/demo" in text
 
 
 def test_progress_bars_only_for_a_terminal(monkeypatch):
@@ -106,15 +153,33 @@ LOUD = [arg for arg in TINY if arg != "--quiet"]
 
 
 def test_one_progress_line_per_epoch_without_a_terminal(tmp_path, capsys):
-    """pytest's captured stdout is not a TTY: each epoch prints its loss and seconds, no bars."""
+    """pytest's captured stdout is not a TTY: each epoch prints its loss and seconds, no bars;
+    TCL's line also names the annealed KL weight λ and the loss's parts, so a loss that rises
+    with λ is not mistaken for divergence."""
     assert main(["train", "--method", "tcl", "--out", str(tmp_path), *LOUD, "--epochs", "2"]) == 0
     out = capsys.readouterr().out
-    lines = re.findall(r"^tcl train epoch (\d)/2: loss (\S+), (\S+) s$", out, flags=re.M)
-    assert [int(e) for e, _, _ in lines] == [1, 2]
-    assert all(float(loss) == float(loss) and float(seconds) >= 0 for _, loss, seconds in lines)
+    lines = re.findall(r"^tcl train epoch (\d)/2: loss (\S+) = risk (\S+) \+ λ (\S+) × KL (\S+)"
+                       r"(?: \+ consistency (\S+))?, (\S+) s$", out, flags=re.M)
+    assert [int(line[0]) for line in lines] == [1, 2]
+    for _, loss, risk, weight, kl, consistency, seconds in lines:
+        assert float(seconds) >= 0
+        total = float(risk) + float(weight) * float(kl) + (float(consistency) if consistency else 0.0)
+        assert float(loss) == pytest.approx(total, abs=1e-3)  # the printed parts add up (4 decimals each)
+    assert [float(line[3]) for line in lines] == [0.0, 0.005]  # λ = min(1, 0.005·epoch), 0-based
+    assert not lines[0][5] and lines[1][5]  # the consistency step starts in the second epoch
     assert "\r" not in out
     assert main(["train", "--method", "tcl", "--out", str(tmp_path), *TINY]) == 0
     assert "train epoch" not in capsys.readouterr().out  # --quiet
+
+
+def test_epoch_line_adds_parts_only_where_the_model_reports_them():
+    # DUQ also reports a "loss_kl" (its Gaussian KL), but no annealed weight: no parts then.
+    duq = {"epoch": 2, "loss": 1.5, "loss_kl": 0.25, "seconds": 0.5}
+    assert epoch_line("duq train", 6, duq) == "duq train epoch 3/6: loss 1.5000, 0.5 s"
+    tcl = {"epoch": 0, "loss": 6.8, "loss_risk": 6.8, "loss_kl": 450.0, "kl_weight": 0.0, "loss_c": float("nan"),
+           "seconds": 1.0}
+    assert epoch_line("tcl train", 5, tcl) == ("tcl train epoch 1/5: loss 6.8000 = risk 6.8000 + λ 0 × KL 450.0000, "
+                                               "1.0 s")
 
 
 def test_without_matplotlib_runs_train_and_demo_and_skips_the_plots(tmp_path, capsys, monkeypatch):

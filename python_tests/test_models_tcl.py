@@ -40,6 +40,25 @@ def test_uncertainty_loss_matches_reference(epoch):
     assert model.kl_weight(epoch) == min(1.0, 0.005 * epoch)
 
 
+@pytest.mark.parametrize("epoch", [0, 7])
+def test_uncertainty_loss_parts_are_the_risk_and_the_kl(epoch):
+    """The parts a log shows (risk, KL at weight 1) are the reference's terms, and asking for
+    them leaves L_u bitwise unchanged (they must not alter training)."""
+    model, bench = _model()
+    batch = tiny_batch(bench)
+    plain = model.uncertainty_loss(batch, epoch)
+    parts = {}
+    assert torch.equal(model.uncertainty_loss(batch, epoch, parts=parts), plain)
+    x_a, y_a = model.model_a(batch)
+    x_b, y_b = model.model_b(batch)
+    s_a, s_b = x_a.double() @ y_a.double().T, x_b.double() @ y_b.double().T
+    risk = tcl_uncertainty_loss(s_a, s_b, kl_weight=0.0, tau=0.05).item()
+    kl = tcl_uncertainty_loss(s_a, s_b, kl_weight=1.0, tau=0.05).item() - risk
+    assert parts["loss_risk"] == pytest.approx(risk, rel=1e-4)
+    assert parts["loss_kl"] == pytest.approx(kl, rel=1e-4) and kl > 0  # reported at λ = 0 too
+    assert parts["loss_risk"] + model.kl_weight(epoch) * parts["loss_kl"] == pytest.approx(plain.item(), rel=1e-6)
+
+
 def test_consistency_loss_matches_reference_and_detaches_owner():
     model, bench = _model()
     batch = tiny_batch(bench)
@@ -77,6 +96,8 @@ def test_training_step_runs_both_steps_and_lowers_the_loss():
     assert math.isnan(first["loss_c"]) and first["kl_weight"] == 0.0  # no step 2 in epoch 0
     logs = [model.training_step(batch, 1, opt) for _ in range(8)]
     assert all(math.isfinite(v) for log in logs for v in log.values())
+    for log in [first, *logs]:  # the parts a log prints add up to L_u
+        assert log["loss_risk"] + log["kl_weight"] * log["loss_kl"] == pytest.approx(log["loss_u"], rel=1e-6)
     assert logs[-1]["loss_u"] < first["loss_u"]
     for p in model.parameters():
         if p.grad is not None:

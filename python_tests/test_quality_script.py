@@ -44,6 +44,17 @@ def test_script_writes_the_results_and_the_tables(tmp_path, capsys):
     assert "InfoNCE baseline: −top-1 similarity" in table
     assert "InfoNCE baseline: −softmax summed over the top-1's class" in table  # beside FUME (by class)
     assert "tcl seed 1: rsum" in capsys.readouterr().out
+    # The machine is named, and every model row gives the seeds' min–max beside the mean.
+    assert results["machine"]["cpu"] and "Machine: " in table
+    low, high = sorted(r["rsum"] for r in runs)
+    assert f"{mean['rsum']:.1f} ({low:.1f}–{high:.1f})" in table
+    ahead = sum(r["rsum"] > r["infonce"]["rsum"] for r in runs)
+    tcl_summary = next(line for line in table.split("#### TCL")[0].splitlines() if line.startswith("| TCL |"))
+    assert f"| {ahead} of 2 seeds |" in tcl_summary
+    # The tables are a function of the saved figures: --tables-from rewrites them identically.
+    (tmp_path / "uncertainty_quality.md").unlink()
+    assert script.main(["--tables-from", str(tmp_path / "uncertainty_quality.json")]) == 0
+    assert (tmp_path / "uncertainty_quality.md").read_text() == table
 
 
 def test_smoke_runs_never_overwrite_the_committed_results(tmp_path, monkeypatch):

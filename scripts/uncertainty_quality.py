@@ -8,7 +8,7 @@ seed on the built-in data, plus the variants the README reports: UML with the ex
 (the option that frees u from [0.27, 0.73], `--evidence exp --tau T` on the CLI) and TcVSE
 without its augmentation. It writes RESULTS/uncertainty_quality.json (every seed's figures, the
 means, the command, commit and versions) and RESULTS/uncertainty_quality.md (the tables of the
-README's "Uncertainty quality" section). About 10-20 minutes on 2 cores for 3 seeds.
+README's "Uncertainty quality" section). About 5-9 minutes per method and seed on 2 cores (24 runs for 3 seeds).
 
 RESULTS defaults to the run directory (--out): the committed bench/results/ is written only when
 asked for, and only by a full run (every method and variant at the recipes' own sizes and
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -28,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import evidential_ops as eo
 from evidential_ops.pipelines import DataSource, get_recipe, run_training
 from evidential_ops.pipelines.analysis import jsonable
 
@@ -117,6 +119,31 @@ def _mean(values: list):
     return first if all(v == first for v in values) else None
 
 
+MACHINE_CAVEAT = ("Another machine's arithmetic gives other numbers, within the seeds' spread or beyond it (TCL "
+                  "seed 0's rSum moved by about 7 points between machines): compare a fresh run with the ranges, "
+                  "not the means, and count seeds, not single runs.")
+
+
+def machine() -> dict:
+    """What the figures were measured on: training's float arithmetic (torch's kernels for the
+    encoders, ours for the loss) differs between instruction sets, so a run on another machine
+    lands elsewhere within the seeds' spread, not on the same numbers."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "build": eo.build_info()}
+
+
+def _spread(runs: list, key: str) -> str:
+    """min–max of one figure across the seeds' runs."""
+    values = [run[key] for run in runs]
+    return f"{min(values):.1f}–{max(values):.1f}"
+
+
 def _fmt(value, digits: int = 3) -> str:
     return "–" if value is None else f"{value:.{digits}f}"
 
@@ -135,11 +162,41 @@ def _quality_table(mean: dict) -> list[str]:
     return lines
 
 
+def summary_table(results: dict) -> list[str]:
+    """One row per method: its rSum and the same-encoder InfoNCE baseline's, mean (min–max) over
+    the seeds, and on how many seeds the method came out ahead: the verdict the demo's
+    rsum_vs_infonce check gives for one run, counted over every run."""
+    n = len(results["seeds"])
+    lines = ["| method | rSum | InfoNCE rSum | method ahead on | its best score at flagging a wrong top-1: error AUROC i2t / t2i |",
+             "|---|---|---|---|---|"]
+    for method in METHODS:
+        runs, m = results["runs"][method], results["means"][method]
+        ahead = sum(run["rsum"] > run["infonce"]["rsum"] for run in runs)
+        best = []
+        for d in ("i2t", "t2i"):
+            scores = m["quality"][d]["scores"]
+            name = max((k for k in scores if scores[k]["error_auroc"] is not None),
+                       key=lambda k: scores[k]["error_auroc"])
+            best.append(f"{scores[name]['error_auroc']:.2f} ({SCORE_LABELS.get(name, name)})")
+        lines.append(f"| {NAMES[method]} | {m['rsum']:.1f} ({_spread(runs, 'rsum')}) | {m['infonce']['rsum']:.1f} "
+                     f"({_spread([r['infonce'] for r in runs], 'rsum')}) | {ahead} of {n} seeds | {' / '.join(best)} |")
+    return lines
+
+
 def markdown(results: dict) -> str:
     """The README tables from the means (per method: retrieval beside the InfoNCE baseline, then
     every uncertainty score beside the free baselines and the baseline's own confidence)."""
     means, seeds = results["means"], results["seeds"]
-    out = [f"Means over seeds {', '.join(map(str, seeds))} (`{results['command']}`, commit {results['commit']}).", ""]
+    where = results.get("machine")
+    out = [f"Means over seeds {', '.join(map(str, seeds))} (`{results['command']}`, commit {results['commit']}), "
+           f"min–max across the seeds in brackets.", ""]
+    if where:
+        named = (f"{where['cpu']}, {where['cores']} cores, torch {results['torch']} (CPU kernels "
+                 f"{where['torch_cpu_capability']}), {where['build']}")
+    else:
+        named = results.get("machine_note", "not recorded")
+    out += [f"Machine: {named}. {MACHINE_CAVEAT}", ""]
+    out += summary_table(results) + [""]
     for method in METHODS:
         m = means[method]
         out.append(f"#### {NAMES[method]}")
@@ -148,12 +205,14 @@ def markdown(results: dict) -> str:
         extra = " | mAP | top-1 right by class i2t | t2i" if method == "fume" else ""
         out.append(f"| model | i2t R@1 | t2i R@1 | rSum{extra} | ECE i2t | ECE t2i |")
         out.append("|---|---|---|---|---|---|" + ("---|---|---|" if method == "fume" else ""))
-        for label, part in ((NAMES[method], m), ("InfoNCE baseline (same encoders)", m["infonce"])):
+        runs = results["runs"][method]
+        for label, part, per_seed in ((NAMES[method], m, runs),
+                                      ("InfoNCE baseline (same encoders)", m["infonce"], [r["infonce"] for r in runs])):
             ece = [part["quality"][d].get("ece") for d in ("i2t", "t2i")]
             by_class = (f" | {part['map']:.3f} | {part['quality']['i2t']['r1']:.1f} | {part['quality']['t2i']['r1']:.1f}"
                         if method == "fume" else "")
-            out.append(f"| {label} | {part['i2t_r1']:.1f} | {part['t2i_r1']:.1f} | {part['rsum']:.1f}{by_class} | "
-                       f"{_fmt(ece[0])} | {_fmt(ece[1])} |")
+            ranged = " | ".join(f"{part[k]:.1f} ({_spread(per_seed, k)})" for k in ("i2t_r1", "t2i_r1", "rsum"))
+            out.append(f"| {label} | {ranged}{by_class} | {_fmt(ece[0])} | {_fmt(ece[1])} |")
         out.append("")
         out.extend(_quality_table(m))
         passed = [name for name, rate in m["checks"].items() if rate == 1.0]
@@ -211,7 +270,14 @@ def main(argv=None) -> int:
     parser.add_argument("--epochs", type=int, default=None, help="override every recipe's epochs (smoke runs)")
     for name in ("n-train", "n-val", "n-test", "n-ood"):
         parser.add_argument(f"--{name}", type=int, default=None, help="built-in data size override (smoke runs)")
+    parser.add_argument("--tables-from", default=None, metavar="JSON",
+                        help="rewrite the .md beside a saved uncertainty_quality.json from its figures (no training)")
     args = parser.parse_args(argv)
+    if args.tables_from:
+        saved = Path(args.tables_from)
+        (saved.parent / "uncertainty_quality.md").write_text(markdown(json.loads(saved.read_text())))
+        print(f"wrote {saved.parent / 'uncertainty_quality.md'}", flush=True)
+        return 0
     results_dir = Path(args.out if args.results is None else args.results)
     partial = [flag for flag, value in (("--only", args.only), ("--epochs", args.epochs), ("--n-train", args.n_train),
                                         ("--n-val", args.n_val), ("--n-test", args.n_test), ("--n-ood", args.n_ood))
@@ -236,7 +302,7 @@ def main(argv=None) -> int:
     results = {
         "command": "python scripts/uncertainty_quality.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "commit": commit, "seeds": args.seeds, "torch": torch.__version__, "python": platform.python_version(),
-        "threads": torch.get_num_threads(), "runs": per_seed,
+        "threads": torch.get_num_threads(), "machine": machine(), "runs": per_seed,
         "means": {name: _mean(values) for name, values in per_seed.items()},
     }
     results_dir.mkdir(parents=True, exist_ok=True)

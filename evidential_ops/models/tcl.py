@@ -151,19 +151,32 @@ class TCL(nn.Module):
         # skips its lgamma/digamma work in the first epoch.
         return {"risk": 1.0, "kl": lam} if lam > 0 else {"risk": 1.0}
 
-    def uncertainty_loss(self, batch, epoch: int) -> Tensor:
+    def uncertainty_loss(self, batch, epoch: int, *, parts: dict | None = None) -> Tensor:
         """Step-1 L_u of SPEC §3 "TCL" on one batch (scalar, differentiable in both models).
 
         Fused `evidential_loss` from the (K, D) embeddings: rows of model A (direction="rows")
         plus columns of model B (direction="cols"), weights {risk: 1, kl: λ(epoch)}. After
         `models.enable_global_batch`, both are the loss of the global batch of all ranks.
+
+        parts: a dict that, when given, receives the floats "loss_kl" (the KL term of both
+        directions at weight 1, also while λ = 0) and "loss_risk" (L_u − λ·KL), so that a log
+        can tell a loss that rises because λ grows from one that diverges. They cost one more
+        forward of the fused op (no gradient, no encoder pass); L_u itself is unchanged.
         """
         batch = move_batch(batch, module_device(self))
         x_a, y_a = self.model_a(batch)
         x_b, y_b = self.model_b(batch)
         keywords = dict(evidence=self.evidence, tau=self.tau, weights=self._weights(epoch), backend=self.backend)
         loss = loss_function(self)  # the global batch's loss after models.enable_global_batch
-        return loss(x_a, y_a, direction="rows", **keywords) + loss(x_b, y_b, direction="cols", **keywords)
+        total = loss(x_a, y_a, direction="rows", **keywords) + loss(x_b, y_b, direction="cols", **keywords)
+        if parts is not None:
+            kl_only = dict(keywords, weights={"kl": 1.0})
+            with torch.no_grad():
+                kl = (loss(x_a.detach(), y_a.detach(), direction="rows", **kl_only)
+                      + loss(x_b.detach(), y_b.detach(), direction="cols", **kl_only))
+            parts["loss_kl"] = float(kl)
+            parts["loss_risk"] = float(total.detach()) - self.kl_weight(epoch) * parts["loss_kl"]
+        return total
 
     def consistency_loss(self, batch) -> Tensor:
         """Step-2 L_c of SPEC §3 "TCL" with a fresh forward of both models (scalar).
@@ -180,21 +193,24 @@ class TCL(nn.Module):
         """One batch of TCL Algorithm 1: an update on L_u, then T_max updates on L_c (each after a
         fresh forward) once epoch >= consistency_start_epoch. Usable in any loop.
 
-        Returns floats: loss_u, loss_c (mean over the rounds; NaN when step 2 did not run),
-        kl_weight, loss (= loss_u + loss_c, or loss_u alone).
+        Returns floats: loss_u, its parts loss_risk and loss_kl (loss_u = loss_risk +
+        kl_weight·loss_kl, `uncertainty_loss`), loss_c (mean over the rounds; NaN when step 2 did
+        not run), kl_weight (λ), loss (= loss_u + loss_c, or loss_u alone). With λ annealed upward
+        (TCL eq. 10) the loss can rise from epoch to epoch while the risk falls.
         """
         epoch = checks.integer(epoch, "epoch", minimum=0)
         check_optimizer(optimizer)
         self.train()
-        loss_u = apply_step(run_synced(self, self.uncertainty_loss, batch, epoch), optimizer, self.parameters(),
-                            self.grad_clip)
+        parts = {}
+        loss_u = apply_step(run_synced(self, self.uncertainty_loss, batch, epoch, parts=parts), optimizer,
+                            self.parameters(), self.grad_clip)
         rounds = []
         if epoch >= self.consistency_start_epoch:
             for _ in range(self.t_max):
                 rounds.append(apply_step(run_synced(self, self.consistency_loss, batch), optimizer, self.parameters(),
                                          self.grad_clip))
         loss_c = sum(rounds) / len(rounds) if rounds else math.nan
-        return {"loss": loss_u + (loss_c if rounds else 0.0), "loss_u": loss_u, "loss_c": loss_c,
+        return {"loss": loss_u + (loss_c if rounds else 0.0), "loss_u": loss_u, **parts, "loss_c": loss_c,
                 "kl_weight": self.kl_weight(epoch)}
 
     # -- inference ------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ import torch
 from .. import risk_control
 from .analysis import jsonable
 from .baseline import infonce_baseline
+from .cli import HelpFormatter
 from .distributed import refuse_torchrun
 from .quality import DIRECTIONS, quality_of
 from .recipes import Recipe
@@ -140,22 +141,22 @@ def _run(args) -> int:
 
 def add_abstain_subcommand(sub) -> None:
     """Register `abstain` on an argparse subparsers object."""
-    p = sub.add_parser("abstain", help="calibrate a checkpoint's score at a guaranteed error rate and answer "
+    p = sub.add_parser("abstain", formatter_class=HelpFormatter, description=__doc__, help="calibrate a checkpoint's score at a guaranteed error rate and answer "
                                        "with abstention")
     p.add_argument("--checkpoint", required=True, help="checkpoint.pt written by train or demo")
     p.add_argument("--score", required=True,
                    help="uncertainty to calibrate, e.g. u, neg_top_belief, dissonance, neg_top1_similarity, "
                         "neg_margin (u_s, u_d for duq; u_query, u_pair_top1 for fume; neg_top_probability with "
                         "--baseline)")
-    p.add_argument("--direction", default="t2i", choices=DIRECTIONS, help="query direction (default t2i)")
+    p.add_argument("--direction", default="t2i", choices=DIRECTIONS, help="query direction")
     p.add_argument("--alpha", type=_probability, default=0.1,
-                   help="error rate among answered queries to guarantee (default 0.1)")
+                   help="error rate among answered queries to guarantee")
     p.add_argument("--delta", type=_probability, default=0.1,
-                   help="allowed probability that the guarantee fails (default 0.1)")
+                   help="allowed probability that the guarantee fails")
     p.add_argument("--calibration-share", type=_probability, default=0.5,
-                   help="share of the test queries that calibrates (default 0.5); the rest are answered")
-    p.add_argument("--seed", type=int, default=0, help="seed of the calibration split (default 0)")
+                   help="share of the test queries that calibrates; the rest are answered")
+    p.add_argument("--seed", type=int, default=0, help="seed of the calibration split")
     p.add_argument("--baseline", action="store_true", help="calibrate the checkpoint's InfoNCE baseline instead")
     p.add_argument("--out", default=None, help="output directory (default: next to the checkpoint)")
-    p.add_argument("--device", default="cpu", help="torch device of the model (default cpu)")
+    p.add_argument("--device", default="cpu", help="torch device of the model")
     p.set_defaults(run=_run)

@@ -4,17 +4,78 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
+from dataclasses import fields
 from pathlib import Path
 
 from ..config import EVIDENCE_KINDS
+from ..data import SyntheticConfig
+from ..models import TCL, UML, TcVSE
 from .analysis import jsonable
 from .distributed import launched_by_torchrun, refuse_torchrun, run_training_distributed
 from .recipes import EVIDENTIAL_OPINION_METHODS, METHODS, get_recipe
 from .runner import PLOTS_HINT, DataSource, plots_available, report, run_demo, run_evaluation, run_training
 
-__all__ = ["add_subcommands"]
+__all__ = ["HelpFormatter", "add_subcommands"]
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """--help with each option's default: argparse's "(default: X)" after a concrete default.
+
+    Options whose default is None (the method's own value, or computed from other options) and
+    on/off flags get none from here: their help text says what happens without them, since
+    "(default: None)" would tell a user nothing. Descriptions keep their line breaks.
+    """
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default is None or action.default is False or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
+def _per_method(values: dict) -> str:
+    """"tcl 5, tcvse 5, ..." or the one value when every method has the same."""
+    distinct = set(values.values())
+    if len(distinct) == 1:
+        return str(distinct.pop())
+    return ", ".join(f"{method} {value}" for method, value in values.items())
+
+
+def _recipe_defaults(name: str) -> str:
+    """The recipes' value of `name` (epochs, batch_size, lr, embed_dim) per method, for --help."""
+    return _per_method({method: getattr(get_recipe(method), name) for method in METHODS})
+
+
+_OPINION_MODELS = {"tcl": TCL, "tcvse": TcVSE, "uml": UML}
+
+
+def _opinion_defaults(name: str) -> str:
+    """The evidence kind or τ each evidential-opinion method trains with when not overridden:
+    its recipe's model option, else its constructor's default (searched up the class tree,
+    since TcVSE passes τ on to TCL)."""
+    values = {}
+    for method in EVIDENTIAL_OPINION_METHODS:
+        value = get_recipe(method).model.get(name, inspect.Parameter.empty)
+        for cls in _OPINION_MODELS[method].__mro__:
+            if value is not inspect.Parameter.empty:
+                break
+            parameter = inspect.signature(cls.__init__).parameters.get(name) if "__init__" in vars(cls) else None
+            if parameter is not None:
+                value = parameter.default
+        values[method] = value
+    return _per_method(values)
+
+
+_SYNTHETIC_DEFAULTS = {f.name: f.default for f in fields(SyntheticConfig)}
+
+
+def _data_defaults(name: str) -> str:
+    """The built-in data's `name` (n_train, ...) per method: the recipe's override, else
+    `SyntheticConfig`'s default."""
+    return _per_method({method: get_recipe(method).data.get(name, _SYNTHETIC_DEFAULTS[name]) for method in METHODS})
 
 
 def _positive_int(text: str) -> int:
@@ -35,26 +96,37 @@ def _training_options(p: argparse.ArgumentParser, *, allow_all: bool) -> None:
     choices = METHODS + (("all",) if allow_all else ())
     p.add_argument("--method", required=True, choices=choices,
                    help="method to run" + (" ('all' runs each into OUT/<method>)" if allow_all else ""))
-    p.add_argument("--out", default=None, help="output directory (default runs/<method>)")
+    p.add_argument("--out", default=None,
+                   help="output directory (default: runs/<method>" + ("; with --method all, runs/demo)"
+                                                                     if allow_all else ")"))
     p.add_argument("--seed", type=int, default=0, help="seed of the data, the initial weights and the batches")
-    p.add_argument("--epochs", type=_positive_int, default=None, help="override the method's epochs")
-    p.add_argument("--batch-size", type=_positive_int, default=None, help="override the batch size K")
-    p.add_argument("--lr", type=_positive_float, default=None, help="override the Adam learning rate")
-    p.add_argument("--embed-dim", type=_positive_int, default=None, help="override the joint-space size")
+    p.add_argument("--epochs", type=_positive_int, default=None,
+                   help=f"training epochs (default: the method's, {_recipe_defaults('epochs')})")
+    p.add_argument("--batch-size", type=_positive_int, default=None,
+                   help=f"batch size K (default: the method's, {_recipe_defaults('batch_size')})")
+    p.add_argument("--lr", type=_positive_float, default=None,
+                   help=f"Adam learning rate (default: the method's, {_recipe_defaults('lr')})")
+    p.add_argument("--embed-dim", type=_positive_int, default=None,
+                   help=f"joint-space size (default: {_recipe_defaults('embed_dim')}; fume ignores it: its joint "
+                        "space has one dimension per class)")
     p.add_argument("--data", default=None,
                    help="directory of precomputed features ({split}_ims.npy, {split}_caps.txt, ...); "
                         "default: the built-in synthetic benchmark")
-    p.add_argument("--captions-per-image", type=_positive_int, default=5, help="with --data")
-    p.add_argument("--alt-language", default=None, help="with --data: read {split}_caps_LANG.txt (UML)")
+    p.add_argument("--captions-per-image", type=_positive_int, default=5, help="captions per image, with --data")
+    p.add_argument("--alt-language", default=None,
+                   help="with --data: read {split}_caps_LANG.txt (UML; default: no second language)")
     for name, what in (("n-train", "training"), ("n-val", "validation"), ("n-test", "test")):
+        default = _data_defaults(name.replace("-", "_"))
         p.add_argument(f"--{name}", type=_positive_int, default=None,
-                       help=f"built-in data: number of {what} samples")
-    p.add_argument("--n-ood", type=int, default=None, help="built-in data: out-of-distribution samples (0: none)")
+                       help=f"built-in data: number of {what} samples (default: {default})")
+    p.add_argument("--n-ood", type=int, default=None,
+                   help=f"built-in data: out-of-distribution samples, 0 for none (default: {_data_defaults('n_ood')})")
     p.add_argument("--evidence", default=None, choices=EVIDENCE_KINDS,
-                   help="override the evidence map of the method's opinions (tcl, tcvse, uml; e.g. UML with "
-                        "exp evidence frees u from [0.27, 0.73])")
-    p.add_argument("--tau", type=_positive_float, default=None, help="override τ of the evidence map (tcl, tcvse, uml)")
-    p.add_argument("--device", default="cpu", help="torch device of the model (default cpu)")
+                   help="evidence map of the method's opinions (tcl, tcvse, uml; e.g. UML with exp evidence frees "
+                        f"u from [0.27, 0.73]) (default: {_opinion_defaults('evidence')})")
+    p.add_argument("--tau", type=_positive_float, default=None,
+                   help=f"τ of the evidence map (tcl, tcvse, uml) (default: {_opinion_defaults('tau')})")
+    p.add_argument("--device", default="cpu", help="torch device of the model")
     p.add_argument("--quiet", action="store_true",
                    help="no progress output (bars on a terminal, one line per epoch otherwise)")
 
@@ -145,21 +217,23 @@ def _demo(args) -> int:
 
 def add_subcommands(sub) -> None:
     """Register train, eval and demo on an argparse subparsers object."""
-    p = sub.add_parser("train", help="train a method; writes checkpoint.pt, metrics.json, plots")
+    p = sub.add_parser("train", formatter_class=HelpFormatter,
+                       help="train a method; writes checkpoint.pt, metrics.json, plots")
     _training_options(p, allow_all=False)
     p.add_argument("--baseline", action="store_true",
                    help="also train the same-encoder InfoNCE baseline and compare with it (as demo does)")
     p.set_defaults(run=_train)
 
-    p = sub.add_parser("eval", help="evaluate a checkpoint on its data's test split")
+    p = sub.add_parser("eval", formatter_class=HelpFormatter, help="evaluate a checkpoint on its data's test split")
     p.add_argument("--checkpoint", required=True, help="checkpoint.pt written by train or demo")
     p.add_argument("--out", default=None, help="output directory (default: next to the checkpoint, eval/)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="torch device of the model")
     p.add_argument("--quiet", action="store_true", help="accepted for symmetry; eval shows no bars")
     p.set_defaults(run=_eval)
 
-    p = sub.add_parser("demo", help="the README's main job: train on the built-in data with the fused loss, "
-                                    "evaluate, plot, and time the fused loss against plain PyTorch")
+    p = sub.add_parser("demo", formatter_class=HelpFormatter,
+                       help="the README's main job: train on the built-in data with the fused loss, evaluate, plot, "
+                            "and time the fused loss against plain PyTorch")
     _training_options(p, allow_all=True)
     p.add_argument("--bench-size", type=_positive_int, default=1024, help="K of the speed comparison")
     p.add_argument("--no-bench", action="store_true", help="skip the speed comparison")

@@ -1,6 +1,7 @@
 """PNG figures of the CLI runs (matplotlib, headless "Agg" backend).
 
-- `training_curve`: the loss (and UML's split accuracy) per epoch;
+- `training_curve`: the loss (and UML's split accuracy) per epoch, and for TCL / TcVSE its parts
+  and the annealed KL weight λ;
 - `uncertainty_histograms`: overlaid normalised histograms of uncertainty groups (clean vs
   corrupted queries: TCL Fig. 5; clean vs noisy pairs: UML Fig. 5; in- vs out-of-distribution:
   FUME Fig. 4);
@@ -85,20 +86,48 @@ def deletion_curves(curves: Mapping[str, Mapping[str, np.ndarray]], path, *, tit
     return _save(fig, path)
 
 
+def _series(history, key: str) -> list[float]:
+    return [float(h.get(key, float("nan"))) for h in history]
+
+
 def training_curve(history, path, *, title: str, extra: str | None = None) -> Path:
-    """The training loss per epoch, and the series `extra` (e.g. "split_accuracy") on a second axis."""
+    """The training loss per epoch (1-based, as the progress lines count), and the series `extra`
+    (e.g. "split_accuracy") on a second axis.
+
+    When the records carry TCL's parts (loss_risk, loss_kl, kl_weight: `TCL.training_step`), the
+    risk, λ·KL and the consistency loss are drawn beside the total and λ on the second axis: λ is
+    annealed upward (TCL eq. 10), so the total can rise while training goes well, and the plot
+    shows which part rises.
+    """
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(5.2, 3.8))
-    epochs = [h["epoch"] for h in history]
+    parts = all(key in h for h in history for key in ("loss_risk", "loss_kl", "kl_weight"))
+    fig, ax = plt.subplots(figsize=(5.2, 4.6 if parts else 3.8))
+    epochs = [h["epoch"] + 1 for h in history]
     ax.plot(epochs, [h["loss"] for h in history], marker="o", color="C0", label="loss")
     ax.set_xlabel("epoch")
     ax.set_ylabel("training loss")
-    if extra is not None and all(extra in h for h in history):
+    if parts:
+        weights = _series(history, "kl_weight")
+        ax.plot(epochs, _series(history, "loss_risk"), marker=".", color="C2", label="risk")
+        ax.plot(epochs, [w * kl for w, kl in zip(weights, _series(history, "loss_kl"))], marker=".", color="C3",
+                label="λ·KL")
+        if any(np.isfinite(_series(history, "loss_c"))):
+            ax.plot(epochs, _series(history, "loss_c"), marker=".", color="C4", label="consistency")
         ax2 = ax.twinx()
-        ax2.plot(epochs, [h[extra] for h in history], marker="s", color="C1", label=extra)
-        ax2.set_ylabel(extra)
-        ax2.legend(loc="upper right")
-    ax.legend(loc="upper left")
+        ax2.plot(epochs, weights, linestyle="--", color="0.4", label="λ (KL weight, annealed up)")
+        ax2.set_ylabel("λ")
+        ax2.set_ylim(bottom=0.0)
+        ax.set_xticks(epochs)
+        # One legend under the axes: inside, it would cover the curves, which span the panel.
+        handles, labels = (a + b for a, b in zip(ax.get_legend_handles_labels(), ax2.get_legend_handles_labels()))
+        ax.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, fontsize=8)
+    else:
+        if extra is not None and all(extra in h for h in history):
+            ax2 = ax.twinx()
+            ax2.plot(epochs, [h[extra] for h in history], marker="s", color="C1", label=extra)
+            ax2.set_ylabel(extra)
+            ax2.legend(loc="upper right")
+        ax.legend(loc="upper left")
     ax.set_title(title)
     return _save(fig, path)
 

@@ -10,8 +10,8 @@ Files written to the output directory:
                     ("infonce_baseline"), the untrained model, the training history, the
                     acceptance checks ("done_when") and, for demo, the loss speed
     *.png           training curve, risk–coverage curves, coverage against the guaranteed
-                    error level (abstention_coverage.png) and the method's uncertainty plots
-                    (skipped when matplotlib is not installed)
+                    error level and the method's uncertainty plots (skipped when matplotlib is
+                    not installed), named by `PLOT_FILES`
 """
 
 from __future__ import annotations
@@ -45,7 +45,20 @@ from .training import (
     save_checkpoint,
 )
 
-__all__ = ["DataSource", "load_data", "plots_available", "run_demo", "run_evaluation", "run_training", "speed"]
+__all__ = ["PLOT_FILES", "DataSource", "load_data", "plots_available", "run_demo", "run_evaluation", "run_training",
+           "speed"]
+
+# One file name per kind of plot, whatever the method, so that a script (or a person) comparing
+# methods finds the same figure under the same name in each run directory.
+PLOT_FILES = {
+    "training": "training_loss.png",  # every method that trained
+    "risk_coverage": "risk_coverage.png",  # every method
+    "abstention": "abstention_coverage.png",  # every method: coverage at a guaranteed error level α
+    "corruption": "uncertainty_corruption.png",  # clean vs corrupted queries: TCL, TcVSE, DUQ
+    "noisy_pairs": "uncertainty_noisy_vs_clean.png",  # clean vs noisy training pairs: UML
+    "ood": "uncertainty_ood.png",  # in- vs out-of-distribution: FUME
+    "deletion": "map_vs_deletion.png",  # mAP@all vs deletion rate: FUME
+}
 
 PLOTS_HINT = ("matplotlib is not installed: skipping the plots "
               "(pip install matplotlib, or install evidential_ops with its [plots] extra)")
@@ -108,36 +121,37 @@ def _write_outputs(out_dir: Path, method: str, metrics: dict, plot_data: dict, h
     name = method.upper() if method != "tcvse" else "TcVSE"
     if "risk_coverage" in plot_data:
         written.append(figures.risk_coverage(
-            plot_data["risk_coverage"], out_dir / "risk_coverage.png",
+            plot_data["risk_coverage"], out_dir / PLOT_FILES["risk_coverage"],
             title=f"{name}: R@1 risk of the most certain queries (test split)"))
     if "abstention" in plot_data:
         written.append(coverage_vs_alpha(
-            plot_data["abstention"], out_dir / "abstention_coverage.png", delta=metrics["abstention"]["delta"],
+            plot_data["abstention"], out_dir / PLOT_FILES["abstention"], delta=metrics["abstention"]["delta"],
             title=f"{name}: queries answered at a guaranteed error level (test halves)"))
     if history:
         extra = "split_accuracy" if method == "uml" and "audit" in metrics else None
-        written.append(figures.training_curve(history, out_dir / "training_loss.png", title=f"{name} training",
-                                            extra=extra))
+        # TCL's loss carries λ·KL with λ annealed upward (TCL eq. 10): the title says what is summed.
+        title = f"{name} training" + (": loss = risk + λ·KL + consistency" if method in ("tcl", "tcvse") else "")
+        written.append(figures.training_curve(history, out_dir / PLOT_FILES["training"], title=title, extra=extra))
     if method in ("tcl", "tcvse"):
         written.append(figures.uncertainty_histograms(
             {"image queries (model A, i2t)": plot_data["uncertainty_i2t"],
              "text queries (model B, t2i)": plot_data["uncertainty_t2i"]},
-            out_dir / "uncertainty_corruption.png",
+            out_dir / PLOT_FILES["corruption"],
             title=f"{name}: query uncertainty u = N/S, clean vs corrupted test data"))
     elif method == "uml" and "uncertainty" in plot_data:
         written.append(figures.uncertainty_histograms(
-            {"vision ↔ non-English view": plot_data["uncertainty"]}, out_dir / "uml_noisy_vs_clean.png",
+            {"vision ↔ non-English view": plot_data["uncertainty"]}, out_dir / PLOT_FILES["noisy_pairs"],
             title="UML: pair uncertainty of truly clean vs noisy training pairs"))
     elif method == "fume":
         written.append(figures.deletion_curves(
             {"u (cross-modal uncertainty)": plot_data["curves"]["u"], "s (similarity)": plot_data["curves"]["s"]},
-            out_dir / "fume_map_vs_deletion.png", title="FUME: mAP@all (i2t) vs deletion rate"))
+            out_dir / PLOT_FILES["deletion"], title="FUME: mAP@all (i2t) vs deletion rate"))
         written.append(figures.uncertainty_histograms(
-            {"image-text pairs": plot_data["uncertainty"]}, out_dir / "fume_ood_uncertainty.png",
+            {"image-text pairs": plot_data["uncertainty"]}, out_dir / PLOT_FILES["ood"],
             title="FUME: cross-modal uncertainty, in- vs out-of-distribution"))
     elif method == "duq":
         written.append(figures.uncertainty_histograms(
-            {"text queries": plot_data["uncertainty"]}, out_dir / "duq_uncertainty_corruption.png",
+            {"text queries": plot_data["uncertainty"]}, out_dir / PLOT_FILES["corruption"],
             title="DUQ: similarity uncertainty u_s, clean vs corrupted queries"))
     return written
 
@@ -320,8 +334,16 @@ def _fmt(v) -> str:
     return str(v)
 
 
+# How the R@1 of an uncertainty-quality block judges a top-1 (SPEC §6), said on the line itself:
+# FUME's is by class while the retrieval line above it is by instance, and a user comparing the
+# two numbers must see why they differ.
+RELEVANCE_WORDS = {"instance": "instance-level, as the retrieval line",
+                   "label": "by class: any result of the query's class is right"}
+
+
 def _quality_lines(quality: dict, who: str) -> list[str]:
     """A table per direction of the uncertainty-quality figures (SPEC §6) of every score."""
+    relevance = RELEVANCE_WORDS.get(quality.get("relevance"), quality.get("relevance"))
     lines = [f"uncertainty quality of {who} (test; a wrong top-1 is the event to flag; OOD: ood queries "
              f"over the test gallery):"]
     head = f"    {'score':<32}{'err AUROC':>10}{'AUPR':>7}{'AURC':>7}{'E-AURC':>8}{'R@1@50%':>9}{'R@1@80%':>9}{'OOD AUROC':>11}"
@@ -330,7 +352,7 @@ def _quality_lines(quality: dict, who: str) -> list[str]:
         if q is None:
             continue
         extra = f", ECE of the {q['ece_of'].replace('_', ' ')} {q['ece']:.3f}" if "ece" in q else ""
-        lines.append(f"  {direction}: R@1 {q['r1']:.2f} over {q['n_queries']} queries{extra}")
+        lines.append(f"  {direction}: R@1 {q['r1']:.2f} ({relevance}) over {q['n_queries']} queries{extra}")
         lines.append(head)
         for name, s in q["scores"].items():
             label = name + (" (baseline)" if name in q["baselines"] else "")
@@ -347,13 +369,22 @@ def report(metrics: dict) -> str:
     if "train" in m:
         lines.append(f"trained {m['train']['epochs']} epochs in {m['train']['seconds']:.1f} s "
                      f"(total {m.get('total_seconds', float('nan')):.1f} s)")
-    lines.append("retrieval (test): " + "  ".join(f"{k} {m[k]:.2f}" for k in RETRIEVAL_KEYS))
+    # R@K is by instance (SPEC §4: the query's own image or captions are right) for every
+    # method; FUME's mAP and its uncertainty-quality R@1 are by class.
+    by_class = m.get("uncertainty_quality", {}).get("relevance") == "label"
+    head = "retrieval (test, by instance): "
+    lines.append(head + "  ".join(f"{k} {m[k]:.2f}" for k in RETRIEVAL_KEYS)
+                 + (f"  map (by class) {m['map']:.4f}" if by_class and "map" in m else ""))
+    if by_class:
+        lines.append(f"  ({m['method']} is trained to match classes, not instances: by instance only the query's own "
+                     "image or captions are right, so its R@K is low by design; by class, any result of the "
+                     "query's class is right: that is its map here and the R@1 of its uncertainty quality below)")
     if m.get("untrained"):
-        lines.append("untrained:        " + "  ".join(f"{k} {v:.3g}" for k, v in m["untrained"].items()))
+        lines.append("untrained:".ljust(len(head)) + "  ".join(f"{k} {v:.3g}" for k, v in m["untrained"].items()))
     if "infonce_baseline" in m:
         b = m["infonce_baseline"]
-        lines.append("InfoNCE baseline: " + "  ".join(f"{k} {b[k]:.2f}" for k in RETRIEVAL_KEYS)
-                     + (f"  map {b['map']:.4f}" if "map" in b else ""))
+        lines.append("InfoNCE baseline:".ljust(len(head)) + "  ".join(f"{k} {b[k]:.2f}" for k in RETRIEVAL_KEYS)
+                     + (f"  map (by class) {b['map']:.4f}" if "map" in b else ""))
     if "uncertainty_quality" in m:
         lines.extend(_quality_lines(m["uncertainty_quality"], m["method"]))
         if "infonce_baseline" in m:

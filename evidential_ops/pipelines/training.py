@@ -20,8 +20,8 @@ from .. import checks
 from ..data import CrossModalPairs, collate_pairs
 from ..data.types import CrossModalSplit
 
-__all__ = ["CHECKPOINT_FORMAT", "epoch_lines_enabled", "fit", "load_checkpoint", "make_loader", "print_line",
-           "progress_enabled", "save_checkpoint"]
+__all__ = ["CHECKPOINT_FORMAT", "epoch_line", "epoch_lines_enabled", "fit", "load_checkpoint", "loss_parts_text",
+           "make_loader", "print_line", "progress_enabled", "save_checkpoint"]
 
 CHECKPOINT_FORMAT = 1
 
@@ -41,6 +41,32 @@ def epoch_lines_enabled(quiet: bool) -> bool:
 def print_line(line: str) -> None:
     """print, flushed at once: a log file or pipe then shows each epoch as it ends."""
     print(line, flush=True)
+
+
+def _finite(record: dict, key: str) -> bool:
+    return key in record and math.isfinite(float(record[key]))
+
+
+def loss_parts_text(record: dict) -> str:
+    """The parts of an epoch's loss, when the model reports them, as " = risk R + λ L × KL K
+    + consistency C" (TCL, TcVSE: the fields of `TCL.training_step`); "" otherwise.
+
+    λ is annealed upward (TCL eq. 10), so the loss can rise over epochs while the risk falls:
+    printing λ and the parts lets a reader see that instead of suspecting divergence.
+    """
+    if not all(_finite(record, key) for key in ("kl_weight", "loss_risk", "loss_kl")):
+        return ""
+    text = (f" = risk {record['loss_risk']:.4f} + λ {record['kl_weight']:g} × KL {record['loss_kl']:.4f}")
+    if _finite(record, "loss_c"):  # the consistency step starts in the second epoch
+        text += f" + consistency {record['loss_c']:.4f}"
+    return text
+
+
+def epoch_line(desc: str, epochs: int, record: dict) -> str:
+    """One progress line of an epoch's record (`fit`): "<desc> epoch e/E: loss L[ = parts], S s",
+    e 1-based, the parts as `loss_parts_text` writes them."""
+    return (f"{desc} epoch {record['epoch'] + 1}/{epochs}: loss {record['loss']:.4f}{loss_parts_text(record)}, "
+            f"{record['seconds']:.1f} s")
 
 
 def make_loader(split: CrossModalSplit, *, batch_size: int, languages=("en",), seed: int = 0,
@@ -80,7 +106,8 @@ def fit(model: nn.Module, dataset: CrossModalPairs, loader: DataLoader, optimize
     Returns one dict per epoch: the batch-mean of every value training_step reports, plus
     "epoch" and "seconds". `on_epoch_end(epoch, record)` is called after each epoch (e.g. to
     write a checkpoint); `log_epoch(line)`, when given, receives one progress line per epoch,
-    "<desc> epoch e/E: loss L, S s" (e 1-based).
+    `epoch_line`: "<desc> epoch e/E: loss L, S s" (e 1-based), with the loss's parts and λ
+    between the loss and the seconds for TCL and TcVSE.
     """
     epochs = checks.integer(epochs, "epochs", minimum=1)
     start_epoch = checks.integer(start_epoch, "start_epoch", minimum=0)
@@ -100,7 +127,7 @@ def fit(model: nn.Module, dataset: CrossModalPairs, loader: DataLoader, optimize
             record = {"epoch": epoch, **_mean_logs(logs), "seconds": time.perf_counter() - start}
             history.append(record)
             if log_epoch is not None:
-                log_epoch(f"{desc} epoch {epoch + 1}/{epochs}: loss {record['loss']:.4f}, {record['seconds']:.1f} s")
+                log_epoch(epoch_line(desc, epochs, record))
             if on_epoch_end is not None:
                 on_epoch_end(epoch, record)
     return history

@@ -38,9 +38,10 @@ def check_no_overflow(s: Tensor, evidence: str, tau: float, dtype: torch.dtype) 
     bound = max_log_alpha(evidence, tau, s.detach().abs().amax().to(torch.float64))
     checks.require(
         bound <= limit,
-        f"tau={tau} is too small for evidence={evidence!r} in {dtype}: the evidence overflows and the "
-        f"row strengths overflow. Use a larger tau, compute_dtype=torch.float64, or a fused backend "
-        f"(which works in log space).",
+        f"tau={tau} is too small for evidence={evidence!r} in {dtype}, or the similarities are too large: the "
+        f"evidence overflows and the row strengths overflow. The losses expect cosine similarities (|s| <= 1): "
+        f"for raw features pass normalize=True or L2-normalise x and y; otherwise use a larger tau, "
+        f"compute_dtype=torch.float64, or a fused backend (which works in log space).",
     )
 
 

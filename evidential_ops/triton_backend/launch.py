@@ -353,13 +353,17 @@ def _overflow_check(stats: list[Tensor], message: str) -> None:
 
 def _tau_message(tau: float, evidence: str) -> str:
     """csrc/op_args.cpp tau_overflow_message, word for word."""
-    return (f"tau={tau} is too small for evidence='{evidence}': the line strength Σα overflows double precision "
-            "(exp evidence: |s|/tau > 709; any evidence: an infinite similarity). Use a larger tau.")
+    return (f"tau={tau} is too small for evidence='{evidence}' or the similarities are too large: the line "
+            f"strength Σα overflows double precision (exp evidence: |s|/tau > 709, i.e. |s| > {709.0 * tau:g}; any "
+            f"evidence: an infinite similarity). {_NORMALISE_HINT}")
 
 
-# csrc/op_args.h kStrengthOverflowMessage: line_losses sees statistics only (no τ, no evidence).
+# csrc/op_args.h kNormaliseHint and kStrengthOverflowMessage (line_losses sees statistics only:
+# no τ, no evidence).
+_NORMALISE_HINT = ("The losses expect cosine similarities (|s| <= 1): for raw features pass normalize=True or "
+                   "L2-normalise x and y; otherwise use a larger tau.")
 _STRENGTH_OVERFLOW_MESSAGE = ("a line strength overflowed double precision (exp evidence: |s|/tau > 709; any "
-                              "evidence: an infinite similarity). Use a larger tau.")
+                              f"evidence: an infinite similarity). {_NORMALISE_HINT}")
 
 
 # ----------------------------------------------------------------------------------- per line
