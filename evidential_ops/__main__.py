@@ -1,4 +1,4 @@
-"""Command line: python -m evidential_ops {bench,train,eval,demo} ...
+"""Command line: python -m evidential_ops {bench,train,eval,demo,abstain} ...
 
 bench  times forward + backward of each method's loss for every available backend against
        plain PyTorch (eager and torch.compile) and the matrix-product floor, in one run.
@@ -7,6 +7,8 @@ train  trains a method (--method tcl|tcvse|uml|fume|duq) on the built-in data or
 eval   evaluates a checkpoint (--checkpoint PATH) on its data's test split.
 demo   the README's main job: train --method M (or all) on the built-in data with the fused
        loss, evaluate, plot, and time the fused loss against plain PyTorch.
+abstain calibrates a checkpoint's score (--score u, ...) at a guaranteed error rate and answers
+       held-out queries or abstains.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 
 from . import available_backends, build_info
 from .benchmark import LOSS_CASES, compare, device_name, format_table
+from .pipelines.abstain_cli import add_abstain_subcommand
 from .pipelines.cli import HelpFormatter, add_subcommands
 
 
@@ -39,6 +42,7 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cpu", help="torch device of the inputs")
     p.set_defaults(run=_bench)
     add_subcommands(sub)
+    add_abstain_subcommand(sub)
     args = parser.parse_args(argv)
     return args.run(args)
 

@@ -39,11 +39,12 @@ def test_demo_writes_metrics_and_plots(method, tmp_path, capsys):
                                                           "infonce_baseline"):
         assert key in metrics, key
     assert metrics["train"]["epochs"] == 1 and metrics["method"] == method
-    for name in PLOTS[method] + ["training_loss.png", "risk_coverage.png"]:
+    for name in PLOTS[method] + ["training_loss.png", "risk_coverage.png", "abstention_coverage.png"]:
         assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     # Exactly those: no method writes its own spelling of a plot another method also draws.
     assert sorted(p.name for p in tmp_path.glob("*.png")) == sorted(PLOTS[method] + ["training_loss.png",
-                                                                                      "risk_coverage.png"])
+                                                                                      "risk_coverage.png",
+                                                                                      "abstention_coverage.png"])
     assert set(PLOTS[method]) <= set(PLOT_FILES.values())
     assert (tmp_path / "checkpoint.pt").is_file()
     out = capsys.readouterr().out

@@ -318,7 +318,8 @@ def test_torchrun_trains_tcl_with_two_processes(tmp_path):
     assert all(metrics["train"]["history"][e]["loss_u"] > 0 for e in range(2))
     assert (out / "checkpoint.pt").is_file() and (out / "training_loss.png").is_file()
     assert sorted(p.name for p in out.iterdir()) == sorted(["checkpoint.pt", "metrics.json", "training_loss.png",
-                                                            "uncertainty_corruption.png", "risk_coverage.png"])
+                                                            "uncertainty_corruption.png", "risk_coverage.png",
+                                                            "abstention_coverage.png"])
 
 
 def test_single_process_commands_refuse_torchrun(monkeypatch):

@@ -147,7 +147,7 @@ class _Outputs:
 
 @torch.no_grad()
 def quality_of(method: str, model: nn.Module, bench: CrossModalBenchmark, *, seed: int = 0,
-               relevance: str | None = None) -> tuple[dict, dict]:
+               relevance: str | None = None, keep_scores: dict | None = None) -> tuple[dict, dict]:
     """(metrics, curves) of SPEC §6 for `model` on bench.test (and bench.ood when present).
 
     method: one of PRIMARY_SCORE ("infonce" for `models.InfoNCEBaseline`). relevance: what makes
@@ -156,7 +156,10 @@ def quality_of(method: str, model: nn.Module, bench: CrossModalBenchmark, *, see
     metrics = {"i2t": uncertainty_report, "t2i": ..., "primary_score": name, "relevance": the
     relevance used, "ood_queries": {"i2t": n, "t2i": n} (the OOD queries of each direction, 0
     without an "ood" split)} and curves = {direction: {score: {"coverage", "risk"} numpy arrays,
-    "oracle": ...}} for the risk–coverage plot.
+    "oracle": ...}} for the risk–coverage plot. keep_scores: a dict to fill with each direction's
+    raw per-query figures {direction: {"scores": {name: (N_q,)} baselines included, "wrong",
+    "baselines", "top1": (N_q,) gallery index returned first, "ood_scores": the same names for the
+    OOD queries or None, "ood_top1"}} (calibrated abstention, `pipelines.abstention`).
     """
     test = bench.test
     has_ood = "ood" in bench
@@ -187,4 +190,10 @@ def quality_of(method: str, model: nn.Module, bench: CrossModalBenchmark, *, see
         all_scores = {**in_dist.scores, **similarity_baselines(in_dist.ranking)}
         curves[direction] = {name: risk_coverage_curve(u, wrong) for name, u in all_scores.items()}
         curves[direction]["oracle"] = risk_coverage_curve(wrong.to(torch.float64), wrong)
+        if keep_scores is not None:
+            keep_scores[direction] = {"scores": all_scores, "wrong": wrong, "baselines": report["baselines"],
+                                      "top1": in_dist.ranking.argmax(dim=1),
+                                      "ood_scores": None if ood is None else
+                                      {**ood.scores, **similarity_baselines(ood.ranking)},
+                                      "ood_top1": None if ood is None else ood.ranking.argmax(dim=1)}
     return metrics, curves

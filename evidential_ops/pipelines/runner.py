@@ -5,11 +5,13 @@ Files written to the output directory:
                     the InfoNCE baseline's state when one was trained
     metrics.json    the test-split retrieval keys (SPEC §4) at the top level, the method's
                     uncertainty figures, the uncertainty quality of every score and direction
-                    (SPEC §6, "uncertainty_quality"), the same-encoder InfoNCE baseline
+                    (SPEC §6, "uncertainty_quality"), the calibrated abstention of every
+                    score (SPEC §7, "abstention"), the same-encoder InfoNCE baseline
                     ("infonce_baseline"), the untrained model, the training history, the
                     acceptance checks ("done_when") and, for demo, the loss speed
-    *.png           training curve, risk–coverage curves and the method's uncertainty plots
-                    (skipped when matplotlib is not installed), named by `PLOT_FILES`
+    *.png           training curve, risk–coverage curves, coverage against the guaranteed
+                    error level and the method's uncertainty plots (skipped when matplotlib is
+                    not installed), named by `PLOT_FILES`
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from .. import benchmark
 from ..data import SyntheticConfig, load_precomputed, make_synthetic_benchmark
 from ..data.types import CrossModalBenchmark
 from . import plots as figures
+from .abstention import abstention_lines, abstention_report
+from .abstention_plot import coverage_vs_alpha
 from .analysis import RETRIEVAL_KEYS, analyse, baseline_metrics, jsonable, summary_checks
 from .baseline import infonce_baseline
 from .quality import quality_of
@@ -49,6 +53,7 @@ __all__ = ["PLOT_FILES", "DataSource", "load_data", "plots_available", "run_demo
 PLOT_FILES = {
     "training": "training_loss.png",  # every method that trained
     "risk_coverage": "risk_coverage.png",  # every method
+    "abstention": "abstention_coverage.png",  # every method: coverage at a guaranteed error level α
     "corruption": "uncertainty_corruption.png",  # clean vs corrupted queries: TCL, TcVSE, DUQ
     "noisy_pairs": "uncertainty_noisy_vs_clean.png",  # clean vs noisy training pairs: UML
     "ood": "uncertainty_ood.png",  # in- vs out-of-distribution: FUME
@@ -118,6 +123,10 @@ def _write_outputs(out_dir: Path, method: str, metrics: dict, plot_data: dict, h
         written.append(figures.risk_coverage(
             plot_data["risk_coverage"], out_dir / PLOT_FILES["risk_coverage"],
             title=f"{name}: R@1 risk of the most certain queries (test split)"))
+    if "abstention" in plot_data:
+        written.append(coverage_vs_alpha(
+            plot_data["abstention"], out_dir / PLOT_FILES["abstention"], delta=metrics["abstention"]["delta"],
+            title=f"{name}: queries answered at a guaranteed error level (test halves)"))
     if history:
         extra = "split_accuracy" if method == "uml" and "audit" in metrics else None
         # TCL's loss carries λ·KL with λ annealed upward (TCL eq. 10): the title says what is summed.
@@ -158,11 +167,14 @@ def _evaluate(method: str, model, bench: CrossModalBenchmark, recipe: Recipe, *,
     start = time.perf_counter()
     details, plot_data = analyse(method, model, bench, seed=seed, audit_batches=audit_batches, history=history,
                                  noise_ground_truth=source.get("kind") == "synthetic")
-    details["uncertainty_quality"], curves = quality_of(method, model, bench, seed=seed)
+    raw_scores = {}
+    details["uncertainty_quality"], curves = quality_of(method, model, bench, seed=seed, keep_scores=raw_scores)
     plot_data["risk_coverage"] = {"method": curves, "primary": details["uncertainty_quality"]["primary_score"]}
+    details["abstention"], abstention_curves = abstention_report(raw_scores, seed=seed)
+    plot_data["abstention"] = {"method": abstention_curves, "primary": details["uncertainty_quality"]["primary_score"]}
     if baseline is not None:
-        details["infonce_baseline"], plot_data["risk_coverage"]["infonce"] = _evaluate_baseline(
-            baseline, bench, seed, details["uncertainty_quality"]["relevance"])
+        details["infonce_baseline"], plot_data["risk_coverage"]["infonce"], plot_data["abstention"]["infonce"] = \
+            _evaluate_baseline(baseline, bench, seed, details["uncertainty_quality"]["relevance"])
     metrics = {k: details[k] for k in RETRIEVAL_KEYS}
     metrics["method"] = method
     metrics.update({k: v for k, v in details.items() if k not in RETRIEVAL_KEYS})
@@ -172,15 +184,19 @@ def _evaluate(method: str, model, bench: CrossModalBenchmark, recipe: Recipe, *,
     return metrics, plot_data
 
 
-def _evaluate_baseline(baseline, bench: CrossModalBenchmark, seed: int, relevance: str) -> tuple[dict, dict]:
-    """Retrieval keys (and mAP with labels) plus the uncertainty quality of the InfoNCE baseline,
-    judged by the same relevance as its method (by class for FUME), and its risk–coverage curves."""
+def _evaluate_baseline(baseline, bench: CrossModalBenchmark, seed: int, relevance: str) -> tuple[dict, dict, dict]:
+    """Retrieval keys (and mAP with labels) plus the uncertainty quality and calibrated abstention
+    of the InfoNCE baseline, judged by the same relevance as its method (by class for FUME), and
+    its risk–coverage and coverage-vs-α curves."""
     metrics = baseline.evaluate(bench.test)
     out = {k: metrics[k] for k in RETRIEVAL_KEYS}
     if relevance == "label":  # mAP is the measure of label-based retrieval (FUME) only
         out["map"] = metrics["map"]
-    out["uncertainty_quality"], curves = quality_of("infonce", baseline, bench, seed=seed, relevance=relevance)
-    return out, curves
+    raw_scores = {}
+    out["uncertainty_quality"], curves = quality_of("infonce", baseline, bench, seed=seed, relevance=relevance,
+                                                    keep_scores=raw_scores)
+    out["abstention"], abstention_curves = abstention_report(raw_scores, seed=seed)
+    return out, curves, abstention_curves
 
 
 def _train(model, bench: CrossModalBenchmark, recipe: Recipe, seed: int, *, quiet: bool, desc: str):
@@ -373,6 +389,10 @@ def report(metrics: dict) -> str:
         lines.extend(_quality_lines(m["uncertainty_quality"], m["method"]))
         if "infonce_baseline" in m:
             lines.extend(_quality_lines(m["infonce_baseline"]["uncertainty_quality"], "InfoNCE baseline"))
+    if "abstention" in m:
+        lines.extend(abstention_lines(m["abstention"], m["method"]))
+        if "abstention" in m.get("infonce_baseline", {}):
+            lines.extend(abstention_lines(m["infonce_baseline"]["abstention"], "InfoNCE baseline"))
     for name, check in m.get("done_when", {}).items():
         note = f"  <- {check['note']}" if check.get("note") and not check["pass"] else ""
         lines.append(f"  [{'ok' if check['pass'] else 'FAIL'}] {name}: {_fmt(check['value'])}{note}")
