@@ -161,6 +161,7 @@ def alpha_definitions(a):
         a * p1,  # x_trigamma
         a * a * p2,  # x2_tetragamma
         (a - 1) * p0 - lg - a,  # kl_h
+        (a - 1) * p0 - lg - a + 1,  # kl_h_plus_one
         a * (1 - (a - 1) * p1),  # x_kl_v
         mp.log(p1),  # log_trigamma
         1 / p1 - a + mpf(1) / 2,  # remainder

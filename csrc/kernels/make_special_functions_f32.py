@@ -75,6 +75,10 @@ def kl_h(x):
     return (x - 1) * mp.psi(0, x) - mp.loggamma(x) - x
 
 
+def kl_h_plus_one(x):
+    return (x - 1) * mp.psi(0, x) - mp.loggamma(x) - x + 1
+
+
 def x_kl_v(x):
     return x * (1 - (x - 1) * mp.psi(1, x))
 
@@ -381,7 +385,13 @@ def generate() -> str:
                 Fit("lnΓ", lgamma, 4),
             ],
         ),
-        "kl_h_fit": ("h(x) = (x − 1)ψ(x) − lnΓ(x) − x.", [Fit("h", kl_h, a) for a in BINADES]),
+        "kl_h_plus_one_fit": (
+            "h(x) + 1 = (x − 1)ψ(x) − lnΓ(x) − x + 1 = (x − 1)·P on [1, 2), P itself above: h(1) = −1, and"
+            " the KL of a line whose α are all near 1 is second order in α − 1, so the per-element"
+            " statistic must be accurate relative to α − 1, not to 1.",
+            [Fit("h+1", kl_h_plus_one, 1, lambda x: x - one), Fit("h+1", kl_h_plus_one, 2),
+             Fit("h+1", kl_h_plus_one, 4)],
+        ),
         "x_kl_v_fit": ("x·v(x) = x(1 − (x − 1)ψ1(x)).", [Fit("xv", x_kl_v, a) for a in BINADES]),
         "log_trigamma_fit": (
             "ln ψ1(x) = (x − x1)·P on [1, 2) (x1: ψ1(x1) = 1), P itself above.",
@@ -406,7 +416,7 @@ def generate() -> str:
         "digamma_tail_series": ("D(u), ψ(x) = ln x − D(u).", series_digamma_tail(), digamma(eight)),
         "lgamma_tail_series": (
             "G(u), lnΓ(x) = x(ln x − 1) − ½ ln x + ½ ln 2π + G(u).", series_lgamma_tail(), lgamma(eight)),
-        "kl_h_tail_series": ("H(u), h(x) = −½ ln x − ½ ln 2π − ½ + H(u).", series_kl_h_tail(), kl_h(eight)),
+        "kl_h_tail_series": ("H(u), h(x) = −½ ln x − ½ ln 2π − ½ + H(u).", series_kl_h_tail(), kl_h(eight) + 1),
         "x_kl_v_series": ("x·v(x).", series_x_kl_v(), x_kl_v(eight)),
         "log_x_trigamma_series": (
             "L(u) = ln(x·ψ1(x)), ln ψ1(x) = L(u) − ln x.", series_log_x_trigamma(), log_trigamma(eight)),

@@ -46,6 +46,7 @@ EO_FUNCTION(f_lgamma, kn::polygammas(x).lgamma)
 EO_FUNCTION(f_x_trigamma, kn::polygammas(x).x_trigamma)
 EO_FUNCTION(f_x2_tetragamma, kn::polygammas(x).x2_tetragamma)
 EO_FUNCTION(f_kl_h, kn::kl_h(x, kn::polygammas(x)))
+EO_FUNCTION(f_kl_h_plus_one, kn::kl_h_plus_one(x, kn::polygammas(x)))
 EO_FUNCTION(f_x_kl_v, kn::x_kl_v(x, kn::polygammas(x)))
 EO_FUNCTION(f_log_trigamma, kn::log_trigamma(x, kn::polygammas(x)))
 EO_FUNCTION(f_remainder, kn::fisher_remainder(x, kn::polygammas(x)).r)
@@ -58,6 +59,7 @@ EO_FUNCTION(l_digamma, kn::polygammas_of_log(x).digamma)
 EO_FUNCTION(l_x_trigamma, kn::polygammas_of_log(x).x_trigamma)
 EO_FUNCTION(l_x2_tetragamma, kn::polygammas_of_log(x).x2_tetragamma)
 EO_FUNCTION(l_kl_h, kn::kl_h(x, kn::polygammas_of_log(x)))
+EO_FUNCTION(l_kl_h_plus_one, kn::kl_h_plus_one(x, kn::polygammas_of_log(x)))
 EO_FUNCTION(l_x_kl_v, kn::x_kl_v(x, kn::polygammas_of_log(x)))
 EO_FUNCTION(l_log_trigamma, kn::log_trigamma(x, kn::polygammas_of_log(x)))
 EO_FUNCTION(l_remainder, kn::fisher_remainder(x, kn::polygammas_of_log(x)).r)
@@ -74,7 +76,8 @@ EO_FUNCTION(e_log1p, kn::log1p_f(x))
 const std::vector<Function> kAlpha = {
     EO_ENTRY(f_digamma, "digamma"),           EO_ENTRY(f_lgamma, "lgamma"),
     EO_ENTRY(f_x_trigamma, "x_trigamma"),     EO_ENTRY(f_x2_tetragamma, "x2_tetragamma"),
-    EO_ENTRY(f_kl_h, "kl_h"),                 EO_ENTRY(f_x_kl_v, "x_kl_v"),
+    EO_ENTRY(f_kl_h, "kl_h"),                 EO_ENTRY(f_kl_h_plus_one, "kl_h_plus_one"),
+    EO_ENTRY(f_x_kl_v, "x_kl_v"),
     EO_ENTRY(f_log_trigamma, "log_trigamma"), EO_ENTRY(f_remainder, "remainder"),
     EO_ENTRY(f_x_remainder_prime, "x_remainder_prime"), EO_ENTRY(f_fisher_slope, "fisher_slope"),
     EO_ENTRY(f_ratio, "tetragamma_trigamma_ratio"),
@@ -82,6 +85,7 @@ const std::vector<Function> kAlpha = {
 const std::vector<Function> kLogAlpha = {
     EO_ENTRY(l_digamma, "digamma"),           EO_ENTRY(l_x_trigamma, "x_trigamma"),
     EO_ENTRY(l_x2_tetragamma, "x2_tetragamma"), EO_ENTRY(l_kl_h, "kl_h"),
+    EO_ENTRY(l_kl_h_plus_one, "kl_h_plus_one"),
     EO_ENTRY(l_x_kl_v, "x_kl_v"),             EO_ENTRY(l_log_trigamma, "log_trigamma"),
     EO_ENTRY(l_remainder, "remainder"),       EO_ENTRY(l_x_remainder_prime, "x_remainder_prime"),
     EO_ENTRY(l_fisher_slope, "fisher_slope"), EO_ENTRY(l_ratio, "tetragamma_trigamma_ratio"),

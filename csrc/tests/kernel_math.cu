@@ -63,7 +63,7 @@ __global__ void special_functions_f32_kernel(const float* a, float* out, int n) 
   const kn::PolygammasF32 gl = kn::polygammas_of_log(a[i]);
   const kn::FisherRemainderF32 fr = kn::fisher_remainder(a[i], g);
   out[8 * i + 0] = g.digamma + g.lgamma + g.x_trigamma + g.x2_tetragamma;
-  out[8 * i + 1] = kn::kl_h(a[i], g) + kn::x_kl_v(a[i], g);
+  out[8 * i + 1] = kn::kl_h(a[i], g) + kn::kl_h_plus_one(a[i], g) + kn::x_kl_v(a[i], g);
   out[8 * i + 2] = kn::log_trigamma(a[i], g) + fr.r + fr.x_r_prime;
   out[8 * i + 3] = kn::fisher_slope(a[i], g) + kn::tetragamma_trigamma_ratio(g);
   out[8 * i + 4] = kn::kl_h(a[i], gl) + kn::log_trigamma(a[i], gl) + kn::x_kl_v(a[i], gl);
