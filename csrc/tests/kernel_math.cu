@@ -72,6 +72,22 @@ __global__ void special_functions_f32_kernel(const float* a, float* out, int n) 
   out[8 * i + 7] = kn::digamma(a[i]) + kn::lgamma_ge1(a[i]) + kn::kl_h(a[i]);
 }
 
+// The float32 element functions of element_terms.h, every term enabled.
+__global__ void element_f32_kernel(const float* alpha, float* out, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const kn::ElementForwardF32 f = kn::element_forward_f32<true, true, true>(alpha[i]);
+  const kn::ElementBackwardF32 b = kn::element_backward_f32<true, true, true>(alpha[i]);
+  out[8 * i + 0] = f.kl_h_plus_one;
+  out[8 * i + 1] = f.x_trigamma;
+  out[8 * i + 2] = f.log_trigamma;
+  out[8 * i + 3] = f.remainder;
+  out[8 * i + 4] = b.kl_v;
+  out[8 * i + 5] = b.fisher_slope;
+  out[8 * i + 6] = b.logdet_ratio;
+  out[8 * i + 7] = b.logdet_r_prime;
+}
+
 // One thread per line: the loss and the gradient constants, every term enabled.
 __global__ void line_kernel(const double* stats, const double* scale, std::int64_t n, const double* weight,
                             const double* upstream, double* losses, double* constants) {
@@ -104,5 +120,6 @@ void instantiate_kernel_math_checks(const double* in, const double* in2, double*
   element_kernel<true, true, true><<<1, 32>>>(in, out, n);
   special_functions_kernel<<<1, 32>>>(in, in2, out, n);
   special_functions_f32_kernel<<<1, 32>>>(in_f32, out_f32, n);
+  element_f32_kernel<<<1, 32>>>(in_f32, out_f32, n);
   line_kernel<<<1, 32>>>(in, in2, n, in2, in2, out, out + n);
 }

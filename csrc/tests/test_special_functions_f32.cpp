@@ -4,7 +4,8 @@
 // bench/float32_special_sweep.py --write-ctest-table), each function evaluated by scalar code and
 // in an `omp simd` loop (float32_special_values.cpp), for this build's instruction-set variant.
 // Plus the properties the kernels rely on that no finite table shows: finite everywhere on the
-// domain, the x → ∞ limits, and monotonicity across the branch points 2, 4 and 8.
+// domain, the x → ∞ limits, monotonicity across the branch points 2, 4 and 8, and that the float32
+// element functions of element_terms.h are these functions.
 //
 // The table and its bounds are regenerated after a new full sweep with
 // `python bench/float32_special_sweep.py --write-ctest-table`.
@@ -20,7 +21,7 @@
 #include <vector>
 
 #include "float32_reference_table.h"
-#include "kernels/special_functions_f32.h"
+#include "kernels/element_terms.h"
 
 #ifndef EO_ISA
 #error "EO_ISA must name the variant (generic, avx2, avx512)"
@@ -150,6 +151,25 @@ void check_properties(Failures& f) {
     prev_h = h;
     prev_lt = lt;
     prev_t1 = g.x_trigamma;
+  }
+  // element_terms.h's float32 element functions are these functions, and widen() turns h + 1 into
+  // h exactly (in double) and forms α(α + 1)ψ1 as (α + 1)·(αψ1).
+  for (const float a : {1.0f, 1.0000001f, 1.4262551f, 2.0f, 3.7f, 7.9999995f, 8.0f, 1234.5f, 4.9e8f, 3.0e38f}) {
+    const kn::PolygammasF32 g = kn::polygammas(a);
+    const kn::ElementForwardF32 fw = kn::element_forward_f32<true, true, true>(a);
+    const kn::ElementBackwardF32 bw = kn::element_backward_f32<true, true, true>(a);
+    f.check(fw.kl_h_plus_one == kn::kl_h_plus_one(a, g) && fw.x_trigamma == g.x_trigamma &&
+                fw.log_trigamma == kn::log_trigamma(a, g) && fw.remainder == kn::fisher_remainder(a, g).r,
+            "element_forward_f32 differs from the functions at α = " + fmt(a));
+    f.check(bw.kl_v == kn::x_kl_v(a, g) && bw.fisher_slope == kn::fisher_slope(a, g) &&
+                bw.logdet_ratio == kn::tetragamma_trigamma_ratio(g) &&
+                bw.logdet_r_prime == kn::fisher_remainder(a, g).x_r_prime,
+            "element_backward_f32 differs from the functions at α = " + fmt(a));
+    const kn::ElementForward wide = kn::widen(static_cast<double>(a), fw);
+    f.check(wide.kl_h == static_cast<double>(fw.kl_h_plus_one) - 1.0 &&
+                wide.kl_h + 1.0 == static_cast<double>(fw.kl_h_plus_one) &&
+                wide.fisher == (static_cast<double>(a) + 1.0) * static_cast<double>(fw.x_trigamma),
+            "widen at α = " + fmt(a));
   }
   // x → ∞ (and the log-space entry far beyond FLT_MAX): the limits, exactly.
   const kn::PolygammasF32 inf = kn::polygammas(INFINITY);
