@@ -70,11 +70,11 @@ struct ElementForwardF32 {
   float remainder;      // r(α)
 };
 
+// g = polygammas(alpha), or polygammas_of_class<k>(alpha) for an alpha of class k (same values).
 template <bool kKl, bool kFmse, bool kLogdet>
-EO_HOST_DEVICE ElementForwardF32 element_forward_f32(float alpha) {
+EO_HOST_DEVICE ElementForwardF32 element_forward_f32(float alpha, const PolygammasF32& g) {
   ElementForwardF32 out = {0.0f, 0.0f, 0.0f, 0.0f};
   if constexpr (kKl || kFmse || kLogdet) {
-    const PolygammasF32 g = polygammas(alpha);
     if constexpr (kKl) out.kl_h_plus_one = kl_h_plus_one(alpha, g);
     if constexpr (kFmse) out.x_trigamma = g.x_trigamma;
     if constexpr (kLogdet) {
@@ -83,6 +83,15 @@ EO_HOST_DEVICE ElementForwardF32 element_forward_f32(float alpha) {
     }
   }
   return out;
+}
+
+template <bool kKl, bool kFmse, bool kLogdet>
+EO_HOST_DEVICE ElementForwardF32 element_forward_f32(float alpha) {
+  if constexpr (kKl || kFmse || kLogdet) {
+    return element_forward_f32<kKl, kFmse, kLogdet>(alpha, polygammas(alpha));
+  } else {
+    return ElementForwardF32{0.0f, 0.0f, 0.0f, 0.0f};
+  }
 }
 
 // ElementForward from the float32 values at α (double, the value the line sums take): h as
@@ -104,10 +113,9 @@ struct ElementBackwardF32 {
 };
 
 template <bool kKl, bool kFmse, bool kLogdet>
-EO_HOST_DEVICE ElementBackwardF32 element_backward_f32(float alpha) {
+EO_HOST_DEVICE ElementBackwardF32 element_backward_f32(float alpha, const PolygammasF32& g) {
   ElementBackwardF32 out = {0.0f, 0.0f, 0.0f, 0.0f};
   if constexpr (kKl || kFmse || kLogdet) {
-    const PolygammasF32 g = polygammas(alpha);
     if constexpr (kKl) out.kl_v = x_kl_v(alpha, g);
     if constexpr (kFmse) out.fisher_slope = fisher_slope(alpha, g);
     if constexpr (kLogdet) {
@@ -116,6 +124,15 @@ EO_HOST_DEVICE ElementBackwardF32 element_backward_f32(float alpha) {
     }
   }
   return out;
+}
+
+template <bool kKl, bool kFmse, bool kLogdet>
+EO_HOST_DEVICE ElementBackwardF32 element_backward_f32(float alpha) {
+  if constexpr (kKl || kFmse || kLogdet) {
+    return element_backward_f32<kKl, kFmse, kLogdet>(alpha, polygammas(alpha));
+  } else {
+    return ElementBackwardF32{0.0f, 0.0f, 0.0f, 0.0f};
+  }
 }
 
 EO_HOST_DEVICE ElementBackward widen(const ElementBackwardF32& f) {

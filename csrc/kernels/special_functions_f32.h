@@ -75,6 +75,39 @@ EO_HOST_DEVICE PolygammasF32 polygammas(float x) {
   return g;
 }
 
+// The argument classes of the float32 functions: the three fitted binades [1, 2), [2, 4), [4, 8)
+// and the series (x >= 8, NaN included). polygammas_of_class<k>(x) is polygammas(x) for an x of
+// class k, with every per-lane choice between coefficient sets and between the fit and the series
+// resolved at compile time: code that groups its elements by class first evaluates each group
+// several times faster (bench/results/float32_element_cost.md). Same operations, so the same bits
+// where the compiler contracts no multiply-add into an FMA; where it does (GCC with FMA targets),
+// it may fuse the two forms differently: 1 ulp apart at most (csrc/tests/test_special_functions_f32.cpp).
+constexpr int kArgumentClasses = 4;
+constexpr int kSeriesClass = 3;
+
+EO_HOST_DEVICE int argument_class(float x) {
+  return x < 2.0f ? 0 : (x < 4.0f ? 1 : (x < kSeriesFromF32 ? 2 : kSeriesClass));
+}
+
+template <int kClass>
+EO_HOST_DEVICE PolygammasF32 polygammas_of_class(float x) {
+  PolygammasF32 g;
+  g.series = kClass == kSeriesClass;
+  g.below_2 = kClass == 0;
+  g.below_4 = kClass <= 1;
+  if constexpr (kClass == kSeriesClass) {
+    g.s = 0.0f;
+    g.log_z = log_f(select(x < __builtin_inff(), x, 3.40282347e38f));
+    g.inv_z = 1.0f / x;
+  } else {
+    g.s = x * (kClass == 0 ? 2.0f : (kClass == 1 ? 1.0f : 0.5f)) - 3.0f;
+    g.log_z = log_f(kSeriesFromF32);
+    g.inv_z = 1.0f / kSeriesFromF32;
+  }
+  fill_polygammas(x, g);
+  return g;
+}
+
 // The same for x = e^log_x given only log_x >= ln 8: α from exp evidence beyond FLT_MAX
 // (s/τ > 88.7) keeps exact scaled functions, h and ln ψ1 (x itself, and lnΓ, are then +inf).
 EO_HOST_DEVICE PolygammasF32 polygammas_of_log(float log_x) {

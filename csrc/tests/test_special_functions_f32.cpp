@@ -4,8 +4,9 @@
 // bench/float32_special_sweep.py --write-ctest-table), each function evaluated by scalar code and
 // in an `omp simd` loop (float32_special_values.cpp), for this build's instruction-set variant.
 // Plus the properties the kernels rely on that no finite table shows: finite everywhere on the
-// domain, the x → ∞ limits, monotonicity across the branch points 2, 4 and 8, and that the float32
-// element functions of element_terms.h are these functions.
+// domain, the x → ∞ limits, monotonicity across the branch points 2, 4 and 8, that
+// polygammas_of_class is polygammas, and that the float32 element functions of element_terms.h are
+// these functions.
 //
 // The table and its bounds are regenerated after a new full sweep with
 // `python bench/float32_special_sweep.py --write-ctest-table`.
@@ -151,6 +152,38 @@ void check_properties(Failures& f) {
     prev_h = h;
     prev_lt = lt;
     prev_t1 = g.x_trigamma;
+  }
+  // polygammas_of_class<k>(x) is polygammas(x) for every x of class k (here: every point of the
+  // sweep's table): bit for bit without FMA contraction; with it (this build targets FMA) the two
+  // forms may be fused differently, so there they must agree within 1 ulp.
+#if defined(__FMA__)
+  const double class_ulps = 1.0;
+#else
+  const double class_ulps = 0.0;
+#endif
+  for (const float a : ref::k_alpha_x) {
+    const kn::PolygammasF32 g = kn::polygammas(a);
+    kn::PolygammasF32 c;
+    switch (kn::argument_class(a)) {
+      case 0: c = kn::polygammas_of_class<0>(a); break;
+      case 1: c = kn::polygammas_of_class<1>(a); break;
+      case 2: c = kn::polygammas_of_class<2>(a); break;
+      default: c = kn::polygammas_of_class<kn::kSeriesClass>(a); break;
+    }
+    const float by_default[] = {g.digamma, g.lgamma, g.x_trigamma, g.x2_tetragamma, kn::kl_h_plus_one(a, g),
+                                kn::x_kl_v(a, g), kn::log_trigamma(a, g), kn::fisher_remainder(a, g).r,
+                                kn::fisher_remainder(a, g).x_r_prime, kn::fisher_slope(a, g)};
+    const float by_class[] = {c.digamma, c.lgamma, c.x_trigamma, c.x2_tetragamma, kn::kl_h_plus_one(a, c),
+                              kn::x_kl_v(a, c), kn::log_trigamma(a, c), kn::fisher_remainder(a, c).r,
+                              kn::fisher_remainder(a, c).x_r_prime, kn::fisher_slope(a, c)};
+    bool same = g.series == c.series && g.below_2 == c.below_2 && g.below_4 == c.below_4;
+    for (std::size_t k = 0; k < sizeof by_class / sizeof by_class[0]; ++k) {
+      const double apart = by_default[k] == by_class[k] ? 0.0
+                                                        : std::fabs(static_cast<double>(by_default[k]) - by_class[k]) /
+                                                              ulp_at(by_default[k]);
+      same = same && apart <= class_ulps;
+    }
+    f.check(same, "polygammas_of_class differs from polygammas at x = " + fmt(a));
   }
   // element_terms.h's float32 element functions are these functions, and widen() turns h + 1 into
   // h exactly (in double) and forms α(α + 1)ψ1 as (α + 1)·(αψ1).
