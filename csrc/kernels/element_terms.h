@@ -4,6 +4,7 @@
 #pragma once
 
 #include "line_terms.h"
+#include "special_functions_f32.h"
 
 namespace evidential_ops {
 namespace EO_ISA {
@@ -56,6 +57,86 @@ EO_HOST_DEVICE ElementBackward element_backward(double alpha) {
     }
   }
   return out;
+}
+
+// The same per-element functions in float32 (SPEC §2 "Float32 element math"), for α <= FLT_MAX:
+// the special functions of special_functions_f32.h at full float32 SIMD width. Callers widen
+// them into the double ElementForward/ElementBackward with `widen` before accumulating: the line
+// sums and everything per line stay float64.
+struct ElementForwardF32 {
+  float kl_h_plus_one;  // h(α) + 1 (accurate relative to itself near α = 1; see the SPEC)
+  float x_trigamma;     // αψ1(α)
+  float log_trigamma;   // ln ψ1(α)
+  float remainder;      // r(α)
+};
+
+// g = polygammas(alpha), or polygammas_of_class<k>(alpha) for an alpha of class k (same values).
+template <bool kKl, bool kFmse, bool kLogdet>
+EO_HOST_DEVICE ElementForwardF32 element_forward_f32(float alpha, const PolygammasF32& g) {
+  ElementForwardF32 out = {0.0f, 0.0f, 0.0f, 0.0f};
+  if constexpr (kKl || kFmse || kLogdet) {
+    if constexpr (kKl) out.kl_h_plus_one = kl_h_plus_one(alpha, g);
+    if constexpr (kFmse) out.x_trigamma = g.x_trigamma;
+    if constexpr (kLogdet) {
+      out.log_trigamma = log_trigamma(alpha, g);
+      out.remainder = fisher_remainder(alpha, g).r;
+    }
+  }
+  return out;
+}
+
+template <bool kKl, bool kFmse, bool kLogdet>
+EO_HOST_DEVICE ElementForwardF32 element_forward_f32(float alpha) {
+  if constexpr (kKl || kFmse || kLogdet) {
+    return element_forward_f32<kKl, kFmse, kLogdet>(alpha, polygammas(alpha));
+  } else {
+    return ElementForwardF32{0.0f, 0.0f, 0.0f, 0.0f};
+  }
+}
+
+// ElementForward from the float32 values at α (double, the value the line sums take): h as
+// (h + 1) − 1 in double, exact, so h keeps the accuracy of h + 1; α(α + 1)ψ1 as (α + 1)·(αψ1).
+EO_HOST_DEVICE ElementForward widen(double alpha, const ElementForwardF32& f) {
+  ElementForward out;
+  out.kl_h = static_cast<double>(f.kl_h_plus_one) - 1.0;
+  out.fisher = (alpha + 1.0) * static_cast<double>(f.x_trigamma);
+  out.log_trigamma = f.log_trigamma;
+  out.remainder = f.remainder;
+  return out;
+}
+
+struct ElementBackwardF32 {
+  float kl_v;            // α·v(α)
+  float fisher_slope;    // f'(α)
+  float logdet_ratio;    // αψ2(α)/ψ1(α)
+  float logdet_r_prime;  // α·r'(α)
+};
+
+template <bool kKl, bool kFmse, bool kLogdet>
+EO_HOST_DEVICE ElementBackwardF32 element_backward_f32(float alpha, const PolygammasF32& g) {
+  ElementBackwardF32 out = {0.0f, 0.0f, 0.0f, 0.0f};
+  if constexpr (kKl || kFmse || kLogdet) {
+    if constexpr (kKl) out.kl_v = x_kl_v(alpha, g);
+    if constexpr (kFmse) out.fisher_slope = fisher_slope(alpha, g);
+    if constexpr (kLogdet) {
+      out.logdet_ratio = tetragamma_trigamma_ratio(g);
+      out.logdet_r_prime = fisher_remainder(alpha, g).x_r_prime;
+    }
+  }
+  return out;
+}
+
+template <bool kKl, bool kFmse, bool kLogdet>
+EO_HOST_DEVICE ElementBackwardF32 element_backward_f32(float alpha) {
+  if constexpr (kKl || kFmse || kLogdet) {
+    return element_backward_f32<kKl, kFmse, kLogdet>(alpha, polygammas(alpha));
+  } else {
+    return ElementBackwardF32{0.0f, 0.0f, 0.0f, 0.0f};
+  }
+}
+
+EO_HOST_DEVICE ElementBackward widen(const ElementBackwardF32& f) {
+  return ElementBackward{f.kl_v, f.fisher_slope, f.logdet_ratio, f.logdet_r_prime};
 }
 
 // One line's share of α·∂L/∂α at this element (see LineGradient).

@@ -4,7 +4,11 @@
 // exit code 77 to "skipped" (SKIP_RETURN_CODE in CMakeLists.txt).
 #include <cstdio>
 
-int run_kernel_tests(int argc, char** argv);  // test_kernels.cpp, built for the variant's ISA
+// The variant's entry point (test_kernels.cpp's by default; EO_TEST_ENTRY names another).
+#ifndef EO_TEST_ENTRY
+#define EO_TEST_ENTRY run_kernel_tests
+#endif
+int EO_TEST_ENTRY(int argc, char** argv);  // built for the variant's ISA
 
 namespace {
 
@@ -39,5 +43,5 @@ int main(int argc, char** argv) {
     std::printf("SKIPPED: this CPU lacks %s, which this test binary was compiled for\n", missing);
     return kSkip;
   }
-  return run_kernel_tests(argc, argv);
+  return EO_TEST_ENTRY(argc, argv);
 }

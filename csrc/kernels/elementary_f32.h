@@ -1,0 +1,90 @@
+// exp, log and log1p in float32, written so that compilers vectorise them at full float32 width
+// (the float counterparts of elementary.h, same structure: branch-free, selects only).
+//
+// Accuracy (measured over their whole float32 domain by bench/float32_special_sweep.py, table in
+// bench/results/float32_special_functions.md): below 1 ulp. Derived, not copied: Cody-Waite
+// reduction with a 9-bit ln 2 so that n·ln2_hi is exact, and Taylor polynomials whose truncation
+// is below 2^-27 relative on the reduced interval.
+#pragma once
+
+#include "platform.h"
+
+namespace evidential_ops {
+namespace EO_ISA {
+
+constexpr float kLn2HiF = 0.693359375f;       // 355/512: n·kLn2HiF is exact for |n| < 2^15
+constexpr float kLn2LoF = -2.12194440e-4f;    // ln 2 − kLn2HiF, rounded
+constexpr float kLog2eF = 1.44269504f;
+constexpr float kRoundMagicF = 12582912.0f;   // 1.5·2^23: x + magic rounds x to an integer
+constexpr float kMaxExpArgF = 88.7228394f;    // largest x with exp(x) < FLT_MAX
+constexpr float kMinExpArgF = -103.972076f;   // below: exp(x) rounds to 0 (half the least subnormal)
+
+EO_HOST_DEVICE std::uint32_t bits_of(float x) {
+  std::uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+EO_HOST_DEVICE float float_of(std::uint32_t u) {
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+// exp(x) for float x: +inf above kMaxExpArgF, 0 below kMinExpArgF, subnormal results in between
+// rounded once (2^n is applied as two normal factors, so no intermediate leaves the range).
+EO_HOST_DEVICE float exp_f(float x) {
+  const float xc = min_of(max_of(x, kMinExpArgF), kMaxExpArgF);
+  const float n = (xc * kLog2eF + kRoundMagicF) - kRoundMagicF;  // round(x / ln 2), exact
+  const float r = (xc - n * kLn2HiF) - n * kLn2LoF;             // |r| <= 0.347
+  // e^r = 1 + r + r²·Σ r^k/(k+2)!, Taylor to r^7: truncation r^8/8! < 5.3e-9 relative.
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  const float e_r = 1.0f + (r + r * r * p);
+  const std::int32_t k = static_cast<std::int32_t>(n);  // in [−150, 128]
+  const std::int32_t half = k / 2;                     // both factors 2^half, 2^(k − half) normal
+  const float scale_a = float_of(static_cast<std::uint32_t>(half + 127) << 23);
+  const float scale_b = float_of(static_cast<std::uint32_t>(k - half + 127) << 23);
+  const float result = (e_r * scale_a) * scale_b;
+  const float huge = x > kMaxExpArgF ? __builtin_inff() : result;
+  return x < kMinExpArgF ? 0.0f : huge;
+}
+
+// ln(x) for finite, normal float x > 0 (subnormals, 0, Inf and NaN are not handled).
+EO_HOST_DEVICE float log_f(float x) {
+  const std::uint32_t bits = bits_of(x);
+  const std::int32_t biased = static_cast<std::int32_t>(bits >> 23);
+  float mantissa = float_of((bits & 0x007FFFFFu) | 0x3F800000u);  // [1, 2)
+  const bool high = mantissa > 1.41421354f;
+  mantissa = high ? mantissa * 0.5f : mantissa;  // now in [0.707, 1.414]
+  const float k = static_cast<float>(biased - 127 + (high ? 1 : 0));
+  const float f = mantissa - 1.0f;  // exact
+  // ln(1 + f) = 2 atanh(s), s = f/(2 + f), |s| <= 0.172: 2s + s·R(s²), R = Σ 2s^2j/(2j + 1)
+  // (j <= 5; the next term is below 2^-30 relative), arranged as f − (½f² − s(½f² + R)) so that
+  // the leading f is exact.
+  const float s = f / (2.0f + f);
+  const float z = s * s;
+  float big_r = 2.0f / 11.0f;
+  big_r = big_r * z + 2.0f / 9.0f;
+  big_r = big_r * z + 2.0f / 7.0f;
+  big_r = big_r * z + 2.0f / 5.0f;
+  big_r = big_r * z + 2.0f / 3.0f;
+  big_r = big_r * z;
+  const float half_f_sq = 0.5f * f * f;
+  // k·kLn2HiF is exact (k has at most 8 bits, kLn2HiF 9); the small parts are added first.
+  return k * kLn2HiF + ((f - (half_f_sq - s * (half_f_sq + big_r))) + k * kLn2LoF);
+}
+
+// ln(1 + y) for float y >= 0, accurate for tiny y too: the rounding of 1 + y is corrected.
+EO_HOST_DEVICE float log1p_f(float y) {
+  const float u = 1.0f + y;
+  const float correction = ((u - 1.0f) - y) / u;
+  return select(u == 1.0f, y, log_f(u) - correction);
+}
+
+}  // namespace EO_ISA
+}  // namespace evidential_ops

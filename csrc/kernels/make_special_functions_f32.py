@@ -1,0 +1,488 @@
+#!/usr/bin/env python3
+"""Writes csrc/kernels/special_functions_f32_fits.h: the coefficients of the float32 special
+functions of special_functions_f32.h (the per-element functions of SPEC §2 "Stable forms").
+
+    python3 csrc/kernels/make_special_functions_f32.py          # rewrites the header
+    python3 csrc/kernels/make_special_functions_f32.py --check  # fails if the header is stale
+
+Two kinds of forms, split at x = 8:
+- x >= 8: the asymptotic series in u = 1/x, built here in exact rational arithmetic from the
+  Bernoulli numbers (so every coefficient is derived, not copied), truncated once the omitted
+  terms at u = 1/8 fall below 2^-30 of the function's size there. The series of the composite
+  quantities (ln(xψ1), r, x·r', the Fisher slope) are formal power-series operations on the
+  series of xψ1, never a difference of evaluated numbers.
+- 1 <= x < 8: one polynomial per binade [1, 2), [2, 4), [4, 8) in s = x·(2/a) − 3 ∈ [−1, 1)
+  (exact in float32: a power-of-two scaling and a Sterbenz subtraction). A function with a zero
+  in the binade is fitted as (x − root)·P(s) (or (x − 1)(x − 2)·P(s) for lnΓ on [1, 2)), so its
+  relative error stays bounded at the zero. Binades are the natural pieces: the nearest
+  singularity (x = 0) sits at the same relative distance from each, so each needs about the same
+  degree (Bernstein-ellipse ratio ρ = (√2 + 1)/(√2 − 1) ≈ 5.8, about 1.3 degrees per 2^-4).
+  Degree: the smallest whose fit, with float32-rounded coefficients, is within 2^-27 relative
+  everywhere on the binade (an eighth of float32's half-ulp). Fitting: weighted least squares on
+  Chebyshev nodes (relative error), then the coefficients are rounded to float32 one at a time
+  from the constant term up, refitting the higher ones after each rounding so that they absorb it.
+
+References are mpmath at 50 digits from the textbook definitions (psi, loggamma).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from fractions import Fraction
+
+import mpmath
+import numpy as np
+from mpmath import mp, mpf
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OUT = os.path.join(HERE, "special_functions_f32_fits.h")
+
+SERIES_FROM = 8  # x >= 8: asymptotic series; below: binade polynomials
+BINADES = (1, 2, 4)  # [a, 2a)
+FIT_TARGET = 2.0**-26  # relative error of the fit alone (float32 half-ulp is 2^-24 .. 2^-25)
+SERIES_TARGET = 2.0**-30  # relative size of the omitted series terms at u = 1/8
+NODES = 96  # Chebyshev nodes per binade for the least-squares fit
+CHECK_POINTS = 3000  # points per binade on which the fit's error is measured
+mp.dps = 50
+
+
+def f32(v: float) -> float:
+    return float(np.float32(v))
+
+
+# ------------------------------------------------------------------------ textbook definitions
+
+
+def x_trigamma(x):
+    return x * mp.psi(1, x)
+
+
+def x2_tetragamma(x):
+    return x * x * mp.psi(2, x)
+
+
+def digamma(x):
+    return mp.psi(0, x)
+
+
+def lgamma(x):
+    return mp.loggamma(x)
+
+
+def kl_h(x):
+    return (x - 1) * mp.psi(0, x) - mp.loggamma(x) - x
+
+
+def kl_h_plus_one(x):
+    return (x - 1) * mp.psi(0, x) - mp.loggamma(x) - x + 1
+
+
+def x_kl_v(x):
+    return x * (1 - (x - 1) * mp.psi(1, x))
+
+
+def log_trigamma(x):
+    return mp.log(mp.psi(1, x))
+
+
+def remainder(x):
+    return 1 / mp.psi(1, x) - x + mpf(1) / 2
+
+
+def x_remainder_prime(x):
+    return x * (-mp.psi(2, x) / mp.psi(1, x) ** 2 - 1)
+
+
+def fisher_slope(x):
+    return (2 * x + 1) * mp.psi(1, x) + x * (x + 1) * mp.psi(2, x)
+
+
+def digamma_root():
+    return mp.findroot(lambda t: mp.psi(0, t), mpf("1.46"))
+
+
+def trigamma_one():
+    """x1 with ψ1(x1) = 1, the zero of ln ψ1."""
+    return mp.findroot(lambda t: mp.psi(1, t) - 1, mpf("1.43"))
+
+
+def split(v) -> tuple[float, float]:
+    """v = hi + lo, both float32, hi the nearest float32 (x − hi is exact for x within 2× of v)."""
+    hi = f32(float(v))
+    lo = f32(float(mpf(v) - mpf(hi)))
+    return hi, lo
+
+
+# ------------------------------------------------------------------- asymptotic series in u = 1/x
+
+
+def bernoulli(n: int) -> Fraction:
+    p, q = mpmath.bernfrac(n)
+    return Fraction(int(p), int(q))
+
+
+ORDER = 40  # formal series are carried to u^40; truncation picks far fewer
+
+
+def series_x_trigamma() -> list[Fraction]:
+    """xψ1(x) = 1 + u/2 + Σ B_2k u^2k."""
+    c = [Fraction(0)] * (ORDER + 1)
+    c[0], c[1] = Fraction(1), Fraction(1, 2)
+    for k in range(1, ORDER // 2 + 1):
+        c[2 * k] = bernoulli(2 * k)
+    return c
+
+
+def series_x2_tetragamma() -> list[Fraction]:
+    """x²ψ2(x) = −1 − u − Σ (2k + 1) B_2k u^2k."""
+    c = [Fraction(0)] * (ORDER + 1)
+    c[0], c[1] = Fraction(-1), Fraction(-1)
+    for k in range(1, ORDER // 2 + 1):
+        c[2 * k] = -(2 * k + 1) * bernoulli(2 * k)
+    return c
+
+
+def series_digamma_tail() -> list[Fraction]:
+    """D(u) with ψ(x) = ln x − D(u): D = u/2 + Σ B_2k/(2k) u^2k."""
+    c = [Fraction(0)] * (ORDER + 1)
+    c[1] = Fraction(1, 2)
+    for k in range(1, ORDER // 2 + 1):
+        c[2 * k] = bernoulli(2 * k) / (2 * k)
+    return c
+
+
+def series_lgamma_tail() -> list[Fraction]:
+    """G(u) with lnΓ(x) = x(ln x − 1) − ½ ln x + ½ ln 2π + G(u): G = Σ B_2k/(2k(2k−1)) u^(2k−1)."""
+    c = [Fraction(0)] * (ORDER + 1)
+    for k in range(1, ORDER // 2 + 1):
+        c[2 * k - 1] = bernoulli(2 * k) / (2 * k * (2 * k - 1))
+    return c
+
+
+def series_kl_h_tail() -> list[Fraction]:
+    """H(u) with h(x) = −½ ln x − ½ ln 2π − ½ + H(u). From (x − 1)ψ − lnΓ − x with x·u^k = u^(k−1):
+    H = u/2 − Σ B_2k/(2k)(u^(2k−1) − u^2k) − Σ B_2k/(2k(2k−1)) u^(2k−1)."""
+    c = [Fraction(0)] * (ORDER + 1)
+    c[1] = Fraction(1, 2)
+    for k in range(1, ORDER // 2 + 1):
+        b = bernoulli(2 * k)
+        c[2 * k - 1] -= b / (2 * k) + b / (2 * k * (2 * k - 1))
+        c[2 * k] += b / (2 * k)
+    return c
+
+
+def series_x_kl_v() -> list[Fraction]:
+    """x·v(x) = x − (x − 1)·xψ1(x) = Σ t_k(u^(k−1) − u^k) with xψ1 = Σ t_k u^k, plus x − x."""
+    t = series_x_trigamma()
+    c = [Fraction(0)] * (ORDER + 1)
+    # x − (x − 1)Σ t_k u^k = x − Σ t_k u^(k−1) + Σ t_k u^k; the k = 0 term cancels x exactly.
+    for k in range(ORDER + 1):
+        if k >= 1:
+            c[k - 1] -= t[k]
+        c[k] += t[k]
+    return c
+
+
+def series_log(a: list[Fraction]) -> list[Fraction]:
+    """ln(a(u)) for a(0) = 1, as a formal power series (L' = a'/a)."""
+    assert a[0] == 1
+    n = len(a)
+    out = [Fraction(0)] * n
+    # k·L_k = k·a_k − Σ_{j=1}^{k−1} j·L_j·a_{k−j}
+    for k in range(1, n):
+        s = k * a[k]
+        for j in range(1, k):
+            s -= j * out[j] * a[k - j]
+        out[k] = s / k
+    return out
+
+
+def series_reciprocal(a: list[Fraction]) -> list[Fraction]:
+    n = len(a)
+    out = [Fraction(0)] * n
+    out[0] = 1 / a[0]
+    for k in range(1, n):
+        out[k] = -sum(a[j] * out[k - j] for j in range(1, k + 1)) / a[0]
+    return out
+
+
+def series_log_x_trigamma() -> list[Fraction]:
+    """L(u) = ln(xψ1(x)), so ln ψ1(x) = L(u) − ln x."""
+    return series_log(series_x_trigamma())
+
+
+def series_remainder() -> list[Fraction]:
+    """r = 1/ψ1 − x + ½ = x(1/(xψ1) − 1) + ½: with 1/(xψ1) = Σ q_k u^k (q_0 = 1, q_1 = −½),
+    r = Σ_{k>=2} q_k u^(k−1)."""
+    q = series_reciprocal(series_x_trigamma())
+    assert q[0] == 1 and q[1] == Fraction(-1, 2)
+    return [Fraction(0)] + q[2:] + [Fraction(0)]
+
+
+def series_x_remainder_prime() -> list[Fraction]:
+    """x·r'(x) from r = Σ ρ_k u^k: x·d(u^k)/dx = −k u^k."""
+    return [-k * c for k, c in enumerate(series_remainder())]
+
+
+def series_fisher_slope() -> list[Fraction]:
+    """f'(x) for f = (x + 1)·xψ1(x) = Σ t_k (u^(k−1) + u^k): d(u^m)/dx = −m u^(m+1)."""
+    t = series_x_trigamma()
+    c = [Fraction(0)] * (ORDER + 2)
+    c[0] += t[0]  # (x + 1)·t_0: derivative t_0
+    for k in range(1, ORDER + 1):
+        c[k] -= (k - 1) * t[k]  # t_k·u^(k−1)
+        c[k + 1] -= k * t[k]  # t_k·u^k
+    return c[: ORDER + 1]
+
+
+def truncate(coefficients: list[Fraction], size_at_8) -> list[Fraction]:
+    """Keeps terms up to the last one whose size at u = 1/8 is above SERIES_TARGET·size_at_8,
+    after which every term is below it (the series are asymptotic: terms keep shrinking at u = 1/8
+    far beyond the degrees kept)."""
+    u = Fraction(1, SERIES_FROM)
+    limit = abs(size_at_8) * SERIES_TARGET
+    last = 0
+    for k, c in enumerate(coefficients):
+        if c != 0 and abs(float(c * u**k)) > limit:
+            last = k
+    tail = [abs(float(c * u**k)) for k, c in enumerate(coefficients) if k > last and c != 0]
+    assert all(t <= limit for t in tail[:8]), "series terms grow again right after the truncation"
+    return coefficients[: last + 1]
+
+
+# ------------------------------------------------------------------------------- binade fits
+
+
+def chebyshev_nodes(n: int) -> np.ndarray:
+    k = np.arange(n)
+    return np.cos(np.pi * (k + 0.5) / n)[::-1]
+
+
+class Fit:
+    """f(x) = offset + m(x)·P(s) on [a, 2a), s = x·(2/a) − 3; m and offset as given (m = 1 and
+    offset = 0 unless a zero or a cancellation calls for them)."""
+
+    def __init__(self, name, fn, a, multiplier=None, offset=None):
+        self.name, self.fn, self.a, self.multiplier, self.offset = name, fn, a, multiplier, offset
+        self.coefficients: list[float] = []  # float32 values, constant term first
+        self.low = 0.0  # the constant term is coefficients[0] + low
+        self.max_error = 0.0
+
+    def x_of(self, s):
+        return (s + 3) * self.a / 2
+
+    def target(self, s_values):
+        """P's target g = f/m at s (exactly, at 50 digits), and the weight 1/|f|·|m| = 1/|g|."""
+        out = []
+        for s in s_values:
+            x = (mpf(float(s)) + 3) * self.a / 2
+            m = self.multiplier(x) if self.multiplier else mpf(1)
+            offset = self.offset if self.offset is not None else mpf(0)
+            out.append(float((self.fn(x) - offset) / m))
+        return np.array(out)
+
+    def run(self):
+        s_nodes = chebyshev_nodes(NODES)
+        g_nodes = self.target(s_nodes)
+        s_check = -1.0 + (np.arange(CHECK_POINTS) + 0.5) * (2.0 / CHECK_POINTS)  # avoids the zeros at the ends
+        g_check = self.target(s_check)
+        for degree in range(3, 20):
+            low, coefficients = fit_rounded(s_nodes, g_nodes, degree)
+            exact = [coefficients[0] + low] + coefficients[1:]
+            error = np.max(np.abs(np.polynomial.polynomial.polyval(s_check, exact) / g_check - 1.0))
+            if error <= FIT_TARGET:
+                self.low, self.coefficients, self.max_error = low, coefficients, error
+                return self
+        raise RuntimeError(f"{self.name} on [{self.a}, {2 * self.a}): no degree below 20 reaches the target")
+
+
+def fit_rounded(s, g, degree) -> list[float]:
+    """Weighted (relative) least squares of degree `degree`, coefficients rounded to float32 one at
+    a time from the constant term, each rounding absorbed by refitting the remaining ones."""
+    w = 1.0 / np.abs(g)
+    vander = np.vander(s, degree + 1, increasing=True)
+    fixed: list[float] = []
+    residual = g.copy()
+    for k in range(degree + 1):
+        sol, *_ = np.linalg.lstsq(vander[:, k:] * w[:, None], residual * w, rcond=None)
+        c = f32(sol[0])
+        low = f32(sol[0] - c) if k == 0 else 0.0  # hi + lo: no power of s absorbs a constant's rounding
+        fixed.append(c)
+        residual = residual - (c + low) * vander[:, k]
+        if k == 0:
+            constant_low = low
+    return constant_low, fixed
+
+
+# ----------------------------------------------------------------------------------- emission
+
+
+def literal(v: float) -> str:
+    """A float32 literal that round-trips (9 significant digits)."""
+    if v == 0.0:
+        return "0.0f"
+    text = f"{v:.9g}"
+    if "e" not in text and "." not in text:
+        text += ".0"
+    return text + "f"
+
+
+def emit_fit(out, name, doc, fits: list[Fit]):
+    degree = max(len(f.coefficients) for f in fits) - 1
+    padded = [f.coefficients + [0.0] * (degree + 1 - len(f.coefficients)) for f in fits]
+    pieces = ", ".join(f"[{f.a}, {2 * f.a}): degree {len(f.coefficients) - 1}, {f.max_error:.1e}" for f in fits)
+    out.append(f"// {doc}")
+    out.append(f"// Fit error (relative, float32 coefficients, exact arithmetic): {pieces}.")
+    out.append(f"EO_HOST_DEVICE float {name}(float s, bool below_2, bool below_4) {{")
+    def pick(k):
+        a, b, c = (literal(p[k]) for p in padded)
+        return f"binade_coefficient(below_2, below_4, {a}, {b}, {c})"
+    out.append(f"  float p = {pick(degree)};")
+    for k in range(degree - 1, 0, -1):
+        out.append(f"  p = p * s + {pick(k)};")
+    low = ", ".join(literal(f.low) for f in fits)
+    out.append(f"  const float low = binade_coefficient(below_2, below_4, {low});")
+    out.append(f"  return (p * s + low) + {pick(0)};  // the constant as hi + lo")
+    out.append("}")
+    out.append("")
+
+
+def emit_series(out, name, doc, coefficients: list[Fraction]):
+    out.append(f"// {doc}")
+    out.append(f"// Terms to u^{len(coefficients) - 1}; omitted terms below 2^-30 relative at x = 8.")
+    out.append(f"EO_HOST_DEVICE float {name}(float u) {{")
+    nonzero = [k for k, c in enumerate(coefficients) if c != 0]
+    top = nonzero[-1]
+    out.append(f"  float p = {literal(f32(float(coefficients[top])))};")
+    for k in range(top - 1, -1, -1):
+        c = coefficients[k]
+        out.append(f"  p = p * u + {literal(f32(float(c)))};" if c != 0 else "  p = p * u;")
+    out.append("  return p;")
+    out.append("}")
+    out.append("")
+
+
+def generate() -> str:
+    x0 = digamma_root()
+    x1 = trigamma_one()
+    x0_hi, x0_lo = split(x0)
+    x1_hi, x1_lo = split(x1)
+    one, two = mpf(1), mpf(2)
+    fits = {
+        "x_trigamma_fit": ("x·ψ1(x).", [Fit("xψ1", x_trigamma, a) for a in BINADES]),
+        "x2_tetragamma_fit": ("x²·ψ2(x).", [Fit("x²ψ2", x2_tetragamma, a) for a in BINADES]),
+        "digamma_fit": (
+            "ψ(x) = (x − x0)·P on [1, 2) (x0 the root of ψ), P itself above.",
+            [Fit("ψ", digamma, 1, lambda x: x - x0), Fit("ψ", digamma, 2), Fit("ψ", digamma, 4)],
+        ),
+        "lgamma_fit": (
+            "lnΓ(x) = (x − 1)(x − 2)·P on [1, 2), (x − 2)·P on [2, 4), P on [4, 8).",
+            [
+                Fit("lnΓ", lgamma, 1, lambda x: (x - one) * (x - two)),
+                Fit("lnΓ", lgamma, 2, lambda x: x - two),
+                Fit("lnΓ", lgamma, 4),
+            ],
+        ),
+        "kl_h_plus_one_fit": (
+            "h(x) + 1 = (x − 1)ψ(x) − lnΓ(x) − x + 1 = (x − 1)·P on [1, 2), P itself above: h(1) = −1, and"
+            " the KL of a line whose α are all near 1 is second order in α − 1, so the per-element"
+            " statistic must be accurate relative to α − 1, not to 1.",
+            [Fit("h+1", kl_h_plus_one, 1, lambda x: x - one), Fit("h+1", kl_h_plus_one, 2),
+             Fit("h+1", kl_h_plus_one, 4)],
+        ),
+        "x_kl_v_fit": ("x·v(x) = x(1 − (x − 1)ψ1(x)).", [Fit("xv", x_kl_v, a) for a in BINADES]),
+        "log_trigamma_fit": (
+            "ln ψ1(x) = (x − x1)·P on [1, 2) (x1: ψ1(x1) = 1), P itself above.",
+            [Fit("lnψ1", log_trigamma, 1, lambda x: x - x1), Fit("lnψ1", log_trigamma, 2),
+             Fit("lnψ1", log_trigamma, 4)],
+        ),
+        "remainder_fit": ("r(x) = 1/ψ1(x) − x + ½.", [Fit("r", remainder, a) for a in BINADES]),
+        "x_remainder_prime_fit": ("x·r'(x) = x(−ψ2/ψ1² − 1).", [Fit("xr'", x_remainder_prime, a) for a in BINADES]),
+        "fisher_slope_fit": (
+            "f'(x) = (2x + 1)ψ1(x) + x(x + 1)ψ2(x), f = x(x + 1)ψ1 (0.127 at x = 1: its two parts cancel 40×,"
+            " and f' grows 6× across [1, 2), so there it is f'(1) + (x − 1)·P: a polynomial whose value"
+            " is a sixth of its terms' would lose 4 ulps in float32). P itself above 2.",
+            [Fit("f'", fisher_slope, 1, lambda x: x - one, fisher_slope(one)), Fit("f'", fisher_slope, 2),
+             Fit("f'", fisher_slope, 4)],
+        ),
+    }
+    eight = mpf(SERIES_FROM)
+    series = {
+        "x_trigamma_series": ("x·ψ1(x) = 1 + u/2 + Σ B_2k u^2k.", series_x_trigamma(), x_trigamma(eight)),
+        "x2_tetragamma_series": (
+            "x²·ψ2(x) = −1 − u − Σ (2k + 1) B_2k u^2k.", series_x2_tetragamma(), x2_tetragamma(eight)),
+        "digamma_tail_series": ("D(u), ψ(x) = ln x − D(u).", series_digamma_tail(), digamma(eight)),
+        "lgamma_tail_series": (
+            "G(u), lnΓ(x) = x(ln x − 1) − ½ ln x + ½ ln 2π + G(u).", series_lgamma_tail(), lgamma(eight)),
+        "kl_h_tail_series": ("H(u), h(x) = −½ ln x − ½ ln 2π − ½ + H(u).", series_kl_h_tail(), kl_h(eight) + 1),
+        "x_kl_v_series": ("x·v(x).", series_x_kl_v(), x_kl_v(eight)),
+        "log_x_trigamma_series": (
+            "L(u) = ln(x·ψ1(x)), ln ψ1(x) = L(u) − ln x.", series_log_x_trigamma(), log_trigamma(eight)),
+        "remainder_series": ("r(x) = Σ ρ_k u^k (from 1/(xψ1)).", series_remainder(), remainder(eight)),
+        "x_remainder_prime_series": (
+            "x·r'(x) = −Σ k·ρ_k u^k.", series_x_remainder_prime(), x_remainder_prime(eight)),
+        "fisher_slope_series": ("f'(x) = 1 − (2/3)u² + … (no cancellation).", series_fisher_slope(),
+                                fisher_slope(eight)),
+    }
+    out = [
+        "// GENERATED by csrc/kernels/make_special_functions_f32.py: do not edit; rerun the script.",
+        "// Coefficients of the float32 special functions (special_functions_f32.h): binade polynomials",
+        "// on [1, 8) in s = x·(2/a) − 3 ∈ [−1, 1), and asymptotic series in u = 1/x for x >= 8. Literal",
+        "// Horner steps (a constant array would not be visible in device code).",
+        "#pragma once",
+        "",
+        '#include "platform.h"',
+        "",
+        "namespace evidential_ops {",
+        "namespace EO_ISA {",
+        "",
+        f"constexpr float kSeriesFromF32 = {literal(float(SERIES_FROM))};",
+        "// Roots split as hi + lo float32 (x − hi is exact on [1, 2)): ψ(x0) = 0 and ψ1(x1) = 1.",
+        f"constexpr float kDigammaRootHi = {literal(x0_hi)};",
+        f"constexpr float kDigammaRootLo = {literal(x0_lo)};",
+        f"constexpr float kTrigammaOneHi = {literal(x1_hi)};",
+        f"constexpr float kTrigammaOneLo = {literal(x1_lo)};",
+        "// f'(1) = 3ψ1(1) + 2ψ2(1) = π²/2 − 4ζ(3), the Fisher slope at x = 1, as hi + lo.",
+        f"constexpr float kFisherSlopeAtOneHi = {literal(split(fisher_slope(one))[0])};",
+        f"constexpr float kFisherSlopeAtOneLo = {literal(split(fisher_slope(one))[1])};",
+        "",
+        "// The coefficient of the binade [1, 2), [2, 4) or [4, 8) that x lies in.",
+        "EO_HOST_DEVICE float binade_coefficient(bool below_2, bool below_4, float c1, float c2, float c4) {",
+        "  return select(below_2, c1, select(below_4, c2, c4));",
+        "}",
+        "",
+    ]
+    for name, (doc, pieces) in fits.items():
+        for p in pieces:
+            p.run()
+        emit_fit(out, name, doc, pieces)
+        print(f"{name}: " + ", ".join(f"deg {len(p.coefficients) - 1} err {p.max_error:.2e}" for p in pieces),
+              file=sys.stderr)
+    for name, (doc, coefficients, size) in series.items():
+        kept = truncate(coefficients, size)
+        emit_series(out, name, doc, kept)
+        print(f"{name}: to u^{len(kept) - 1}", file=sys.stderr)
+    out += ["}  // namespace EO_ISA", "}  // namespace evidential_ops", ""]
+    return "\n".join(out)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="fail if the committed header is stale")
+    args = parser.parse_args()
+    text = generate()
+    if args.check:
+        with open(OUT, encoding="utf-8") as fh:
+            if fh.read() != text:
+                print(f"{OUT} is stale: rerun {os.path.basename(__file__)}", file=sys.stderr)
+                return 1
+        return 0
+    with open(OUT, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
