@@ -292,13 +292,14 @@ def main(argv=None) -> int:
         if unknown:
             parser.error(f"--only: unknown {sorted(unknown)}; choose from {sorted(runs)}")
         runs = {k: v for k, v in runs.items() if k in args.only}
-    per_seed = {name: [_run(name, method, options, seed, args) for seed in args.seeds]
-                for name, (method, options) in runs.items()}
+    # The commit of the code this process imports, read before training (a long run may outlive HEAD).
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
+    per_seed = {name: [_run(name, method, options, seed, args) for seed in args.seeds]
+                for name, (method, options) in runs.items()}
     results = {
         "command": "python scripts/uncertainty_quality.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "commit": commit, "seeds": args.seeds, "torch": torch.__version__, "python": platform.python_version(),
