@@ -54,8 +54,8 @@ EO_NOINLINE void backward_f32(const float* a, float* out, long n) {
   }
 }
 
-// The same float32 functions with every lane of a loop in one argument class (the binade or the
-// series known at compile time: no per-lane choice between coefficient sets or branches). `a`
+// The same float32 functions with every lane of a loop in one argument class (the fit or the
+// series known at compile time: one branch evaluated, not both). `a`
 // holds the α grouped by class, class k at [begin[k], begin[k + 1]).
 template <int kClass>
 void forward_f32_class(const float* a, float* out, const long* begin) {
@@ -79,15 +79,11 @@ void backward_f32_class(const float* a, float* out, const long* begin) {
 
 EO_NOINLINE void forward_f32_by_class(const float* a, float* out, const long* begin) {
   forward_f32_class<0>(a, out, begin);
-  forward_f32_class<1>(a, out, begin);
-  forward_f32_class<2>(a, out, begin);
   forward_f32_class<kn::kSeriesClass>(a, out, begin);
 }
 
 EO_NOINLINE void backward_f32_by_class(const float* a, float* out, const long* begin) {
   backward_f32_class<0>(a, out, begin);
-  backward_f32_class<1>(a, out, begin);
-  backward_f32_class<2>(a, out, begin);
   backward_f32_class<kn::kSeriesClass>(a, out, begin);
 }
 

@@ -68,9 +68,9 @@ def main() -> int:
                      f"{t['backward_f64'] / t['backward_f32']:.2f} |")
     lines += [
         "",
-        "The float32 forms pick every polynomial coefficient per lane among three binades and evaluate",
-        "both the fit and the series. With the elements grouped by argument class first",
-        "(`polygammas_of_class`: each loop in one binade or in the series), the same functions cost:",
+        "A SIMD loop evaluates both the fit (α < 8) and the series (α >= 8) for every lane. With the",
+        "elements grouped by argument class first (`polygammas_of_class`), each loop evaluates one of",
+        "them; a plain counting sort does the grouping:",
         "",
         "| variant | forward f32 by class ns | f64/that | backward f32 by class ns | f64/that | grouping (counting sort) ns |",
         "|---|---:|---:|---:|---:|---:|",

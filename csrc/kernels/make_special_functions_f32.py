@@ -11,16 +11,21 @@ Two kinds of forms, split at x = 8:
   terms at u = 1/8 fall below 2^-30 of the function's size there. The series of the composite
   quantities (ln(xψ1), r, x·r', the Fisher slope) are formal power-series operations on the
   series of xψ1, never a difference of evaluated numbers.
-- 1 <= x < 8: one polynomial per binade [1, 2), [2, 4), [4, 8) in s = x·(2/a) − 3 ∈ [−1, 1)
-  (exact in float32: a power-of-two scaling and a Sterbenz subtraction). A function with a zero
-  in the binade is fitted as (x − root)·P(s) (or (x − 1)(x − 2)·P(s) for lnΓ on [1, 2)), so its
-  relative error stays bounded at the zero. Binades are the natural pieces: the nearest
-  singularity (x = 0) sits at the same relative distance from each, so each needs about the same
-  degree (Bernstein-ellipse ratio ρ = (√2 + 1)/(√2 − 1) ≈ 5.8, about 1.3 degrees per 2^-4).
-  Degree: the smallest whose fit, with float32-rounded coefficients, is within 2^-27 relative
-  everywhere on the binade (an eighth of float32's half-ulp). Fitting: weighted least squares on
-  Chebyshev nodes (relative error), then the coefficients are rounded to float32 one at a time
-  from the constant term up, refitting the higher ones after each rounding so that they absorb it.
+- 1 <= x < 8: one polynomial in s = ln(x/4) ∈ [−1.39, 0.69) (x/4 is exact; centring at 4 halves
+  the largest |s|, hence the absolute rounding error of s, which the fit cannot absorb), except
+  h + 1 on [1, 2), a polynomial in ln x (exact near x = 1, where the KL needs h + 1 without bias;
+  ln x is what the series need anyway). In ln x the singularities of
+  ψ, ψ1, ψ2, lnΓ at x = 0, −1, −2, … sit at −∞ and at ln n ± iπ, far from [0, ln 8]: degrees 8–12
+  reach 2^-26 on the whole of [1, 8), where polynomials in x need one piece per binade (and SIMD
+  code would pick every coefficient per lane among the pieces: more costly than the functions).
+  A function with a zero in [1, 8) is fitted as (x − root)·P(s) (or (x − 1)(x − 2)·P(s) for lnΓ),
+  so its relative error stays bounded at the zero; the Fisher slope, which grows 6x across [1, 2),
+  as f'(1) + (x − 1)·P(s). Degree: the smallest whose fit, with float32-rounded coefficients, is
+  within 2^-26 relative on [1, 8) in exact arithmetic (the only argument error left is the rounding
+  of the logarithm). Fitting: weighted
+  least squares on Chebyshev nodes (relative error), then the coefficients are rounded to float32
+  one at a time from the constant term up (the constant as hi + lo), refitting the higher ones
+  after each rounding so that they absorb it.
 
 References are mpmath at 50 digits from the textbook definitions (psi, loggamma).
 """
@@ -39,12 +44,12 @@ from mpmath import mp, mpf
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "special_functions_f32_fits.h")
 
-SERIES_FROM = 8  # x >= 8: asymptotic series; below: binade polynomials
-BINADES = (1, 2, 4)  # [a, 2a)
+SERIES_FROM = 8  # x >= 8: asymptotic series; below: the polynomials in ln x
+LOG_CENTRE = 4  # s = ln(x/4)
 FIT_TARGET = 2.0**-26  # relative error of the fit alone (float32 half-ulp is 2^-24 .. 2^-25)
 SERIES_TARGET = 2.0**-30  # relative size of the omitted series terms at u = 1/8
-NODES = 96  # Chebyshev nodes per binade for the least-squares fit
-CHECK_POINTS = 3000  # points per binade on which the fit's error is measured
+NODES = 160  # Chebyshev nodes for the least-squares fit on [1, 8)
+CHECK_POINTS = 6000  # points on which the fit's error is measured
 mp.dps = 50
 
 
@@ -252,7 +257,7 @@ def truncate(coefficients: list[Fraction], size_at_8) -> list[Fraction]:
     return coefficients[: last + 1]
 
 
-# ------------------------------------------------------------------------------- binade fits
+# ------------------------------------------------------------------------------- fits on [1, 8)
 
 
 def chebyshev_nodes(n: int) -> np.ndarray:
@@ -261,41 +266,42 @@ def chebyshev_nodes(n: int) -> np.ndarray:
 
 
 class Fit:
-    """f(x) = offset + m(x)·P(s) on [a, 2a), s = x·(2/a) − 3; m and offset as given (m = 1 and
-    offset = 0 unless a zero or a cancellation calls for them)."""
+    """f(x) = offset + m(x)·P(s) on [1, 8), s = ln(x/4); m and offset as given (m = 1 and offset = 0
+    unless a zero or a cancellation calls for them)."""
 
-    def __init__(self, name, fn, a, multiplier=None, offset=None):
-        self.name, self.fn, self.a, self.multiplier, self.offset = name, fn, a, multiplier, offset
+    def __init__(self, name, fn, multiplier=None, offset=None, centre=LOG_CENTRE, end=SERIES_FROM):
+        self.name, self.fn, self.multiplier, self.offset = name, fn, multiplier, offset
+        self.centre = centre  # the variable is ln(x/centre), on [1, end)
         self.coefficients: list[float] = []  # float32 values, constant term first
         self.low = 0.0  # the constant term is coefficients[0] + low
         self.max_error = 0.0
-
-    def x_of(self, s):
-        return (s + 3) * self.a / 2
+        self.s_begin = float(mp.log(mpf(1) / centre))
+        self.s_end = float(mp.log(mpf(end) / centre))
 
     def target(self, s_values):
-        """P's target g = f/m at s (exactly, at 50 digits), and the weight 1/|f|·|m| = 1/|g|."""
+        """P's target g = (f − offset)/m at x = 4e^s, exactly (50 digits)."""
         out = []
         for s in s_values:
-            x = (mpf(float(s)) + 3) * self.a / 2
+            x = self.centre * mp.exp(mpf(float(s)))
             m = self.multiplier(x) if self.multiplier else mpf(1)
             offset = self.offset if self.offset is not None else mpf(0)
             out.append(float((self.fn(x) - offset) / m))
         return np.array(out)
 
     def run(self):
-        s_nodes = chebyshev_nodes(NODES)
+        half, mid = (self.s_end - self.s_begin) / 2, (self.s_end + self.s_begin) / 2
+        s_nodes = mid + chebyshev_nodes(NODES) * half
         g_nodes = self.target(s_nodes)
-        s_check = -1.0 + (np.arange(CHECK_POINTS) + 0.5) * (2.0 / CHECK_POINTS)  # avoids the zeros at the ends
+        s_check = self.s_begin + (np.arange(CHECK_POINTS) + 0.5) * (2 * half / CHECK_POINTS)  # avoids x = 1
         g_check = self.target(s_check)
-        for degree in range(3, 20):
+        for degree in range(3, 24):
             low, coefficients = fit_rounded(s_nodes, g_nodes, degree)
             exact = [coefficients[0] + low] + coefficients[1:]
             error = np.max(np.abs(np.polynomial.polynomial.polyval(s_check, exact) / g_check - 1.0))
             if error <= FIT_TARGET:
                 self.low, self.coefficients, self.max_error = low, coefficients, error
                 return self
-        raise RuntimeError(f"{self.name} on [{self.a}, {2 * self.a}): no degree below 20 reaches the target")
+        raise RuntimeError(f"{self.name}: no degree below 24 reaches the target on [1, 8)")
 
 
 def fit_rounded(s, g, degree) -> list[float]:
@@ -329,22 +335,16 @@ def literal(v: float) -> str:
     return text + "f"
 
 
-def emit_fit(out, name, doc, fits: list[Fit]):
-    degree = max(len(f.coefficients) for f in fits) - 1
-    padded = [f.coefficients + [0.0] * (degree + 1 - len(f.coefficients)) for f in fits]
-    pieces = ", ".join(f"[{f.a}, {2 * f.a}): degree {len(f.coefficients) - 1}, {f.max_error:.1e}" for f in fits)
+def emit_fit(out, name, doc, fit: Fit):
+    c = fit.coefficients
     out.append(f"// {doc}")
-    out.append(f"// Fit error (relative, float32 coefficients, exact arithmetic): {pieces}.")
-    out.append(f"EO_HOST_DEVICE float {name}(float s, bool below_2, bool below_4) {{")
-    def pick(k):
-        a, b, c = (literal(p[k]) for p in padded)
-        return f"binade_coefficient(below_2, below_4, {a}, {b}, {c})"
-    out.append(f"  float p = {pick(degree)};")
-    for k in range(degree - 1, 0, -1):
-        out.append(f"  p = p * s + {pick(k)};")
-    low = ", ".join(literal(f.low) for f in fits)
-    out.append(f"  const float low = binade_coefficient(below_2, below_4, {low});")
-    out.append(f"  return (p * s + low) + {pick(0)};  // the constant as hi + lo")
+    out.append(f"// Degree {len(c) - 1} in s; fit error (relative, float32 coefficients, exact arithmetic) "
+               f"{fit.max_error:.1e}.")
+    out.append(f"EO_HOST_DEVICE float {name}(float s) {{")
+    out.append(f"  float p = {literal(c[-1])};")
+    for k in range(len(c) - 2, 0, -1):
+        out.append(f"  p = p * s + {literal(c[k])};")
+    out.append(f"  return (p * s + {literal(fit.low)}) + {literal(c[0])};  // the constant as hi + lo")
     out.append("}")
     out.append("")
 
@@ -371,41 +371,30 @@ def generate() -> str:
     x1_hi, x1_lo = split(x1)
     one, two = mpf(1), mpf(2)
     fits = {
-        "x_trigamma_fit": ("x·ψ1(x).", [Fit("xψ1", x_trigamma, a) for a in BINADES]),
-        "x2_tetragamma_fit": ("x²·ψ2(x).", [Fit("x²ψ2", x2_tetragamma, a) for a in BINADES]),
-        "digamma_fit": (
-            "ψ(x) = (x − x0)·P on [1, 2) (x0 the root of ψ), P itself above.",
-            [Fit("ψ", digamma, 1, lambda x: x - x0), Fit("ψ", digamma, 2), Fit("ψ", digamma, 4)],
-        ),
-        "lgamma_fit": (
-            "lnΓ(x) = (x − 1)(x − 2)·P on [1, 2), (x − 2)·P on [2, 4), P on [4, 8).",
-            [
-                Fit("lnΓ", lgamma, 1, lambda x: (x - one) * (x - two)),
-                Fit("lnΓ", lgamma, 2, lambda x: x - two),
-                Fit("lnΓ", lgamma, 4),
-            ],
-        ),
+        "x_trigamma_fit": ("x·ψ1(x).", Fit("xψ1", x_trigamma)),
+        "x2_tetragamma_fit": ("x²·ψ2(x).", Fit("x²ψ2", x2_tetragamma)),
+        "digamma_fit": ("ψ(x) = (x − x0)·P (x0 the root of ψ).", Fit("ψ", digamma, lambda x: x - x0)),
+        "lgamma_fit": ("lnΓ(x) = (x − 1)(x − 2)·P.", Fit("lnΓ", lgamma, lambda x: (x - one) * (x - two))),
         "kl_h_plus_one_fit": (
-            "h(x) + 1 = (x − 1)ψ(x) − lnΓ(x) − x + 1 = (x − 1)·P on [1, 2), P itself above: h(1) = −1, and"
-            " the KL of a line whose α are all near 1 is second order in α − 1, so the per-element"
-            " statistic must be accurate relative to α − 1, not to 1.",
-            [Fit("h+1", kl_h_plus_one, 1, lambda x: x - one), Fit("h+1", kl_h_plus_one, 2),
-             Fit("h+1", kl_h_plus_one, 4)],
+            "h(x) + 1 = (x − 1)ψ(x) − lnΓ(x) − x + 1 = (x − 1)·P(s) (from 2 on; below, kl_h_plus_one_near_one_fit).",
+            Fit("h+1", kl_h_plus_one, lambda x: x - one),
         ),
-        "x_kl_v_fit": ("x·v(x) = x(1 − (x − 1)ψ1(x)).", [Fit("xv", x_kl_v, a) for a in BINADES]),
-        "log_trigamma_fit": (
-            "ln ψ1(x) = (x − x1)·P on [1, 2) (x1: ψ1(x1) = 1), P itself above.",
-            [Fit("lnψ1", log_trigamma, 1, lambda x: x - x1), Fit("lnψ1", log_trigamma, 2),
-             Fit("lnψ1", log_trigamma, 4)],
+        "kl_h_plus_one_near_one_fit": (
+            "h(x) + 1 = (x − 1)·P(ln x) on [1, 2): h(1) = −1, and the KL of a line whose α are all near 1 is"
+            " second order in α − 1, so the per-element statistic must be accurate relative to α − 1 and"
+            " without a bias that thousands of elements would add up: near 1 its variable is ln x itself"
+            " (no rounding there), not ln(x/4) (≈ −1.39, rounded).",
+            Fit("h+1 near 1", kl_h_plus_one, lambda x: x - one, centre=1, end=2),
         ),
-        "remainder_fit": ("r(x) = 1/ψ1(x) − x + ½.", [Fit("r", remainder, a) for a in BINADES]),
-        "x_remainder_prime_fit": ("x·r'(x) = x(−ψ2/ψ1² − 1).", [Fit("xr'", x_remainder_prime, a) for a in BINADES]),
+        "x_kl_v_fit": ("x·v(x) = x(1 − (x − 1)ψ1(x)).", Fit("xv", x_kl_v)),
+        "log_trigamma_fit": ("ln ψ1(x) = (x − x1)·P (x1: ψ1(x1) = 1).", Fit("lnψ1", log_trigamma, lambda x: x - x1)),
+        "remainder_fit": ("r(x) = 1/ψ1(x) − x + ½.", Fit("r", remainder)),
+        "x_remainder_prime_fit": ("x·r'(x) = x(−ψ2/ψ1² − 1).", Fit("xr'", x_remainder_prime)),
         "fisher_slope_fit": (
-            "f'(x) = (2x + 1)ψ1(x) + x(x + 1)ψ2(x), f = x(x + 1)ψ1 (0.127 at x = 1: its two parts cancel 40×,"
-            " and f' grows 6× across [1, 2), so there it is f'(1) + (x − 1)·P: a polynomial whose value"
-            " is a sixth of its terms' would lose 4 ulps in float32). P itself above 2.",
-            [Fit("f'", fisher_slope, 1, lambda x: x - one, fisher_slope(one)), Fit("f'", fisher_slope, 2),
-             Fit("f'", fisher_slope, 4)],
+            "f'(x) = (2x + 1)ψ1(x) + x(x + 1)ψ2(x), f = x(x + 1)ψ1, as f'(1) + (x − 1)·P: 0.127 at x = 1"
+            " from parts of 4.9, and 6x larger at x = 2 (a polynomial whose value is a sixth of its"
+            " terms' would lose 4 ulps in float32).",
+            Fit("f'", fisher_slope, lambda x: x - one, fisher_slope(one)),
         ),
     }
     eight = mpf(SERIES_FROM)
@@ -428,9 +417,10 @@ def generate() -> str:
     }
     out = [
         "// GENERATED by csrc/kernels/make_special_functions_f32.py: do not edit; rerun the script.",
-        "// Coefficients of the float32 special functions (special_functions_f32.h): binade polynomials",
-        "// on [1, 8) in s = x·(2/a) − 3 ∈ [−1, 1), and asymptotic series in u = 1/x for x >= 8. Literal",
-        "// Horner steps (a constant array would not be visible in device code).",
+        "// Coefficients of the float32 special functions (special_functions_f32.h): one polynomial on",
+        "// [1, 8) in s = ln(x/4) ∈ [−1.39, 0.69) (h + 1 on [1, 2): in ln x), and asymptotic series in u = 1/x for",
+        "// x >= 8.",
+        "// Literal Horner steps (a constant array would not be visible in device code).",
         "#pragma once",
         "",
         '#include "platform.h"',
@@ -439,7 +429,7 @@ def generate() -> str:
         "namespace EO_ISA {",
         "",
         f"constexpr float kSeriesFromF32 = {literal(float(SERIES_FROM))};",
-        "// Roots split as hi + lo float32 (x − hi is exact on [1, 2)): ψ(x0) = 0 and ψ1(x1) = 1.",
+        "// Roots split as hi + lo float32 (x − hi is exact near the root): ψ(x0) = 0 and ψ1(x1) = 1.",
         f"constexpr float kDigammaRootHi = {literal(x0_hi)};",
         f"constexpr float kDigammaRootLo = {literal(x0_lo)};",
         f"constexpr float kTrigammaOneHi = {literal(x1_hi)};",
@@ -448,18 +438,13 @@ def generate() -> str:
         f"constexpr float kFisherSlopeAtOneHi = {literal(split(fisher_slope(one))[0])};",
         f"constexpr float kFisherSlopeAtOneLo = {literal(split(fisher_slope(one))[1])};",
         "",
-        "// The coefficient of the binade [1, 2), [2, 4) or [4, 8) that x lies in.",
-        "EO_HOST_DEVICE float binade_coefficient(bool below_2, bool below_4, float c1, float c2, float c4) {",
-        "  return select(below_2, c1, select(below_4, c2, c4));",
-        "}",
+        f"constexpr float kFitCentreF32 = {literal(float(LOG_CENTRE))};  // s = ln(x/4); 1/4 is exact",
         "",
     ]
-    for name, (doc, pieces) in fits.items():
-        for p in pieces:
-            p.run()
-        emit_fit(out, name, doc, pieces)
-        print(f"{name}: " + ", ".join(f"deg {len(p.coefficients) - 1} err {p.max_error:.2e}" for p in pieces),
-              file=sys.stderr)
+    for name, (doc, fit) in fits.items():
+        fit.run()
+        emit_fit(out, name, doc, fit)
+        print(f"{name}: deg {len(fit.coefficients) - 1} err {fit.max_error:.2e}", file=sys.stderr)
     for name, (doc, coefficients, size) in series.items():
         kept = truncate(coefficients, size)
         emit_series(out, name, doc, kept)
