@@ -35,12 +35,6 @@ __global__ void element_kernel(const double* alpha, double* out, int n) {
   out[8 * i + 5] = b.fisher_slope;
   out[8 * i + 6] = b.logdet_ratio;
   out[8 * i + 7] = b.logdet_r_prime;
-  // The same per argument class (grouped elements).
-  const kn::ElementForwardF32 f3 =
-      kn::element_forward_f32<true, true, true>(alpha[i], kn::polygammas_of_class<kn::kSeriesClass>(alpha[i]));
-  const kn::ElementBackwardF32 b0 =
-      kn::element_backward_f32<true, true, true>(alpha[i], kn::polygammas_of_class<0>(alpha[i]));
-  out[8 * i + 0] += f3.kl_h_plus_one + b0.fisher_slope;
 }
 
 __global__ void special_functions_kernel(const double* a, const double* r, double* out, int n) {
