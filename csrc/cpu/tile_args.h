@@ -30,7 +30,7 @@ struct ForwardTile {
   std::int64_t row_stride;
   double* col_stats;  // likewise for columns; nullptr if columns not needed
   std::int64_t col_stride;
-  double* scratch;  // >= 8·cols doubles, private to the calling thread
+  double* scratch;  // >= 15·cols doubles, private to the calling thread
 };
 
 struct BackwardTile {
@@ -48,7 +48,7 @@ struct BackwardTile {
   void* grad;  // ∂L/∂s of the tile, rows×cols, leading dim grad_ld, float or double
   bool grad_is_double;
   std::int64_t grad_ld;
-  double* scratch;  // >= 2·cols doubles
+  double* scratch;  // >= 9·cols doubles
 };
 
 using ForwardTileFn = void (*)(const ForwardTile&);
