@@ -6,6 +6,7 @@
 #pragma once
 
 #include "elementary.h"
+#include "elementary_f32.h"
 
 namespace evidential_ops {
 namespace EO_ISA {
@@ -49,6 +50,45 @@ EO_HOST_DEVICE EvidenceValue evidence_value(double x) {
   }
   // A NaN similarity (only with check_finite=False) stays NaN instead of being clamped to a
   // plausible evidence: garbage in, visible garbage out, as in the reference.
+  out.alpha = select(x == x, out.alpha, x);
+  out.rho = select(x == x, out.rho, x);
+  return out;
+}
+
+// The same maps in float32 (SPEC §2 "Float32 element math"), for float32 and half inputs, with
+// x = s·(1/τ) formed as a float32 product. Beyond x = 88.7 exp evidence leaves float32: α is
+// +inf and ρ its limit 1, and the caller redoes such elements with the double map above.
+struct EvidenceValueF32 {
+  float alpha;
+  float rho;
+};
+
+template <EvidenceKind kKind>
+EO_HOST_DEVICE EvidenceValueF32 evidence_value(float x) {
+  EvidenceValueF32 out;
+  if constexpr (kKind == EvidenceKind::kExp) {
+    const float e = exp_f(x);
+    out.alpha = e + 1.0f;
+    out.rho = select(e < __builtin_inff(), e / out.alpha, 1.0f);  // inf/inf would be NaN
+  } else if constexpr (kKind == EvidenceKind::kRelu) {
+    const bool positive = x > 0.0f;
+    out.alpha = select(positive, x, 0.0f) + 1.0f;
+    out.rho = select(positive, 1.0f / out.alpha, 0.0f);
+  } else if constexpr (kKind == EvidenceKind::kSoftplus) {
+    const float small = exp_f(-(x < 0.0f ? -x : x));
+    const float softplus = select(x > 0.0f, x, 0.0f) + log1p_f(small);
+    const float sigmoid = select(x > 0.0f, 1.0f, small) / (1.0f + small);
+    out.alpha = softplus + 1.0f;
+    out.rho = sigmoid / out.alpha;
+  } else {
+    const float q = exp_f(-2.0f * (x < 0.0f ? -x : x));
+    const float inv = 1.0f / (1.0f + q);
+    const float magnitude = (1.0f - q) * inv;
+    const float t = select(x < 0.0f, -magnitude, magnitude);
+    const float e = exp_f(t);
+    out.alpha = e + 1.0f;
+    out.rho = e * (4.0f * q * inv * inv) / out.alpha;
+  }
   out.alpha = select(x == x, out.alpha, x);
   out.rho = select(x == x, out.rho, x);
   return out;
