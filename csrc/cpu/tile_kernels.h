@@ -1,17 +1,20 @@
 // The per-tile loops of the CPU backend, compiled once per instruction set (tile_kernels_*.cpp
 // define EO_ISA and the target before including this file). Torch-free: raw pointers only.
 //
-// Each tile row runs vectorised loops over its columns: the evidence map (s -> α, ρ) into a
-// small double buffer, then the special functions and the accumulation (forward) or the
-// gradient coefficient (backward). Splitting them keeps the heavy loop free of the evidence kind
-// and the input dtype, so it is instantiated only per set of enabled terms.
-//
-// Float32 (and half) inputs evaluate the per-element special functions in float32 (SPEC §2
-// "Float32 element math"), at full float32 SIMD width, in a loop of their own that tabulates the
-// element values (widened to double) for the accumulation loop; an α beyond FLT_MAX (exp evidence
-// at s/τ > 88.7) gets the float64 functions instead, element by element, so every element's value
-// depends on α alone (results do not depend on the tiling, hence not on the thread count).
-// Float64 inputs keep the float64 element math. Line sums and per-line work stay float64.
+// Float32 (and half, computed in float32) similarities run the float32 element pipeline of SPEC
+// §2 "Float32 element math", per tile row, in three vectorised loops at full float32 width where
+// the math is float32:
+//   1. the evidence map s -> α, ρ in float32 (x = s·(1/τ) a float32 product);
+//   2. the special functions, 16 columns at a time: a chunk whose α are all below 8 (or all
+//      from 8 on) evaluates only the fit (or only the series), a mixed chunk both (SIMD lanes
+//      cannot branch, so grouping is what spares the untaken form). A chunk is 16 consecutive
+//      columns of a tile whose first column is a multiple of 16, so which form an element gets
+//      depends on its column index alone, never on the tiling or the thread count;
+//   3. the float64 line sums (forward) or the float64 gradient coefficient of the two lines
+//      (backward), reading the float32 values widened.
+// A row with an α beyond FLT_MAX (exp evidence at s/τ > 88.7, α = +inf in float32) redoes those
+// elements with the float64 map and functions and runs loop 3 from double arrays, with every
+// other element's value unchanged. Float64 inputs keep the float64 element math throughout.
 #pragma once
 
 #include "../kernels/element_terms.h"
@@ -58,92 +61,195 @@ void evidence_row(const cpu::TileRef& tile, int kind, std::int64_t i, double inv
 
 constexpr double kFloatMax = 3.4028234663852886e38;  // FLT_MAX
 
-// Where a float32 element value cannot be formed: α beyond FLT_MAX (or infinite). A NaN α (NaN
-// input with check_finite=False) stays on the float32 path: NaN either way.
-EO_HOST_DEVICE bool beyond_float(double alpha) { return alpha > kFloatMax; }
+constexpr std::int64_t kChunk = 16;  // columns per class decision: one AVX-512 float vector
+constexpr float kInfF = __builtin_inff();
 
-// The forward element values of one tile row from the float32 functions, widened to double:
-// `table` receives kl_h, fisher, log_trigamma, remainder (each `n` long) for forward_row;
-// `work` is 5·n floats. Three loops, because GCC vectorises a loop that mixes float and double
-// arithmetic this long at neither width: narrow α, evaluate at full float32 width, widen.
-template <bool kKl, bool kFmse, bool kLogdet>
-void tabulate_forward_f32(const double* alpha, std::int64_t n, double* table, float* work) {
-  float *alpha_f = work, *v_kl = work + n, *v_fisher = work + 2 * n, *v_lt = work + 3 * n, *v_r = work + 4 * n;
-#pragma omp simd
-  for (std::int64_t j = 0; j < n; ++j) alpha_f[j] = static_cast<float>(alpha[j]);
-#pragma omp simd
-  for (std::int64_t j = 0; j < n; ++j) {
-    const ElementForwardF32 f = element_forward_f32<kKl, kFmse, kLogdet>(alpha_f[j]);
-    if constexpr (kKl) v_kl[j] = f.kl_h_plus_one;
-    if constexpr (kFmse) v_fisher[j] = f.x_trigamma;
-    if constexpr (kLogdet) {
-      v_lt[j] = f.log_trigamma;
-      v_r[j] = f.remainder;
+// Loop 1: α (and ρ when wanted) of one row in float32; returns whether some α left float32
+// (a float max, not a count: a 64-bit counter would halve the loop's vector width).
+template <EvidenceKind kKind>
+bool evidence_row_f32(const float* s, std::int64_t n, float inv_tau, float* alpha, float* rho) {
+  float largest = 0.0f;
+  if (rho == nullptr) {
+#pragma omp simd reduction(max : largest)
+    for (std::int64_t j = 0; j < n; ++j) {
+      const float a = evidence_value<kKind>(s[j] * inv_tau).alpha;
+      alpha[j] = a;
+      largest = largest > a ? largest : a;
+    }
+  } else {
+#pragma omp simd reduction(max : largest)
+    for (std::int64_t j = 0; j < n; ++j) {
+      const EvidenceValueF32 v = evidence_value<kKind>(s[j] * inv_tau);
+      alpha[j] = v.alpha;
+      rho[j] = v.rho;
+      largest = largest > v.alpha ? largest : v.alpha;
     }
   }
-  double *kl = table, *fisher = table + n, *log_trig = table + 2 * n, *remainder = table + 3 * n;
-#pragma omp simd
-  for (std::int64_t j = 0; j < n; ++j) {
-    const ElementForward f = widen(alpha[j], ElementForwardF32{v_kl[j], v_fisher[j], v_lt[j], v_r[j]});
-    if constexpr (kKl) kl[j] = f.kl_h;
-    if constexpr (kFmse) fisher[j] = f.fisher;
-    if constexpr (kLogdet) {
-      log_trig[j] = f.log_trigamma;
-      remainder[j] = f.remainder;
-    }
+  return largest == kInfF;
+}
+
+bool evidence_row_f32(int kind, const float* s, std::int64_t n, float inv_tau, float* alpha, float* rho) {
+  switch (static_cast<EvidenceKind>(kind)) {
+    case EvidenceKind::kExp: return evidence_row_f32<EvidenceKind::kExp>(s, n, inv_tau, alpha, rho);
+    case EvidenceKind::kRelu: return evidence_row_f32<EvidenceKind::kRelu>(s, n, inv_tau, alpha, rho);
+    case EvidenceKind::kSoftplus: return evidence_row_f32<EvidenceKind::kSoftplus>(s, n, inv_tau, alpha, rho);
+    case EvidenceKind::kExpTanh: return evidence_row_f32<EvidenceKind::kExpTanh>(s, n, inv_tau, alpha, rho);
   }
-  for (std::int64_t j = 0; j < n; ++j) {  // rare: exp evidence beyond float32
-    if (!beyond_float(alpha[j])) continue;
-    const ElementForward f = element_forward<kKl, kFmse, kLogdet>(alpha[j]);
-    kl[j] = f.kl_h;
-    fisher[j] = f.fisher;
-    log_trig[j] = f.log_trigamma;
-    remainder[j] = f.remainder;
+  return false;
+}
+
+// The argument class shared by a chunk's α: 0 (all below 8), kSeriesClass (all from 8 on, NaN
+// and +inf included), or -1 (mixed).
+int chunk_class(const float* alpha, std::int64_t n) {
+  int series = 0;
+#pragma omp simd reduction(+ : series)
+  for (std::int64_t j = 0; j < n; ++j) series += argument_class(alpha[j]);
+  return series == 0 ? 0 : (series == n ? kSeriesClass : -1);
+}
+
+template <int kClass>
+EO_HOST_DEVICE PolygammasF32 polygammas_for(float a) {
+  if constexpr (kClass < 0) {
+    return polygammas(a);
+  } else {
+    return polygammas_of_class<kClass>(a);
   }
 }
 
-// Accumulates one tile row into its row sums and the column accumulators. kTabulated: the element
-// values come from tabulate_forward_f32's `table`; otherwise they are computed here in float64.
-template <bool kKl, bool kFmse, bool kLogdet, bool kTabulated>
-void forward_row(const double* alpha, const double* table, std::int64_t cols, std::int64_t target,
-                 double* const col[kNumLineStats], double sums[kNumLineStats]) {
-  double *col_rest = col[kRest], *col_sq = col[kSquares], *col_kl = col[kKlH], *col_fisher = col[kFisher];
-  double *col_lt = col[kLogTrigamma], *col_rr = col[kRemainder];
+// Loop 2, forward: the ElementForwardF32 fields of n <= kChunk columns into four float columns
+// (kl_h_plus_one, x_trigamma, log_trigamma, remainder; each `stride` long).
+template <bool kKl, bool kFmse, bool kLogdet, int kClass>
+void forward_values_f32(const float* alpha, std::int64_t n, float* values, std::int64_t stride) {
+#pragma omp simd
+  for (std::int64_t j = 0; j < n; ++j) {
+    const ElementForwardF32 f = element_forward_f32<kKl, kFmse, kLogdet>(alpha[j], polygammas_for<kClass>(alpha[j]));
+    if constexpr (kKl) values[j] = f.kl_h_plus_one;
+    if constexpr (kFmse) values[stride + j] = f.x_trigamma;
+    if constexpr (kLogdet) {
+      values[2 * stride + j] = f.log_trigamma;
+      values[3 * stride + j] = f.remainder;
+    }
+  }
+}
+
+template <bool kKl, bool kFmse, bool kLogdet>
+void forward_values_row_f32(const float* alpha, std::int64_t cols, float* values) {
+  for (std::int64_t c = 0; c < cols; c += kChunk) {
+    const std::int64_t n = cols - c < kChunk ? cols - c : kChunk;
+    const int cls = chunk_class(alpha + c, n);
+    if (n == kChunk && cls == 0) {
+      forward_values_f32<kKl, kFmse, kLogdet, 0>(alpha + c, kChunk, values + c, cols);
+    } else if (n == kChunk && cls == kSeriesClass) {
+      forward_values_f32<kKl, kFmse, kLogdet, kSeriesClass>(alpha + c, kChunk, values + c, cols);
+    } else {
+      forward_values_f32<kKl, kFmse, kLogdet, -1>(alpha + c, n, values + c, cols);
+    }
+  }
+}
+
+// Loop 2, backward: the ElementBackwardF32 fields (kl_v, fisher_slope, logdet_ratio,
+// logdet_r_prime) likewise.
+template <bool kKl, bool kFmse, bool kLogdet, int kClass>
+void backward_values_f32(const float* alpha, std::int64_t n, float* values, std::int64_t stride) {
+#pragma omp simd
+  for (std::int64_t j = 0; j < n; ++j) {
+    const ElementBackwardF32 f = element_backward_f32<kKl, kFmse, kLogdet>(alpha[j], polygammas_for<kClass>(alpha[j]));
+    if constexpr (kKl) values[j] = f.kl_v;
+    if constexpr (kFmse) values[stride + j] = f.fisher_slope;
+    if constexpr (kLogdet) {
+      values[2 * stride + j] = f.logdet_ratio;
+      values[3 * stride + j] = f.logdet_r_prime;
+    }
+  }
+}
+
+template <bool kKl, bool kFmse, bool kLogdet>
+void backward_values_row_f32(const float* alpha, std::int64_t cols, float* values) {
+  for (std::int64_t c = 0; c < cols; c += kChunk) {
+    const std::int64_t n = cols - c < kChunk ? cols - c : kChunk;
+    const int cls = chunk_class(alpha + c, n);
+    if (n == kChunk && cls == 0) {
+      backward_values_f32<kKl, kFmse, kLogdet, 0>(alpha + c, kChunk, values + c, cols);
+    } else if (n == kChunk && cls == kSeriesClass) {
+      backward_values_f32<kKl, kFmse, kLogdet, kSeriesClass>(alpha + c, kChunk, values + c, cols);
+    } else {
+      backward_values_f32<kKl, kFmse, kLogdet, -1>(alpha + c, n, values + c, cols);
+    }
+  }
+}
+
+// The float64 element values of one element from its float32 ones (α widened).
+EO_HOST_DEVICE ElementForward widened_forward(double a, const float* values, std::int64_t stride, std::int64_t j) {
+  return widen(a, ElementForwardF32{values[j], values[stride + j], values[2 * stride + j], values[3 * stride + j]});
+}
+
+EO_HOST_DEVICE ElementBackward widened_backward(const float* values, std::int64_t stride, std::int64_t j) {
+  return widen(ElementBackwardF32{values[j], values[stride + j], values[2 * stride + j], values[3 * stride + j]});
+}
+
+// The column accumulators of a tile, held in locals: indexing an array of pointers inside the
+// loop makes GCC reload each pointer per element (the stores might alias the array).
+struct ColumnAccumulators {
+  double *rest, *squares, *kl, *fisher, *log_trig, *remainder;
+};
+
+// Accumulates what one element contributes to its row's sums and its column's accumulators.
+template <bool kKl, bool kFmse, bool kLogdet>
+EO_HOST_DEVICE void accumulate_element(double a, bool off, const ElementForward& f, const ColumnAccumulators& col,
+                                       std::int64_t j, double& rest, double& squares, double& kl, double& fisher,
+                                       double& log_trig, double& remainder) {
+  // A select, not a multiplication by a 0/1 mask: 0·∞ would turn an overflowed target
+  // into NaN and hide the overflow the forward must report.
+  const double scaled = a * kSquareScale;
+  const double c_rest = off ? a : 0.0, c_sq = off ? scaled * scaled : 0.0;
+  rest += c_rest;
+  squares += c_sq;
+  col.rest[j] += c_rest;
+  col.squares[j] += c_sq;
+  if constexpr (kKl) {
+    const double c_kl = off ? f.kl_h : 0.0;
+    kl += c_kl;
+    col.kl[j] += c_kl;
+  }
+  if constexpr (kFmse) {
+    const double c_fisher = off ? f.fisher : 0.0;
+    fisher += c_fisher;
+    col.fisher[j] += c_fisher;
+  }
+  if constexpr (kLogdet) {
+    log_trig += f.log_trigamma;
+    remainder += f.remainder;
+    col.log_trig[j] += f.log_trigamma;
+    col.remainder[j] += f.remainder;
+  }
+}
+
+// Loop 3, forward: one tile row into its row sums and the column accumulators. Element values
+// from the float64 functions (kSource 0: α double, computed here), a double table of widened
+// values (1: the rows with an α beyond float32), or the float32 pipeline (2: α and values float).
+template <bool kKl, bool kFmse, bool kLogdet, int kSource>
+void forward_row(const void* alpha_in, const void* values_in, std::int64_t cols, std::int64_t target,
+                 double* const col_in[kNumLineStats], double sums[kNumLineStats]) {
+  const ColumnAccumulators col{col_in[kRest],   col_in[kSquares],     col_in[kKlH],
+                               col_in[kFisher], col_in[kLogTrigamma], col_in[kRemainder]};
   double rest = 0.0, squares = 0.0, kl = 0.0, fisher = 0.0, log_trig = 0.0, remainder = 0.0;
 #pragma omp simd reduction(+ : rest, squares, kl, fisher, log_trig, remainder)
   for (std::int64_t j = 0; j < cols; ++j) {
-    const double a = alpha[j];
-    // A select, not a multiplication by a 0/1 mask: 0·∞ would turn an overflowed target
-    // into NaN and hide the overflow the forward must report.
-    const bool off = j != target;
+    double a;
     ElementForward f;
-    if constexpr (kTabulated) {
+    if constexpr (kSource == 2) {
+      a = static_cast<const float*>(alpha_in)[j];
+      f = widened_forward(a, static_cast<const float*>(values_in), cols, j);
+    } else if constexpr (kSource == 1) {
+      const double* table = static_cast<const double*>(values_in);
+      a = static_cast<const double*>(alpha_in)[j];
       f = ElementForward{table[j], table[cols + j], table[2 * cols + j], table[3 * cols + j]};
     } else {
+      a = static_cast<const double*>(alpha_in)[j];
       f = element_forward<kKl, kFmse, kLogdet>(a);
     }
-    const double scaled = a * kSquareScale;
-    const double c_rest = off ? a : 0.0, c_sq = off ? scaled * scaled : 0.0;
-    rest += c_rest;
-    squares += c_sq;
-    col_rest[j] += c_rest;
-    col_sq[j] += c_sq;
-    if constexpr (kKl) {
-      const double c_kl = off ? f.kl_h : 0.0;
-      kl += c_kl;
-      col_kl[j] += c_kl;
-    }
-    if constexpr (kFmse) {
-      const double c_fisher = off ? f.fisher : 0.0;
-      fisher += c_fisher;
-      col_fisher[j] += c_fisher;
-    }
-    if constexpr (kLogdet) {
-      log_trig += f.log_trigamma;
-      remainder += f.remainder;
-      col_lt[j] += f.log_trigamma;
-      col_rr[j] += f.remainder;
-    }
+    accumulate_element<kKl, kFmse, kLogdet>(a, j != target, f, col, j, rest, squares, kl, fisher, log_trig,
+                                            remainder);
   }
   sums[kRest] = rest;
   sums[kSquares] = squares;
@@ -153,33 +259,81 @@ void forward_row(const double* alpha, const double* table, std::int64_t cols, st
   sums[kRemainder] = remainder;
 }
 
+// The double arrays of a float32 row with some α beyond float32: every element as the float32
+// pipeline gave it (widened), except those, which get the float64 map and functions.
+template <EvidenceKind kKind>
+EvidenceValue double_evidence(double x) {
+  return evidence_value<kKind>(x);
+}
+
+EvidenceValue evidence_of(int kind, double x) {
+  switch (static_cast<EvidenceKind>(kind)) {
+    case EvidenceKind::kExp: return double_evidence<EvidenceKind::kExp>(x);
+    case EvidenceKind::kRelu: return double_evidence<EvidenceKind::kRelu>(x);
+    case EvidenceKind::kSoftplus: return double_evidence<EvidenceKind::kSoftplus>(x);
+    case EvidenceKind::kExpTanh: return double_evidence<EvidenceKind::kExpTanh>(x);
+  }
+  return EvidenceValue{0.0, 0.0};
+}
+
 template <bool kKl, bool kFmse, bool kLogdet>
 void forward_tile_impl(const cpu::ForwardTile& t) {
   const std::int64_t cols = t.s.cols, col0 = t.s.col0;
+  // Scratch (doubles): α, the 7 column sinks, then for float32 rows α and 4 value columns in
+  // float (2.5·cols doubles) and the 4-column double table of rows beyond float32.
   double* alpha = t.scratch;
   // Column accumulators: the real ones, or a private sink when columns are not wanted (one
   // loop shape for both cases; the sink costs a few stores).
   double* sink = t.scratch + cols;
-  double* table = t.scratch + (1 + kNumLineStats) * cols;  // 4·cols: tabulated element values
-  float* work = reinterpret_cast<float*>(table + 4 * cols);  // 5·cols floats (3·cols doubles)
+  double* table = t.scratch + (1 + kNumLineStats) * cols;
+  float* alpha_f = reinterpret_cast<float*>(table + 4 * cols);
+  float* values_f = alpha_f + cols;
   double* col[kNumLineStats];
   for (int k = 0; k < kNumLineStats; ++k) {
     col[k] = t.col_stats != nullptr ? t.col_stats + k * t.col_stride + col0 : sink + k * cols;
   }
   constexpr bool kSpecial = kKl || kFmse || kLogdet;
-  const bool float32_elements = kSpecial && !t.s.is_double;
+  const bool float32 = !t.s.is_double && t.inv_tau <= kFloatMax;
+  const float inv_tau_f = static_cast<float>(t.inv_tau);
 
   for (std::int64_t i = 0; i < t.s.rows; ++i) {
     const std::int64_t gi = t.s.row0 + i;
-    evidence_row(t.s, t.evidence, i, t.inv_tau, alpha, nullptr);
     // Local column of the target (outside [0, cols) when it lies in another tile, or for opinions).
     const std::int64_t target = t.has_targets ? gi + t.target_offset - col0 : -1;
     double sums[kNumLineStats];
-    if (float32_elements) {
-      tabulate_forward_f32<kKl, kFmse, kLogdet>(alpha, cols, table, work);
-      forward_row<kKl, kFmse, kLogdet, true>(alpha, table, cols, target, col, sums);
+    double target_alpha = 0.0;
+    if (float32) {
+      const float* s = static_cast<const float*>(t.s.data) + i * t.s.ld;
+      const bool beyond = evidence_row_f32(t.evidence, s, cols, inv_tau_f, alpha_f, nullptr);
+      if constexpr (kSpecial) forward_values_row_f32<kKl, kFmse, kLogdet>(alpha_f, cols, values_f);
+      if (!beyond) {
+        forward_row<kKl, kFmse, kLogdet, 2>(alpha_f, values_f, cols, target, col, sums);
+      } else {
+        for (std::int64_t j = 0; j < cols; ++j) {
+          alpha[j] = alpha_f[j];
+          const ElementForward f = widened_forward(alpha[j], values_f, cols, j);
+          table[j] = f.kl_h;
+          table[cols + j] = f.fisher;
+          table[2 * cols + j] = f.log_trigamma;
+          table[3 * cols + j] = f.remainder;
+          if (alpha_f[j] != kInfF) continue;
+          alpha[j] = evidence_of(t.evidence, static_cast<double>(s[j]) * t.inv_tau).alpha;
+          const ElementForward g = element_forward<kKl, kFmse, kLogdet>(alpha[j]);
+          table[j] = g.kl_h;
+          table[cols + j] = g.fisher;
+          table[2 * cols + j] = g.log_trigamma;
+          table[3 * cols + j] = g.remainder;
+        }
+        forward_row<kKl, kFmse, kLogdet, 1>(alpha, table, cols, target, col, sums);
+      }
+      // α of the target enters ψ(α_y) and the strength: float64 from the float64 map.
+      if (target >= 0 && target < cols) {
+        target_alpha = evidence_of(t.evidence, static_cast<double>(s[target]) * t.inv_tau).alpha;
+      }
     } else {
-      forward_row<kKl, kFmse, kLogdet, false>(alpha, table, cols, target, col, sums);
+      evidence_row(t.s, t.evidence, i, t.inv_tau, alpha, nullptr);
+      forward_row<kKl, kFmse, kLogdet, 0>(alpha, nullptr, cols, target, col, sums);
+      if (target >= 0 && target < cols) target_alpha = alpha[target];
     }
     if (t.row_stats != nullptr) {
       double* r = t.row_stats + gi;
@@ -194,101 +348,109 @@ void forward_tile_impl(const cpu::ForwardTile& t) {
       }
     }
     if (target >= 0 && target < cols) {  // α of the target is the target of row gi and of its column
-      if (t.row_stats != nullptr) t.row_stats[kTargetAlpha * t.row_stride + gi] = alpha[target];
-      if (t.col_stats != nullptr) t.col_stats[kTargetAlpha * t.col_stride + col0 + target] = alpha[target];
+      if (t.row_stats != nullptr) t.row_stats[kTargetAlpha * t.row_stride + gi] = target_alpha;
+      if (t.col_stats != nullptr) t.col_stats[kTargetAlpha * t.col_stride + col0 + target] = target_alpha;
     }
   }
 }
 
-// The backward element factors of one tile row from the float32 functions (widened), as
-// tabulate_forward_f32: kl_v, fisher_slope, logdet_ratio, logdet_r_prime, each `n` long.
+// ∂L/∂s of one element: α·∂L/∂α from both lines' constants, times ρ = g'(x)/α and 1/τ.
 template <bool kKl, bool kFmse, bool kLogdet>
-void tabulate_backward_f32(const double* alpha, std::int64_t n, double* table, float* work) {
-  float *alpha_f = work, *v_kl = work + n, *v_slope = work + 2 * n, *v_ratio = work + 3 * n, *v_rp = work + 4 * n;
-#pragma omp simd
-  for (std::int64_t j = 0; j < n; ++j) alpha_f[j] = static_cast<float>(alpha[j]);
-#pragma omp simd
-  for (std::int64_t j = 0; j < n; ++j) {
-    const ElementBackwardF32 f = element_backward_f32<kKl, kFmse, kLogdet>(alpha_f[j]);
-    if constexpr (kKl) v_kl[j] = f.kl_v;
-    if constexpr (kFmse) v_slope[j] = f.fisher_slope;
-    if constexpr (kLogdet) {
-      v_ratio[j] = f.logdet_ratio;
-      v_rp[j] = f.logdet_r_prime;
-    }
-  }
-  double *kl_v = table, *slope = table + n, *ratio = table + 2 * n, *r_prime = table + 3 * n;
-#pragma omp simd
-  for (std::int64_t j = 0; j < n; ++j) {
-    if constexpr (kKl) kl_v[j] = v_kl[j];
-    if constexpr (kFmse) slope[j] = v_slope[j];
-    if constexpr (kLogdet) {
-      ratio[j] = v_ratio[j];
-      r_prime[j] = v_rp[j];
-    }
-  }
-  for (std::int64_t j = 0; j < n; ++j) {
-    if (!beyond_float(alpha[j])) continue;
-    const ElementBackward f = element_backward<kKl, kFmse, kLogdet>(alpha[j]);
-    kl_v[j] = f.kl_v;
-    slope[j] = f.fisher_slope;
-    ratio[j] = f.logdet_ratio;
-    r_prime[j] = f.logdet_r_prime;
-  }
+EO_HOST_DEVICE double gradient_element(double a, double rho, bool on, const ElementBackward& f,
+                                       const LineGradient& row, const LineGradient& column, double inv_tau) {
+  const double on_target = on ? 1.0 : 0.0;
+  const double off = 1.0 - on_target;
+  const double coefficient = line_share<kKl, kFmse, kLogdet>(a, off, on_target, f, row) +
+                             line_share<kKl, kFmse, kLogdet>(a, off, on_target, f, column);
+  return coefficient * rho * inv_tau;  // ∂L/∂s = (α∂L/∂α)·(g'(x)/α)·(1/τ)
 }
 
-template <bool kKl, bool kFmse, bool kLogdet, bool kTabulated>
-void backward_row(const double* alpha, double* rho, const double* table, std::int64_t cols, std::int64_t col0,
-                  std::int64_t target, const LineGradient& row, const LineGradientArrays& cols_constants,
-                  double inv_tau) {
+// Loop 3, backward: ∂L/∂s of one tile row into `out` (float or double). Sources as forward_row.
+template <bool kKl, bool kFmse, bool kLogdet, int kSource, typename Out>
+void backward_row(const void* alpha_in, const void* rho_in, const void* values_in, std::int64_t cols,
+                  std::int64_t col0, std::int64_t target, const LineGradient& row,
+                  const LineGradientArrays& cols_constants, double inv_tau, Out* out) {
 #pragma omp simd
   for (std::int64_t j = 0; j < cols; ++j) {
-    const double a = alpha[j];
-    const double on_target = j == target ? 1.0 : 0.0;
-    const double off = 1.0 - on_target;
+    double a, rho;
     ElementBackward f;
-    if constexpr (kTabulated) {
+    if constexpr (kSource == 2) {
+      a = static_cast<const float*>(alpha_in)[j];
+      rho = static_cast<const float*>(rho_in)[j];
+      f = widened_backward(static_cast<const float*>(values_in), cols, j);
+    } else if constexpr (kSource == 1) {
+      const double* table = static_cast<const double*>(values_in);
+      a = static_cast<const double*>(alpha_in)[j];
+      rho = static_cast<const double*>(rho_in)[j];
       f = ElementBackward{table[j], table[cols + j], table[2 * cols + j], table[3 * cols + j]};
     } else {
+      a = static_cast<const double*>(alpha_in)[j];
+      rho = static_cast<const double*>(rho_in)[j];
       f = element_backward<kKl, kFmse, kLogdet>(a);
     }
     const LineGradient column = load_line_gradient(cols_constants, col0 + j);
-    const double coefficient = line_share(a, off, on_target, f, row) + line_share(a, off, on_target, f, column);
-    rho[j] = coefficient * rho[j] * inv_tau;  // ∂L/∂s = (α∂L/∂α)·(g'(x)/α)·(1/τ)
+    out[j] = static_cast<Out>(gradient_element<kKl, kFmse, kLogdet>(a, rho, j == target, f, row, column, inv_tau));
   }
 }
 
 template <bool kKl, bool kFmse, bool kLogdet>
 void backward_tile_impl(const cpu::BackwardTile& t) {
   const std::int64_t cols = t.s.cols, col0 = t.s.col0;
+  // Scratch (doubles): α, ρ, the 4-column double table, then α, ρ and 4 value columns in float.
   double* alpha = t.scratch;
-  double* rho = t.scratch + cols;      // overwritten in place by ∂L/∂s
-  double* table = t.scratch + 2 * cols;  // 4·cols: tabulated element factors
-  float* work = reinterpret_cast<float*>(table + 4 * cols);  // 5·cols floats (3·cols doubles)
+  double* rho = t.scratch + cols;
+  double* table = t.scratch + 2 * cols;
+  float* alpha_f = reinterpret_cast<float*>(table + 4 * cols);
+  float* rho_f = alpha_f + cols;
+  float* values_f = rho_f + cols;
   const LineGradientArrays rows = gradient_arrays(t.row_constants, t.n_rows);
   const LineGradientArrays cols_constants = gradient_arrays(t.col_constants, t.n_cols);
   constexpr bool kSpecial = kKl || kFmse || kLogdet;
-  const bool float32_elements = kSpecial && !t.s.is_double;
+  const bool float32 = !t.s.is_double && !t.grad_is_double && t.inv_tau <= kFloatMax;
+  const float inv_tau_f = static_cast<float>(t.inv_tau);
   for (std::int64_t i = 0; i < t.s.rows; ++i) {
     const std::int64_t gi = t.s.row0 + i;
-    evidence_row(t.s, t.evidence, i, t.inv_tau, alpha, rho);
     const LineGradient row = load_line_gradient(rows, gi);
     const std::int64_t target = gi + t.target_offset - col0;
-    if (float32_elements) {
-      tabulate_backward_f32<kKl, kFmse, kLogdet>(alpha, cols, table, work);
-      backward_row<kKl, kFmse, kLogdet, true>(alpha, rho, table, cols, col0, target, row, cols_constants, t.inv_tau);
-    } else {
-      backward_row<kKl, kFmse, kLogdet, false>(alpha, rho, table, cols, col0, target, row, cols_constants,
-                                               t.inv_tau);
-    }
-    if (t.grad_is_double) {
-      double* out = static_cast<double*>(t.grad) + i * t.grad_ld;
-#pragma omp simd
-      for (std::int64_t j = 0; j < cols; ++j) out[j] = rho[j];
-    } else {
+    if (float32) {
+      const float* s = static_cast<const float*>(t.s.data) + i * t.s.ld;
       float* out = static_cast<float*>(t.grad) + i * t.grad_ld;
-#pragma omp simd
-      for (std::int64_t j = 0; j < cols; ++j) out[j] = static_cast<float>(rho[j]);
+      const bool beyond = evidence_row_f32(t.evidence, s, cols, inv_tau_f, alpha_f, rho_f);
+      if constexpr (kSpecial) backward_values_row_f32<kKl, kFmse, kLogdet>(alpha_f, cols, values_f);
+      if (!beyond) {
+        backward_row<kKl, kFmse, kLogdet, 2>(alpha_f, rho_f, values_f, cols, col0, target, row, cols_constants,
+                                             t.inv_tau, out);
+        continue;
+      }
+      for (std::int64_t j = 0; j < cols; ++j) {
+        alpha[j] = alpha_f[j];
+        rho[j] = rho_f[j];
+        const ElementBackward f = widened_backward(values_f, cols, j);
+        table[j] = f.kl_v;
+        table[cols + j] = f.fisher_slope;
+        table[2 * cols + j] = f.logdet_ratio;
+        table[3 * cols + j] = f.logdet_r_prime;
+        if (alpha_f[j] != kInfF) continue;
+        const EvidenceValue v = evidence_of(t.evidence, static_cast<double>(s[j]) * t.inv_tau);
+        alpha[j] = v.alpha;
+        rho[j] = v.rho;
+        const ElementBackward g = element_backward<kKl, kFmse, kLogdet>(v.alpha);
+        table[j] = g.kl_v;
+        table[cols + j] = g.fisher_slope;
+        table[2 * cols + j] = g.logdet_ratio;
+        table[3 * cols + j] = g.logdet_r_prime;
+      }
+      backward_row<kKl, kFmse, kLogdet, 1>(alpha, rho, table, cols, col0, target, row, cols_constants, t.inv_tau,
+                                           out);
+    } else {
+      evidence_row(t.s, t.evidence, i, t.inv_tau, alpha, rho);
+      if (t.grad_is_double) {
+        backward_row<kKl, kFmse, kLogdet, 0>(alpha, rho, nullptr, cols, col0, target, row, cols_constants,
+                                             t.inv_tau, static_cast<double*>(t.grad) + i * t.grad_ld);
+      } else {
+        backward_row<kKl, kFmse, kLogdet, 0>(alpha, rho, nullptr, cols, col0, target, row, cols_constants,
+                                             t.inv_tau, static_cast<float*>(t.grad) + i * t.grad_ld);
+      }
     }
   }
 }

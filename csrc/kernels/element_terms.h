@@ -139,7 +139,20 @@ EO_HOST_DEVICE ElementBackward widen(const ElementBackwardF32& f) {
   return ElementBackward{f.kl_v, f.fisher_slope, f.logdet_ratio, f.logdet_r_prime};
 }
 
-// One line's share of α·∂L/∂α at this element (see LineGradient).
+// One line's share of α·∂L/∂α at this element (see LineGradient). The coefficients of a term
+// that is off are zero; the flags drop them (and their loads) at compile time.
+template <bool kKl, bool kFmse, bool kLogdet>
+EO_HOST_DEVICE double line_share(double alpha, double off, double on_target, const ElementBackward& f,
+                                 const LineGradient& line) {
+  const double p = alpha * line.inv_strength;
+  double inner = line.off + line.square * p;
+  if constexpr (kFmse) inner += line.fisher * f.fisher_slope;
+  double share = p * (off * inner) + on_target * line.target;
+  if constexpr (kKl) share += off * line.kl_v * f.kl_v;
+  if constexpr (kLogdet) share += p * line.all + line.logdet_ratio * f.logdet_ratio + line.logdet_remainder * f.logdet_r_prime;
+  return share;
+}
+
 EO_HOST_DEVICE double line_share(double alpha, double off, double on_target, const ElementBackward& f,
                                  const LineGradient& line) {
   const double p = alpha * line.inv_strength;
