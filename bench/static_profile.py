@@ -103,8 +103,8 @@ def classify(opcode: str) -> str:
 
 
 def class_counts(opcodes) -> dict:
-    """{class: count} of `CLASSES`, plus "total", "dmul_dfma" (the DMUL and DFMA among the FP64),
-    and "nop"-free: NOPs are alignment padding and are left out."""
+    """{class: count} over `CLASSES`, with "total" and "dmul_dfma" (the DMUL and DFMA among the
+    FP64). NOPs (alignment padding) are left out."""
     counts = Counter()
     for op in opcodes:
         if op.split(".")[0] == "NOP":
@@ -121,6 +121,8 @@ def class_counts(opcodes) -> dict:
 
 @dataclass
 class Instruction:
+    """One SASS instruction as nvdisasm prints it."""
+
     addr: int
     guard: str       # "" or the predicate, "@!P0"
     opcode: str      # with its modifiers, "IMAD.MOV.U32"
@@ -130,6 +132,8 @@ class Instruction:
 
 @dataclass
 class Function:
+    """The instructions and labels of one kernel's text section (its subroutines included)."""
+
     name: str
     instructions: list = field(default_factory=list)
     labels: dict = field(default_factory=dict)  # label -> address
@@ -186,6 +190,8 @@ def parse_sass(text: str) -> dict:
 
 @dataclass
 class Block:
+    """A basic block: instructions from a label or a branch to the next branch or label."""
+
     index: int
     start: int                 # address of the first instruction
     end: int                   # address of the last instruction
@@ -195,6 +201,8 @@ class Block:
 
 @dataclass
 class Loop:
+    """A natural loop: its header, every block of its body, and its place in the loop nest."""
+
     header: int                # block index
     blocks: set
     latches: list              # blocks branching back to the header
@@ -282,10 +290,9 @@ def find_loops(blocks: list) -> list:
     outermost first."""
     if not blocks:
         return []
-    seen, order, stack = {0}, [], [0]
+    seen, stack = {0}, [0]
     while stack:
         b = stack.pop()
-        order.append(b)
         for s in blocks[b].successors:
             if s not in seen:
                 seen.add(s)
@@ -767,6 +774,7 @@ def _commit() -> str:
 
 
 def main(argv=None) -> int:
+    """Command line (see the module docstring); 0 also where nothing could be compiled."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog=__doc__.split("\n\n", 2)[2])
