@@ -11,7 +11,7 @@ OUT ?=
 METHOD ?= tcl
 PYTEST_ARGS ?=
 
-.PHONY: install demo test bench ctest nvcc-check triton-aot-check triton-test clean
+.PHONY: install demo test bench ctest nvcc-check triton-aot-check static-profile triton-test clean
 
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || { \
@@ -27,7 +27,7 @@ install:
 demo: install
 	$(PYTHON) -m evidential_ops demo --method $(METHOD) $(if $(OUT),--out $(OUT))
 
-test: install ctest nvcc-check triton-aot-check
+test: install ctest nvcc-check triton-aot-check static-profile
 	$(PYTHON) -m pytest python_tests -q $(PYTEST_ARGS)
 	$(MAKE) triton-test PYTHON="$(PYTHON)"
 	$(PYTHON) -m pytest bench -q --benchmark-disable
@@ -52,6 +52,14 @@ nvcc-check:
 # saying so, where triton cannot compile.
 triton-aot-check:
 	env -u TRITON_INTERPRET $(PYTHON) -m evidential_ops.triton_backend.aot_check
+
+# Static SASS profile of the element kernels for sm_90, CUDA and Triton (bench/static_profile.py):
+# instructions per element by class in each kernel's hot loop, DMUL/DFMA counts, registers and
+# spills, into bench/results/static_profile.md and .json (not tracked: the current code's; the
+# committed baselines are static_profile_<label>.*). Needs no GPU; skips, saying so, where nvcc or
+# triton is missing. About 20 s on 2 cores.
+static-profile:
+	env -u TRITON_INTERPRET $(PYTHON) bench/static_profile.py --out bench/results/static_profile.md
 
 # The Triton kernels in Triton's interpreter on CPU tensors (float32): the backend-parametrised
 # suite's triton cases and the Triton-specific tests.

@@ -131,6 +131,14 @@ def jobs(arch: int, quick: bool = False) -> list[Job]:
     return out
 
 
+def compile_environment() -> None:
+    """The environment `compile_with_log` needs, set before triton is first used: a real compile
+    whatever the caller's environment, and a fresh one each time."""
+    os.environ.pop("TRITON_INTERPRET", None)
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    os.environ["TRITON_ALWAYS_COMPILE"] = "1"  # the ptxas log exists only for a real compile
+
+
 def compile_with_log(job: Job, target) -> tuple[object, str]:
     """Compile `job` for `target`; the ptxas -v log of Triton's own ptxas run (its options, its
     ptxas), captured through the TRITON_DUMP_PTXAS_LOG knob."""
@@ -227,9 +235,7 @@ def main(argv=None) -> int:
                         help="archs on which a spill in a default configuration fails the check (default: both; "
                              "each generation is checked with its own defaults)")
     args = parser.parse_args(argv)
-    os.environ.pop("TRITON_INTERPRET", None)  # compile for real, whatever the caller's environment
-    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
-    os.environ["TRITON_ALWAYS_COMPILE"] = "1"  # the ptxas log exists only for a real compile
+    compile_environment()
     try:
         import triton
         from triton.backends.compiler import GPUTarget
