@@ -11,7 +11,7 @@ from .backends import available_backends
 from . import triton_backend  # noqa: F401  registers the "triton" backend where Triton can run (README "Backends")
 from .config import EVIDENCE_KINDS, TERMS
 from .extension import build_info, cpu_isa, cuda_workspace_bytes
-from .losses import EvidentialLoss, evidential_loss, evidential_loss_from_similarity
+from .losses import EvidentialClipLoss, EvidentialLoss, evidential_loss, evidential_loss_from_similarity
 from .opinion import belief, opinion, opinion_from_similarity
 from .results import Opinion
 
@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "EVIDENCE_KINDS",
+    "EvidentialClipLoss",
     "EvidentialLoss",
     "Opinion",
     "TERMS",

@@ -125,11 +125,28 @@ def evidence_kind(evidence) -> str:
     return choice(evidence, "evidence", EVIDENCE_KINDS)
 
 
-def weight_tuple(weights: Mapping[str, float] | None) -> tuple[tuple[float, ...], tuple[bool, ...]]:
+def _weight_value(value, term: str):
+    """A float weight, or a 0-d floating CPU tensor (detached: weights are constants)."""
+    name = f"weights[{term!r}]"
+    if not isinstance(value, Tensor):
+        return real_number(value, name)
+    if value.dim() != 0 or not value.is_floating_point():
+        raise TypeError(f"{name} must be a float or a 0-d floating tensor, got a {value.dtype} tensor of shape "
+                        f"{tuple(value.shape)}")
+    if value.device.type != "cpu":
+        raise ValueError(f"{name} must be a CPU tensor (the kernels read the weights on the host), got {value.device}")
+    value = value.detach()
+    require(torch.isfinite(value), f"{name} must be finite")
+    return value
+
+
+def weight_tuple(weights: Mapping[str, float | Tensor] | None) -> tuple[tuple, tuple[bool, ...]]:
     """(weights, enabled) per entry of TERMS from a {term: weight} dict (default DEFAULT_WEIGHTS).
 
-    A term is enabled when the dict names it with a non-zero weight; under torch.compile a weight
-    is symbolic (an annealed λ must not recompile), so every named term is enabled there.
+    A weight is a float or a 0-d floating CPU tensor. A float term is enabled when its weight is
+    non-zero; a tensor term whenever the dict names it (its value may change between calls
+    without a new graph under torch.compile: anneal λ in place, `lam.fill_(value)`). Under
+    torch.compile a float weight is symbolic, so every named term is enabled there too.
     """
     if weights is None:
         weights = DEFAULT_WEIGHTS
@@ -138,20 +155,88 @@ def weight_tuple(weights: Mapping[str, float] | None) -> tuple[tuple[float, ...]
     unknown = [key for key in weights if key not in TERMS]
     if unknown:
         raise ValueError(f"weights has unknown key(s) {unknown}; known terms are {TERMS}")
-    values = tuple(real_number(weights.get(term, 0.0), f"weights[{term!r}]") for term in TERMS)
+    values = tuple(_weight_value(weights.get(term, 0.0), term) for term in TERMS)
     if torch.compiler.is_compiling():
         # Symbolic weights were not checked above; a NaN λ must still be an error, in the graph.
-        require(torch.isfinite(torch.tensor(values, dtype=torch.float64)).all(), "weights must be finite")
+        require(torch.isfinite(weights_as_tensor(values)).all(), "weights must be finite")
         return values, tuple(term in weights for term in TERMS)
-    if not any(values):
+    enabled = tuple(term in weights if isinstance(value, Tensor) else value != 0.0
+                    for term, value in zip(TERMS, values))
+    if not any(enabled):
         raise ValueError(f"weights must give at least one term a non-zero weight, got {dict(weights)}")
-    return values, tuple(value != 0.0 for value in values)
+    return values, enabled
+
+
+def weights_as_tensor(values, device: torch.device | None = None) -> Tensor:
+    """The (len(values),) float64 tensor of float or 0-d tensor weights."""
+    if not any(isinstance(v, Tensor) for v in values):
+        return torch.tensor(values, dtype=torch.float64, device=device)
+    return torch.stack([torch.as_tensor(v, dtype=torch.float64).to(device) for v in values])
+
+
+DEFAULT_TAU = 0.05
+
+
+def _scalar_tensor(value: Tensor, name: str, like: Tensor) -> Tensor:
+    if value.dim() != 0:
+        raise ValueError(f"{name} must be a 0-d tensor (one temperature for the batch), got shape {tuple(value.shape)}")
+    if not value.is_floating_point():
+        raise TypeError(f"{name} must be a floating tensor, got {value.dtype}")
+    if value.device != like.device:
+        raise ValueError(f"{name} is on {value.device} but the inputs are on {like.device}")
+    return value
+
+
+def temperature_arguments(tau, logit_scale) -> None:
+    """What `temperature` checks without the inputs: at most one of tau and logit_scale, a valid
+    float, or a 0-d floating tensor (its device and value are checked per call)."""
+    if tau is not None and logit_scale is not None:
+        raise ValueError("pass tau or logit_scale, not both (logit_scale = −ln tau)")
+    for value, name in ((tau, "tau"), (logit_scale, "logit_scale")):
+        if isinstance(value, Tensor):
+            if value.dim() != 0:
+                raise ValueError(f"{name} must be a 0-d tensor (one temperature for the batch), got shape "
+                                 f"{tuple(value.shape)}")
+            if not value.is_floating_point():
+                raise TypeError(f"{name} must be a floating tensor, got {value.dtype}")
+    if tau is not None and not isinstance(tau, Tensor):
+        tau_value(tau)
+    if logit_scale is not None and not isinstance(logit_scale, Tensor):
+        real_number(logit_scale, "logit_scale", minimum=-709.0, maximum=709.0)
+
+
+def temperature(tau, logit_scale, like: Tensor) -> tuple[float, Tensor | None]:
+    """The temperature of a loss call: (τ for the kernels, 1/τ as a tensor or None).
+
+    A float τ (or a float logit_scale, τ = exp(−logit_scale)) goes to the kernels as it is: (τ,
+    None). A tensor τ or logit_scale (0-d, floating, on the inputs' device, possibly learnable)
+    scales the inputs instead, s/τ = (x·(1/τ))·yᵀ, and the kernels run at τ = 1: ∂L/∂τ then comes
+    from autograd through that product, on every backend and with no K×K buffer, and a new value
+    never recompiles a torch.compile'd step. 1/τ = exp(logit_scale) (CLIP's learnable scale).
+    """
+    if tau is not None and logit_scale is not None:
+        raise ValueError("pass tau or logit_scale, not both (logit_scale = −ln tau)")
+    if logit_scale is None:
+        if not isinstance(tau, Tensor):
+            return tau_value(DEFAULT_TAU if tau is None else tau), None
+        tau = _scalar_tensor(tau, "tau", like)
+        require(torch.isfinite(tau) & (tau > 0) & torch.isfinite(1.0 / tau), "tau must be positive and finite with a finite 1/tau")
+        return 1.0, 1.0 / tau
+    if not isinstance(logit_scale, Tensor):
+        logit_scale = real_number(logit_scale, "logit_scale")
+        if not torch.compiler.is_compiling() and (logit_scale > 709.0 or logit_scale < -709.0):
+            raise ValueError(f"logit_scale={logit_scale} overflows: tau = exp(-logit_scale) must be a finite, non-zero double")
+        return tau_value(math.exp(-logit_scale)), None
+    logit_scale = _scalar_tensor(logit_scale, "logit_scale", like)
+    inv_tau = logit_scale.exp()
+    require(torch.isfinite(inv_tau) & (inv_tau > 0), "logit_scale overflows: exp(logit_scale) must be finite and non-zero")
+    return 1.0, inv_tau
 
 
 def loss_config(
     *,
     evidence,
-    tau,
+    tau=DEFAULT_TAU,
     weights,
     direction,
     reduction,
@@ -162,7 +247,7 @@ def loss_config(
     values, enabled = weight_tuple(weights)
     return LossConfig(
         evidence=evidence_kind(evidence),
-        tau=tau_value(tau),
+        tau=tau_value(DEFAULT_TAU if tau is None else tau),
         weights=values,
         enabled=enabled,
         direction=choice(direction, "direction", DIRECTIONS),

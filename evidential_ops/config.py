@@ -9,7 +9,7 @@ from torch import Tensor
 EVIDENCE_KINDS = ("exp", "relu", "softplus", "exp_tanh")  # SPEC §1
 TERMS = ("risk", "kl", "mse", "fmse", "logdet")  # SPEC §2, in this order everywhere
 DIRECTIONS = ("rows", "cols", "both")
-REDUCTIONS = ("mean", "sum", "none")
+REDUCTIONS = ("mean", "mean_of_directions", "sum", "none")
 MATMUL_PRECISIONS = ("ieee", "tf32")
 DEFAULT_WEIGHTS = {"risk": 1.0, "kl": 0.1}
 NORMALIZE_EPS = 1e-12  # F.normalize eps of normalize=True (SPEC notation)
@@ -30,14 +30,15 @@ __all__ = [
 class LossConfig:
     """Keyword arguments of `evidential_loss`, checked (see `checks.loss_config`).
 
-    weights: one float per entry of TERMS (risk, kl, mse, fmse, logdet), zero when disabled.
+    weights: one weight per entry of TERMS (risk, kl, mse, fmse, logdet), zero when disabled: a
+        float, or a 0-d float CPU tensor (see `checks.weight_tuple`).
     enabled: which TERMS the kernels compute: those named in the weights dict (with a non-zero
         weight in eager mode; under torch.compile the weights are symbolic, so every named term).
     """
 
     evidence: str
     tau: float
-    weights: tuple[float, float, float, float, float]
+    weights: tuple
     enabled: tuple[bool, bool, bool, bool, bool]
     direction: str
     reduction: str
@@ -60,15 +61,14 @@ class LossConfig:
     def reduce(self, rows: Tensor, cols: Tensor) -> Tensor | tuple[Tensor, Tensor]:
         """Apply `reduction` to per-row and per-column losses (either may be empty).
 
-        "mean": mean(rows) + mean(cols); "sum": sum of both; "none": (rows, cols) unchanged.
+        "mean": mean(rows) + mean(cols) (the TCL/UML/DUQ papers' sum of the two directions);
+        "mean_of_directions": (mean(rows) + mean(cols)) / 2, open_clip ClipLoss's averaging (half
+        of "mean", so swapping ClipLoss for this loss keeps the effective learning rate); "sum":
+        sum of both; "none": (rows, cols) unchanged. One direction alone: its mean or sum.
         """
         if self.reduction == "none":
             return rows, cols
-        total = None
-        for part, present in ((rows, self.rows), (cols, self.cols)):
-            if not present:
-                continue
-            value = part.mean() if self.reduction == "mean" else part.sum()
-            total = value if total is None else total + value
-        assert total is not None  # direction always enables rows or cols
-        return total
+        parts = [part for part, present in ((rows, self.rows), (cols, self.cols)) if present]
+        values = [part.sum() if self.reduction == "sum" else part.mean() for part in parts]
+        total = values[0] if len(values) == 1 else values[0] + values[1]
+        return total / len(values) if self.reduction == "mean_of_directions" else total

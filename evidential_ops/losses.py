@@ -4,12 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import torch
 from torch import Tensor, nn
 
 from . import backends, checks
+from .autocast import autocast_inputs
 from .evidence import unit_rows
 
 LossOutput = Tensor | tuple[Tensor, Tensor]
+
+
+def scaled(t: Tensor, inv_tau: Tensor) -> Tensor:
+    """t·(1/τ) rounded once to t's dtype: the product in float32 at least (a bf16 1/τ would be
+    off by up to 2^-9 before it multiplies anything)."""
+    wide = torch.promote_types(t.dtype, torch.float32)
+    return (t.to(wide) * inv_tau.to(wide)).to(t.dtype)
 
 
 def evidential_loss(
@@ -17,8 +26,8 @@ def evidential_loss(
     y: Tensor,
     *,
     evidence: str = "exp",
-    tau: float = 0.05,
-    weights: Mapping[str, float] | None = None,
+    tau: float | Tensor | None = None,
+    weights: Mapping[str, float | Tensor] | None = None,
     direction: str = "both",
     target_scale: Tensor | None = None,
     normalize: bool = False,
@@ -26,6 +35,7 @@ def evidential_loss(
     backend: str = "auto",
     check_finite: bool = True,
     matmul_precision: str = "ieee",
+    logit_scale: float | Tensor | None = None,
 ) -> LossOutput:
     """Evidential retrieval loss of the similarity matrix s = x·yᵀ, differentiable in x and y.
 
@@ -37,14 +47,21 @@ def evidential_loss(
     Args:
         x, y: (K, D) float32/float16/bfloat16/float64, same dtype and device, K >= 2.
             L2-normalised by the caller unless normalize=True (then eps 1e-12, differentiated).
-        evidence: "exp" | "relu" | "softplus" | "exp_tanh".   tau: temperature τ > 0.
+        evidence: "exp" | "relu" | "softplus" | "exp_tanh".
+        tau: temperature τ > 0 (default 0.05): a float, or a 0-d tensor on the inputs' device,
+            learnable: ∂L/∂τ flows through s/τ = (x/τ)·yᵀ (SPEC §2 "Learnable temperature").
+        logit_scale: instead of tau, CLIP's learnable scale: τ = exp(−logit_scale), a float or a
+            0-d tensor (s/τ = exp(logit_scale)·x·yᵀ, open_clip's logits).
         weights: {term: weight}; default {"risk": 1.0, "kl": 0.1} (TCL with λ = 0.1).
-            TCL = {risk: 1, kl: λ}; UML = {fmse: 1, logdet: −φ}; DUQ ISUM = {mse: 1}.
+            TCL = {risk: 1, kl: λ}; UML = {fmse: 1, logdet: −φ}; DUQ ISUM = {mse: 1}. A weight is
+            a float or a 0-d float CPU tensor (a constant; a tensor annealed in place never
+            recompiles a torch.compile'd step).
         direction: "rows", "cols" or "both".
         target_scale: optional (K,) c in [0, 1]: target of row i and column i is c_i·one-hot(i)
             (UML's clean/noisy label). A constant: no gradient flows into it.
-        reduction: "mean" → mean(rows) + mean(cols); "sum"; "none" → (rows (K,), cols (K,)),
-            an empty tensor for a direction not computed.
+        reduction: "mean" → mean(rows) + mean(cols) (the papers' sum of both directions);
+            "mean_of_directions" → half that, open_clip ClipLoss's averaging; "sum";
+            "none" → (rows (K,), cols (K,)), an empty tensor for a direction not computed.
         backend: "auto" (fastest available for the device), "reference", "cpu", ...
         check_finite: reject NaN/Inf inputs (costs a read of x and y).
         matmul_precision: "ieee" (default) or "tf32" (CUDA only; ~3e-4 relative error in e).
@@ -52,16 +69,20 @@ def evidential_loss(
     Returns:
         A float32 scalar (float64 for float64 inputs), or the (rows, cols) pair for "none".
     """
+    x, y = autocast_inputs(x, y)
+    x, y = checks.embedding_pair(x, y, check_finite)
+    kernel_tau, inv_tau = checks.temperature(tau, logit_scale, x)
     config = checks.loss_config(
-        evidence=evidence, tau=tau, weights=weights, direction=direction, reduction=reduction,
+        evidence=evidence, tau=kernel_tau, weights=weights, direction=direction, reduction=reduction,
         check_finite=check_finite, matmul_precision=matmul_precision,
     )
-    x, y = checks.embedding_pair(x, y, check_finite)
     checks.flag(normalize, "normalize")
     c = checks.target_scale_vector(target_scale, x.shape[0], x, check_finite)
     impl = backends.resolve(backend, x.device)
     if normalize:
         x, y = unit_rows(x, y)
+    if inv_tau is not None:
+        x = scaled(x, inv_tau)
     rows, cols = impl.losses(x, y, c, config)
     return config.reduce(rows, cols)
 
@@ -70,23 +91,28 @@ def evidential_loss_from_similarity(
     s: Tensor,
     *,
     evidence: str = "exp",
-    tau: float = 0.05,
-    weights: Mapping[str, float] | None = None,
+    tau: float | Tensor | None = None,
+    weights: Mapping[str, float | Tensor] | None = None,
     direction: str = "both",
     target_scale: Tensor | None = None,
     reduction: str = "mean",
     backend: str = "auto",
     check_finite: bool = True,
+    logit_scale: float | Tensor | None = None,
 ) -> LossOutput:
     """`evidential_loss` for a given (K, K) similarity matrix s (positives on the diagonal),
-    differentiable in s. Same keywords and return values (SPEC §2)."""
+    differentiable in s (and in a tensor tau or logit_scale). Same keywords and return values
+    (SPEC §2)."""
+    s = checks.similarity_matrix(s, check_finite)
+    kernel_tau, inv_tau = checks.temperature(tau, logit_scale, s)
     config = checks.loss_config(
-        evidence=evidence, tau=tau, weights=weights, direction=direction, reduction=reduction,
+        evidence=evidence, tau=kernel_tau, weights=weights, direction=direction, reduction=reduction,
         check_finite=check_finite,
     )
-    s = checks.similarity_matrix(s, check_finite)
     c = checks.target_scale_vector(target_scale, s.shape[0], s, check_finite)
     impl = backends.resolve(backend, s.device)
+    if inv_tau is not None:
+        s = scaled(s, inv_tau)
     rows, cols = impl.losses_from_similarity(s, c, config)
     return config.reduce(rows, cols)
 
@@ -96,15 +122,18 @@ class EvidentialLoss(nn.Module):
 
     With from_similarity=True it is called as `loss_fn(s)` on a (K, K) similarity matrix.
     `weights` is a plain attribute: anneal it between steps (e.g. TCL's λ) with
-    `loss_fn.weights = {"risk": 1.0, "kl": lam}`. Keywords are validated at construction.
+    `loss_fn.weights = {"risk": 1.0, "kl": lam}`; under torch.compile hold λ in a 0-d tensor and
+    update it in place (`lam.fill_(value)`), which never recompiles. A learnable temperature: pass
+    `tau=nn.Parameter(torch.tensor(0.05))` or `logit_scale=nn.Parameter(torch.tensor(ln(1/0.05)))`,
+    which then belongs to this module's parameters. Keywords are validated at construction.
     """
 
     def __init__(
         self,
         *,
         evidence: str = "exp",
-        tau: float = 0.05,
-        weights: Mapping[str, float] | None = None,
+        tau: float | Tensor | None = None,
+        weights: Mapping[str, float | Tensor] | None = None,
         direction: str = "both",
         normalize: bool = False,
         reduction: str = "mean",
@@ -112,17 +141,20 @@ class EvidentialLoss(nn.Module):
         check_finite: bool = True,
         matmul_precision: str = "ieee",
         from_similarity: bool = False,
+        logit_scale: float | Tensor | None = None,
     ):
         super().__init__()
+        checks.temperature_arguments(tau, logit_scale)
         checks.loss_config(
-            evidence=evidence, tau=tau, weights=weights, direction=direction, reduction=reduction,
+            evidence=evidence, weights=weights, direction=direction, reduction=reduction,
             check_finite=check_finite, matmul_precision=matmul_precision,
         )
         checks.flag(normalize, "normalize")
         checks.flag(from_similarity, "from_similarity")
         backends.check_name(backend)
         self.evidence = evidence
-        self.tau = tau
+        self.tau = checks.DEFAULT_TAU if tau is None and logit_scale is None else tau
+        self.logit_scale = logit_scale
         self.weights = dict(weights) if weights is not None else None
         self.direction = direction
         self.normalize = normalize
@@ -134,8 +166,8 @@ class EvidentialLoss(nn.Module):
 
     def forward(self, x: Tensor, y: Tensor | None = None, target_scale: Tensor | None = None) -> LossOutput:
         keywords = dict(
-            evidence=self.evidence, tau=self.tau, weights=self.weights, direction=self.direction,
-            target_scale=target_scale, reduction=self.reduction, backend=self.backend,
+            evidence=self.evidence, tau=self.tau, logit_scale=self.logit_scale, weights=self.weights,
+            direction=self.direction, target_scale=target_scale, reduction=self.reduction, backend=self.backend,
             check_finite=self.check_finite,
         )
         if self.from_similarity:
@@ -149,7 +181,56 @@ class EvidentialLoss(nn.Module):
         )
 
     def extra_repr(self) -> str:
+        temperature = f"logit_scale={self.logit_scale}" if self.logit_scale is not None else f"tau={self.tau}"
         return (
-            f"evidence={self.evidence!r}, tau={self.tau}, weights={self.weights}, "
+            f"evidence={self.evidence!r}, {temperature}, weights={self.weights}, "
             f"direction={self.direction!r}, reduction={self.reduction!r}, backend={self.backend!r}"
         )
+
+
+class EvidentialClipLoss(nn.Module):
+    """open_clip-compatible criterion: `loss_fn(image_features, text_features, logit_scale)`.
+
+    The signature and reduction of open_clip's ClipLoss: features (K, D) of the two towers,
+    logit_scale the model's learnable log-scale (a 0-d tensor, τ = exp(−logit_scale); ∂L/∂
+    logit_scale flows), and the two directions averaged ("mean_of_directions": image→text rows
+    and text→image columns). The loss is the evidential one (SPEC §2-3), TCL's by default; the
+    other keywords are `evidential_loss`'s. With output_dict=True it returns
+    {"contrastive_loss": loss}, as ClipLoss does for open_clip's training loop.
+    """
+
+    def __init__(
+        self,
+        *,
+        evidence: str = "exp",
+        weights: Mapping[str, float | Tensor] | None = None,
+        normalize: bool = False,
+        backend: str = "auto",
+        check_finite: bool = True,
+        matmul_precision: str = "ieee",
+    ):
+        super().__init__()
+        self.loss = EvidentialLoss(
+            evidence=evidence, weights=weights, normalize=normalize, reduction="mean_of_directions",
+            backend=backend, check_finite=check_finite, matmul_precision=matmul_precision,
+        )
+
+    @property
+    def weights(self):
+        """The term weights (assignable, e.g. TCL's annealed λ)."""
+        return self.loss.weights
+
+    @weights.setter
+    def weights(self, value) -> None:
+        self.loss.weights = dict(value) if value is not None else None
+
+    def forward(self, image_features: Tensor, text_features: Tensor, logit_scale: Tensor | float,
+                output_dict: bool = False):
+        checks.flag(output_dict, "output_dict")
+        loss = evidential_loss(
+            image_features, text_features, logit_scale=logit_scale, evidence=self.loss.evidence,
+            weights=self.loss.weights, normalize=self.loss.normalize, reduction="mean_of_directions",
+            backend=self.loss.backend, check_finite=self.loss.check_finite,
+            matmul_precision=self.loss.matmul_precision,
+        )
+        return {"contrastive_loss": loss} if output_dict else loss

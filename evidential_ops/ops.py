@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from . import extension
-from .checks import output_dtype
+from .checks import output_dtype, weights_as_tensor
 from .config import TERMS, LossConfig
 
 NAMESPACE = "evidential_ops"
@@ -69,7 +69,7 @@ def weights_tensor(config: LossConfig, device: torch.device | None = None) -> Te
     A tensor, not a float list: under torch.compile an annealed weight (TCL's λ) then changes
     without a recompile (float arguments of an op are specialised on their value).
     """
-    return torch.tensor(config.weights, dtype=torch.float64, device=device)
+    return weights_as_tensor(config.weights, device)
 
 
 def _op(namespace: str, name: str):

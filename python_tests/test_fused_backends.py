@@ -740,3 +740,123 @@ def test_auto_prefers_a_fused_backend(fused, gen):
     x, y = random_pairs(16, 8, generator=gen)
     x, y = x.to(fused.device), y.to(fused.device)
     assert eo.backends.resolve("auto", x.device).name != "reference"
+
+
+# ---------------------------------------------------------------- CLIP-style training: τ, λ, autocast
+
+
+def _temperature_grads(backend, x, y, temperature, **kwargs):
+    """(loss, dx, dy, d temperature) of the summed loss with a tensor tau or logit_scale."""
+    leaves = [x.detach().clone().requires_grad_(), y.detach().clone().requires_grad_()]
+    name, value = temperature
+    t = value.detach().clone().requires_grad_()
+    loss = eo.evidential_loss(*leaves, backend=backend, reduction="sum", **{name: t}, **kwargs)
+    grads = torch.autograd.grad(loss, [*leaves, t])
+    return loss.detach(), *grads
+
+
+@pytest.mark.parametrize("name,value", [("tau", 0.05), ("logit_scale", math.log(1 / 0.07))])
+def test_learnable_temperature_gradcheck_float64(fused, gen, name, value):
+    """∂L/∂τ (and ∂L/∂logit_scale) of every backend: float64 gradcheck, and the reference's value."""
+    need(fused, dtype=torch.float64)
+    x, y = hard_pairs(9, 7, generator=gen, dtype=torch.float64)
+    x, y = x.to(fused.device), y.to(fused.device)
+    t = torch.tensor(value, dtype=torch.float64, device=fused.device, requires_grad=True)
+    fn = lambda a, b, t: eo.evidential_loss(a, b, backend=fused.name, weights=ALL_WEIGHTS, evidence="softplus",
+                                            **{name: t})
+    assert torch.autograd.gradcheck(fn, (x.clone().requires_grad_(), y.clone().requires_grad_(), t))
+    got = _temperature_grads(fused.name, x, y, (name, t), weights=ALL_WEIGHTS, evidence="softplus")
+    ref = _temperature_grads("reference", x.cpu(), y.cpu(), (name, t.cpu()), weights=ALL_WEIGHTS, evidence="softplus")
+    for g, r in zip(got, ref):  # the float64 tolerance of test_float64_inputs_are_exact
+        assert grad_error(g, r) <= 1e-9, (g, r)
+
+
+def test_learnable_temperature_float32_hard_regime(fused, gen):
+    """A float32 tensor τ = 0.05 with positives at cosine 0.99: loss, gradients and ∂L/∂τ against float64.
+
+    ∂L/∂τ = −(1/τ)·Σ_i ⟨∂L/∂x'_i, x'_i⟩ with x' = x/τ (the scaled input the kernels see), so an
+    error ε·max|∂L/∂x'| per gradient entry (SPEC §5: ε = 1e-4 + 8·√D·2⁻²⁴/τ) moves it by at most
+    (1/τ)·K·√D·ε·max|∂L/∂x'|·max‖x'_i‖ (Cauchy-Schwarz per row).
+    """
+    k, d, tau = 64, 96, 0.05
+    x, y = hard_pairs(k, d, generator=gen)
+    tau64 = torch.tensor(tau, dtype=torch.float64)
+    ref = _temperature_grads("reference", x.double(), y.double(), ("tau", tau64), weights={"risk": 1.0, "kl": 0.1})
+    got = _temperature_grads(fused.name, x.to(fused.device), y.to(fused.device),
+                             ("tau", torch.tensor(tau, device=fused.device)), weights={"risk": 1.0, "kl": 0.1})
+    eps = GRAD_RTOL + gemm_allowance(d, tau)
+    assert abs(float(got[0]) - float(ref[0])) <= (LOSS_RTOL["risk"] + gemm_allowance(d, tau)) * abs(float(ref[0]))
+    for g, r in zip(got[1:3], ref[1:3]):
+        assert grad_error(g, r) <= eps
+    dx_scaled_max = float(ref[1].abs().max()) * tau  # ∂L/∂x' = τ·∂L/∂x
+    bound = (1 / tau) * k * math.sqrt(d) * eps * dx_scaled_max * (1 / tau)
+    assert abs(float(got[3]) - float(ref[3])) <= bound, (float(got[3]), float(ref[3]), bound)
+    assert torch.sign(got[3].cpu()) == torch.sign(ref[3])
+
+
+def test_clip_criterion_matches_open_clip_conventions(fused, gen):
+    """EvidentialClipLoss(img, txt, logit_scale): τ = exp(−logit_scale), directions averaged."""
+    x, y = random_pairs(24, 16, generator=gen, positive_cos=0.7)
+    x, y = x.to(fused.device), y.to(fused.device)
+    logit_scale = torch.tensor(math.log(1 / 0.07), device=fused.device, requires_grad=True)
+    criterion = eo.EvidentialClipLoss(backend=fused.name)
+    loss = criterion(x, y, logit_scale)
+    both = eo.evidential_loss(x, y, tau=0.07, backend=fused.name)  # reduction "mean": mean rows + mean cols
+    torch.testing.assert_close(loss, both / 2, rtol=2e-6, atol=0)
+    torch.testing.assert_close(
+        eo.evidential_loss(x, y, tau=0.07, backend=fused.name, reduction="mean_of_directions"), both / 2)
+    assert criterion(x, y, logit_scale, output_dict=True)["contrastive_loss"] == loss
+    loss.backward()
+    assert logit_scale.grad is not None and torch.isfinite(logit_scale.grad)
+    rows_only = eo.evidential_loss(x, y, tau=0.07, backend=fused.name, direction="rows",
+                                   reduction="mean_of_directions")
+    torch.testing.assert_close(rows_only, eo.evidential_loss(x, y, tau=0.07, backend=fused.name, direction="rows"))
+
+
+@pytest.mark.parametrize("compiler", ["aot_eager", "inductor"])
+def test_annealed_tensor_weight_and_learned_tau_never_recompile(fused, gen, compiler):
+    """TCL anneals λ every epoch and CLIP learns τ: graphs compiled (with the backend's own
+    compiler, not only Dynamo frames) do not grow with new values of either. A tensor λ in the
+    criterion's weights is updated in place; τ is an nn.Parameter changed by an optimiser step."""
+    if compiler == "inductor" and fused.device.type == "cpu" and fused.name != "cpu":
+        pytest.skip("inductor is exercised once on the CPU, with the cpu backend")
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    x, y = random_pairs(32, 16, generator=gen, positive_cos=0.6)
+    x, y = x.to(fused.device).requires_grad_(), y.to(fused.device).requires_grad_()
+    lam = torch.tensor(0.0, dtype=torch.float64)
+    tau = torch.nn.Parameter(torch.tensor(0.05, device=fused.device))
+    criterion = eo.EvidentialLoss(backend=fused.name, tau=tau, weights={"risk": 1.0, "kl": lam}, check_finite=False)
+    counter = CompileCounterWithBackend(compiler)
+    step = torch.compile(lambda a, b: criterion(a, b), backend=counter, fullgraph=True)
+    optimiser = torch.optim.SGD([tau], lr=1e-6)
+    counts = []
+    for epoch in range(10):
+        lam.fill_(0.1 * epoch)
+        loss = step(x, y)
+        expected = eo.evidential_loss(x, y, tau=float(tau.detach()), weights={"risk": 1.0, "kl": 0.1 * epoch},
+                                      backend=fused.name)
+        torch.testing.assert_close(loss, expected, rtol=1e-5, atol=0)
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+        counts.append(counter.frame_count)
+    assert counts[-1] == counts[0] <= 2, counts  # the first call may compile twice (AOT retrace)
+    assert float(tau) != 0.05
+
+
+def test_cpu_autocast_mixed_towers(fused, gen):
+    """A bf16 tower and a float32 tower under CPU autocast: both promoted to float32 (SPEC §5)."""
+    if fused.device.type != "cpu":
+        pytest.skip("CPU autocast; CUDA autocast runs in the GPU session")
+    x, y = random_pairs(24, 16, generator=gen, positive_cos=0.7)
+    xb = x.to(torch.bfloat16).requires_grad_()
+    yf = y.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = eo.evidential_loss(xb, yf, backend=fused.name)
+    loss.backward()
+    assert loss.dtype == torch.float32 and xb.grad.dtype == torch.bfloat16 and yf.grad.dtype == torch.float32
+    torch.testing.assert_close(loss, eo.evidential_loss(xb.detach().float(), y, backend=fused.name))
+    with pytest.raises(TypeError, match="cast one of them"):  # outside autocast: no silent promotion
+        eo.evidential_loss(xb, yf, backend=fused.name)

@@ -265,3 +265,41 @@ def test_torch_compile_fullgraph_on_the_reference_with_every_value_check(gen):
     with pytest.raises(RuntimeError, match="target_scale must lie in"):
         torch.compile(lambda x: eo.evidential_loss(x, y, target_scale=scale * 3, backend="reference"),
                       fullgraph=True)(x)
+
+
+@pytest.mark.parametrize(
+    "kwargs,exc,name",
+    [
+        ({"tau": torch.tensor([0.05])}, ValueError, "tau must be a 0-d tensor"),
+        ({"tau": torch.tensor(1)}, TypeError, "tau must be a floating tensor"),
+        ({"tau": torch.tensor(-0.05)}, ValueError, "tau must be positive"),
+        ({"tau": torch.tensor(0.0)}, ValueError, "tau must be positive"),
+        ({"tau": torch.tensor(0.05, device="meta")}, ValueError, "tau is on meta"),
+        ({"logit_scale": torch.tensor(1000.0)}, ValueError, "logit_scale overflows"),
+        ({"logit_scale": 1000.0}, ValueError, "logit_scale"),
+        ({"logit_scale": torch.ones(2)}, ValueError, "logit_scale must be a 0-d tensor"),
+        ({"tau": 0.05, "logit_scale": 2.0}, ValueError, "pass tau or logit_scale, not both"),
+        ({"weights": {"risk": torch.ones(2)}}, TypeError, "weights['risk']"),
+        ({"weights": {"risk": torch.tensor(1)}}, TypeError, "weights['risk']"),
+        ({"weights": {"risk": torch.tensor(1.0, device="meta")}}, ValueError, "weights['risk'] must be a CPU tensor"),
+        ({"weights": {"risk": torch.tensor(float("nan"))}}, ValueError, "weights['risk'] must be finite"),
+        ({"reduction": "average"}, ValueError, "reduction"),
+    ],
+)
+def test_bad_temperature_and_weight_tensors(xy, kwargs, exc, name):
+    x, y = xy
+    for backend in cpu_backends():
+        with raises(exc, name):
+            eo.evidential_loss(x, y, backend=backend, **kwargs)
+
+
+def test_clip_criterion_and_module_validate_temperature(xy):
+    x, y = xy
+    with raises(ValueError, "pass tau or logit_scale, not both"):
+        eo.EvidentialLoss(tau=0.05, logit_scale=1.0)
+    with raises(ValueError, "tau must be a 0-d tensor"):
+        eo.EvidentialLoss(tau=torch.ones(3))
+    with raises(TypeError, "output_dict"):
+        eo.EvidentialClipLoss()(x, y, torch.tensor(2.0), output_dict="yes")
+    with raises(ValueError, "logit_scale is on meta"):
+        eo.EvidentialClipLoss()(x, y, torch.tensor(2.0, device="meta"))

@@ -59,6 +59,7 @@ from torch import Tensor, nn
 from .. import backends, checks, ops
 from ..config import DIRECTIONS, EVIDENCE_KINDS, MATMUL_PRECISIONS, REDUCTIONS, TERMS
 from ..evidence import unit_rows
+from ..losses import scaled
 from . import comm
 
 __all__ = ["EvidentialLoss", "FIELDS", "communication_volume", "evidential_loss"]
@@ -90,8 +91,8 @@ def evidential_loss(
     group=None,
     ddp: bool = False,
     evidence: str = "exp",
-    tau: float = 0.05,
-    weights: Mapping[str, float] | None = None,
+    tau: float | Tensor | None = None,
+    weights: Mapping[str, float | Tensor] | None = None,
     direction: str = "both",
     target_scale: Tensor | None = None,
     normalize: bool = False,
@@ -99,6 +100,7 @@ def evidential_loss(
     backend: str = "auto",
     check_finite: bool = True,
     matmul_precision: str = "ieee",
+    logit_scale: float | Tensor | None = None,
 ):
     """`evidential_ops.evidential_loss` of the global batch of a torch.distributed group.
 
@@ -114,8 +116,11 @@ def evidential_loss(
             each rank's x and y gradients are scaled by the world size so that the average is the
             gradient of the global loss. False (default): x.grad, y.grad are exactly ∂L/∂x_r, ∂L/∂y_r.
         target_scale: this rank's (K_r,) c (its pairs' entries of the global c).
-        evidence, tau, weights, direction, normalize, backend, check_finite, matmul_precision: as in
-            `evidential_ops.evidential_loss`. A backend with strip kernels (cpu; cuda and triton
+        evidence, tau, logit_scale, weights, direction, normalize, backend, check_finite,
+            matmul_precision: as in `evidential_ops.evidential_loss`. A tensor tau or logit_scale
+            (the same value on every rank, e.g. a DDP parameter) scales this rank's x; its gradient
+            on each rank is this rank's share of ∂L/∂τ: with ddp=True their average over the ranks
+            is the whole of it (as for the model's parameters), with ddp=False sum them. A backend with strip kernels (cpu; cuda and triton
             where built) runs the fused path; "reference" (and "auto" on a device without fused
             kernels) gathers x and y and materialises the K_global × K_global matrix on every rank.
         reduction: "mean" / "sum": the global loss, the same value on every rank; "none": (rows of
@@ -131,7 +136,8 @@ def evidential_loss(
     values: dict = {}
     error = None
     try:
-        plan = _check_local(x, y, values, group=group, ddp=ddp, evidence=evidence, tau=tau, weights=weights,
+        plan = _check_local(x, y, values, group=group, ddp=ddp, evidence=evidence, tau=tau,
+                            logit_scale=logit_scale, weights=weights,
                             direction=direction, target_scale=target_scale, normalize=normalize,
                             reduction=reduction, backend=backend, check_finite=check_finite,
                             matmul_precision=matmul_precision)
@@ -151,13 +157,16 @@ def evidential_loss(
     return out if config.reduction == "none" else out[0]
 
 
-def _check_local(x, y, values: dict, *, group, ddp, evidence, tau, weights, direction, target_scale, normalize,
-                 reduction, backend, check_finite, matmul_precision):
+def _check_local(x, y, values: dict, *, group, ddp, evidence, tau, logit_scale, weights, direction, target_scale,
+                 normalize, reduction, backend, check_finite, matmul_precision):
     """This rank's checks (no collective): fills `values` for the agreement vector, returns the plan."""
     comm.group_info(group)
     checks.flag(ddp, "ddp")
-    config = checks.loss_config(evidence=evidence, tau=tau, weights=weights, direction=direction,
-                                reduction=reduction, check_finite=check_finite,
+    checks.temperature_arguments(tau, logit_scale)
+    tensor_temperature = isinstance(tau, Tensor) or isinstance(logit_scale, Tensor)
+    float_tau = None if tensor_temperature else checks.temperature(tau, logit_scale, None)[0]
+    config = checks.loss_config(evidence=evidence, tau=1.0 if tensor_temperature else float_tau, weights=weights,
+                                direction=direction, reduction=reduction, check_finite=check_finite,
                                 matmul_precision=matmul_precision)
     checks.flag(normalize, "normalize")
     # Any strip, empty included, is valid; K_global >= 2 is checked once the sizes are known.
@@ -178,12 +187,14 @@ def _check_local(x, y, values: dict, *, group, ddp, evidence, tau, weights, dire
         impl._check_no_functorch()
     if normalize:
         x, y = unit_rows(x, y)
+    if tensor_temperature:
+        x = scaled(x, checks.temperature(tau, logit_scale, x)[1])
     grad = torch.is_grad_enabled()
     values.update(
         rows=x.shape[0], dim=x.shape[1], dtype=checks.FLOAT_DTYPES.index(x.dtype),
         device_type=DEVICE_TYPES.index(x.device.type), path=PATHS.index("fused" if fused else "reference"),
         evidence=EVIDENCE_KINDS.index(config.evidence), tau=config.tau,
-        **{f"weight_{t}": w for t, w in zip(TERMS, config.weights)},
+        **{f"weight_{t}": float(w) for t, w in zip(TERMS, config.weights)},
         enabled=ops.terms_mask(config), direction=DIRECTIONS.index(config.direction),
         reduction=REDUCTIONS.index(config.reduction), normalize=normalize, target_scale=c is not None,
         check_finite=check_finite, matmul_precision=MATMUL_PRECISIONS.index(config.matmul_precision), ddp=ddp,
@@ -432,12 +443,13 @@ class EvidentialLoss(nn.Module):
     `group` and `ddp`. `weights` is a plain attribute (anneal it between steps).
     """
 
-    def __init__(self, *, group=None, ddp: bool = False, evidence: str = "exp", tau: float = 0.05,
-                 weights: Mapping[str, float] | None = None, direction: str = "both", normalize: bool = False,
-                 reduction: str = "mean", backend: str = "auto", check_finite: bool = True,
-                 matmul_precision: str = "ieee"):
+    def __init__(self, *, group=None, ddp: bool = False, evidence: str = "exp", tau: float | Tensor | None = None,
+                 weights: Mapping[str, float | Tensor] | None = None, direction: str = "both",
+                 normalize: bool = False, reduction: str = "mean", backend: str = "auto", check_finite: bool = True,
+                 matmul_precision: str = "ieee", logit_scale: float | Tensor | None = None):
         super().__init__()
-        checks.loss_config(evidence=evidence, tau=tau, weights=weights, direction=direction, reduction=reduction,
+        checks.temperature_arguments(tau, logit_scale)
+        checks.loss_config(evidence=evidence, weights=weights, direction=direction, reduction=reduction,
                            check_finite=check_finite, matmul_precision=matmul_precision)
         checks.flag(normalize, "normalize")
         checks.flag(ddp, "ddp")
@@ -445,7 +457,8 @@ class EvidentialLoss(nn.Module):
         self.group = group
         self.ddp = ddp
         self.evidence = evidence
-        self.tau = tau
+        self.tau = checks.DEFAULT_TAU if tau is None and logit_scale is None else tau
+        self.logit_scale = logit_scale
         self.weights = dict(weights) if weights is not None else None
         self.direction = direction
         self.normalize = normalize
@@ -456,7 +469,8 @@ class EvidentialLoss(nn.Module):
 
     def forward(self, x: Tensor, y: Tensor, target_scale: Tensor | None = None):
         return evidential_loss(
-            x, y, group=self.group, ddp=self.ddp, evidence=self.evidence, tau=self.tau, weights=self.weights,
+            x, y, group=self.group, ddp=self.ddp, evidence=self.evidence, tau=self.tau,
+            logit_scale=self.logit_scale, weights=self.weights,
             direction=self.direction, target_scale=target_scale, normalize=self.normalize,
             reduction=self.reduction, backend=self.backend, check_finite=self.check_finite,
             matmul_precision=self.matmul_precision,
