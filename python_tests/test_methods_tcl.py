@@ -389,3 +389,57 @@ def test_tcl_rejects_bad_inputs():
         tcl_ensemble_similarity(s, _random_similarity(4, 3, seed=1))
     with pytest.raises(ValueError, match="dim"):
         evidential_beliefs(s, dim=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# Step 2 from the embeddings, in row strips (no K×K matrix)
+
+
+@pytest.mark.parametrize("kind,tau", [("exp", 0.05), ("exp", 0.01), ("relu", 0.1), ("softplus", 0.05),
+                                      ("exp_tanh", 0.1)])
+@pytest.mark.parametrize("rows_per_strip", [1, 7, 113])
+def test_strip_consistency_equals_the_matrix_form(kind, tau, rows_per_strip):
+    """Value and gradients of all four embeddings (the detach pattern included) equal the K×K
+    form's in float64, for strips that do not divide K = 113, in the hard regime. Only the order
+    of the sums differs (Higham §4.2: two orders of n terms differ by 2(n − 1)·u·Σ|t|). The value
+    sums K² terms of size <= 2/K²: relative 1e-12 covers 2·K²·u. A gradient entry sums K terms
+    ∂L/∂s_ij·y_jd with Σ_j |∂L/∂s_ij| <= 2/(K²τ) (|∂L/∂b| = 1/K², Σ_j b_ij <= 1, ∂b/∂s <= b/τ
+    twice: the entry and the strength), themselves sums over K: 2·2(K − 1)·u·2/(K²τ)."""
+    from conftest import hard_pairs, random_pairs
+
+    from evidential_ops.methods import tcl_consistency_loss_from_embeddings
+
+    g = torch.Generator().manual_seed(7)
+    x_a, y_a = hard_pairs(113, 203, generator=g, dtype=torch.float64)
+    x_b, y_b = random_pairs(113, 203, generator=g, dtype=torch.float64, positive_cos=0.8)
+    leaves = [t.clone().requires_grad_() for t in (x_a, y_a, x_b, y_b)]
+    expected = tcl_consistency_loss(leaves[0] @ leaves[1].T, leaves[2] @ leaves[3].T, evidence=kind, tau=tau)
+    expected_grads = torch.autograd.grad(expected, leaves)
+    leaves = [t.clone().requires_grad_() for t in (x_a, y_a, x_b, y_b)]
+    got = tcl_consistency_loss_from_embeddings(*leaves, evidence=kind, tau=tau, strip_elements=113 * rows_per_strip)
+    got_grads = torch.autograd.grad(2.5 * got, leaves)
+    assert got.item() == pytest.approx(expected.item(), rel=1e-12)
+    k, u = 113, 2.0**-53
+    for g_got, g_expected in zip(got_grads, expected_grads):
+        torch.testing.assert_close(g_got, 2.5 * g_expected, rtol=0, atol=2.5 * 4 * (k - 1) * u * 2 / (k * k * tau))
+
+
+def test_strip_consistency_float32_and_bad_input():
+    from conftest import hard_pairs
+
+    from evidential_ops.methods import tcl_consistency_loss_from_embeddings
+
+    g = torch.Generator().manual_seed(8)
+    x_a, y_a = hard_pairs(64, 32, generator=g)
+    x_b, y_b = hard_pairs(64, 32, generator=g)
+    expected = tcl_consistency_loss(x_a.double() @ y_a.double().T, x_b.double() @ y_b.double().T)
+    got = tcl_consistency_loss_from_embeddings(x_a, y_a, x_b, y_b, strip_elements=64 * 5)
+    assert got.dtype == torch.float32
+    # float32 products (√D·2^-24 relative in s, amplified by 1/τ in the beliefs) and float32 sums.
+    assert got.item() == pytest.approx(expected.item(), rel=8 * 32**0.5 * 2.0**-24 / 0.05 + 64 * 2.0**-24)
+    with pytest.raises(ValueError, match="same K pairs"):
+        tcl_consistency_loss_from_embeddings(x_a, y_a, x_b[:10], y_b[:10])
+    with pytest.raises(TypeError, match="x_b"):
+        tcl_consistency_loss_from_embeddings(x_a, y_a, x_b.double(), y_b.double())
+    with pytest.raises(ValueError, match="strip_elements"):
+        tcl_consistency_loss_from_embeddings(x_a, y_a, x_b, y_b, strip_elements=0)

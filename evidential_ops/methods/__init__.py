@@ -34,6 +34,7 @@ from .tcl import (
     tcl_ensemble_similarity,
     tcl_kl_weight,
 )
+from .tcl_consistency import tcl_consistency_loss_from_embeddings
 from .uml import (
     uml_aml_loss,
     uml_clean_labels,
@@ -61,6 +62,7 @@ __all__ = [
     "fume_membership_matrix",
     "fume_training_credibility",
     "tcl_consistency_loss",
+    "tcl_consistency_loss_from_embeddings",
     "tcl_ensemble_similarity",
     "tcl_kl_weight",
     "uml_aml_loss",

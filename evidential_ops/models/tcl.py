@@ -27,7 +27,7 @@ from ..backends import check_name
 from ..data.types import CrossModalSplit
 from ..metrics import TopK, retrieval_metrics
 from ..opinion import belief, opinion
-from ..methods import tcl_consistency_loss, tcl_ensemble_similarity, tcl_kl_weight
+from ..methods import tcl_consistency_loss_from_embeddings, tcl_ensemble_similarity, tcl_kl_weight
 from ..methods.tcl import DEFAULT_TAU
 from ..results import Opinion
 from ._steps import apply_step, check_grad_clip, check_optimizer, module_device, move_batch
@@ -182,12 +182,13 @@ class TCL(nn.Module):
         """Step-2 L_c of SPEC §3 "TCL" with a fresh forward of both models (scalar).
 
         `reference.methods.tcl_consistency_loss` on s_A = x_A·y_Aᵀ and s_B = x_B·y_Bᵀ: row beliefs
-        with A detached (A owns i2t and pulls B), column beliefs with B detached.
+        with A detached (A owns i2t and pulls B), column beliefs with B detached; computed from the
+        embeddings in row strips, never a K×K matrix (`methods.tcl_consistency_loss_from_embeddings`).
         """
         batch = move_batch(batch, module_device(self))
         x_a, y_a = self.model_a(batch)
         x_b, y_b = self.model_b(batch)
-        return tcl_consistency_loss(x_a @ y_a.T, x_b @ y_b.T, evidence=self.evidence, tau=self.tau)
+        return tcl_consistency_loss_from_embeddings(x_a, y_a, x_b, y_b, evidence=self.evidence, tau=self.tau)
 
     def training_step(self, batch, epoch: int, optimizer: torch.optim.Optimizer) -> dict:
         """One batch of TCL Algorithm 1: an update on L_u, then T_max updates on L_c (each after a
