@@ -352,3 +352,33 @@ def test_uml_rejects_bad_inputs():
         uml_similarities(v, s, t[:4])
     with pytest.raises(ValueError, match="s"):
         uml_clean_labels(s_vt[:, :4])
+
+
+@pytest.mark.parametrize("rows_per_strip", [1, 7, 113])
+def test_aml_from_embeddings_equals_the_matrix_form(rows_per_strip):
+    """Value and gradients (under a non-uniform upstream) equal `uml_aml_loss` on the three
+    matrices in float64 at K = 113, D = 203, for strips that do not divide K. Per element both
+    compute the same log-softmaxes of the same products; only GEMM blocking may differ, a few
+    ulps of s amplified by 1/aml_tau = 10 through the softmaxes: 1e-12 relative holds it."""
+    from conftest import random_pairs
+
+    from evidential_ops.methods import uml_aml_loss_from_embeddings, uml_similarities
+
+    g = torch.Generator().manual_seed(11)
+    v, s = random_pairs(113, 203, generator=g, dtype=torch.float64, positive_cos=0.8)
+    t, _ = random_pairs(113, 203, generator=g, dtype=torch.float64, positive_cos=0.8)
+    labels = torch.rand(113, generator=g) > 0.3
+    upstream = torch.rand(113, generator=g, dtype=torch.float64)
+    leaves = [x.clone().requires_grad_() for x in (v, s, t)]
+    expected = uml_aml_loss(*uml_similarities(*leaves), labels)
+    expected_grads = torch.autograd.grad(expected, leaves, upstream)
+    leaves = [x.clone().requires_grad_() for x in (v, s, t)]
+    got = uml_aml_loss_from_embeddings(*leaves, labels, strip_elements=113 * rows_per_strip)
+    got_grads = torch.autograd.grad(got, leaves, upstream)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-14)
+    for a, b in zip(got_grads, expected_grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12 * float(b.abs().max()))
+    with pytest.raises(ValueError, match="t"):
+        uml_aml_loss_from_embeddings(v, s, t[:5], labels)
+    with pytest.raises(ValueError, match="labels_vt"):
+        uml_aml_loss_from_embeddings(v, s, t, labels[:5])

@@ -35,6 +35,7 @@ from .tcl import (
     tcl_kl_weight,
 )
 from .tcl_consistency import tcl_consistency_loss_from_embeddings
+from .uml_aml_strips import uml_aml_loss_from_embeddings
 from .uml import (
     uml_aml_loss,
     uml_clean_labels,
@@ -66,6 +67,7 @@ __all__ = [
     "tcl_ensemble_similarity",
     "tcl_kl_weight",
     "uml_aml_loss",
+    "uml_aml_loss_from_embeddings",
     "uml_clean_labels",
     "uml_sigma",
     "uml_similarities",
