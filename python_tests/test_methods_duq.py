@@ -377,3 +377,43 @@ def test_duq_rejects_bad_inputs():
     bad[1, 1] = float("nan")
     with pytest.raises(ValueError, match="s"):
         duq_isum_loss(bad)
+
+
+@pytest.mark.parametrize("diagonal_min,b_v", [(True, 37), (False, 37), (False, 23)])
+@pytest.mark.parametrize("strip_elements", [1, 7 * 5 * 37 * 3, 1 << 22])
+def test_strip_distance_matrix_equals_the_cosine_tensor_form(diagonal_min, b_v, strip_elements):
+    """Same D (bitwise: the same cosines, the same max/min) and the same gradients (float64) as
+    duq_distance_matrix, for strips of 1, 3 and all text rows, square and rectangular. The
+    gradient of D_ij is −v̂ (or −t̂) of the attaining pair in both; only the order in which the
+    B_v·K_p' (or B_t·K_p) contributions to a sample's gradient are summed differs:
+    2(n − 1)·u·Σ|t| (Higham §4.2) with |t| <= max|∂L/∂D|·‖v̂‖ <= 1 per entry."""
+    from evidential_ops.methods.duq_distance_strips import duq_distance_matrix_strips
+
+    g = torch.Generator().manual_seed(5)
+    z_text = torch.randn(37, 7, 24, generator=g, dtype=torch.float64)
+    z_video = torch.randn(b_v, 5, 24, generator=g, dtype=torch.float64)
+    upstream = torch.rand(37, b_v, generator=g, dtype=torch.float64)
+    leaves = [z_text.clone().requires_grad_(), z_video.clone().requires_grad_()]
+    expected = duq_distance_matrix(*leaves, diagonal_min=diagonal_min)
+    expected_grads = torch.autograd.grad(expected, leaves, upstream)
+    leaves = [z_text.clone().requires_grad_(), z_video.clone().requires_grad_()]
+    got = duq_distance_matrix_strips(*leaves, diagonal_min=diagonal_min, strip_elements=strip_elements)
+    got_grads = torch.autograd.grad(got, leaves, upstream)
+    assert torch.equal(got, expected)
+    n = max(37 * 7, b_v * 5)
+    for a, b in zip(got_grads, expected_grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=2 * n * 2.0**-53 * n)
+
+
+def test_strip_distance_matrix_bad_input():
+    from evidential_ops.methods.duq_distance_strips import duq_distance_matrix_strips
+
+    z = torch.randn(6, 3, 8)
+    with pytest.raises(ValueError, match="diagonal_min"):
+        duq_distance_matrix_strips(z, torch.randn(5, 3, 8))
+    with pytest.raises(ValueError, match="embedding size"):
+        duq_distance_matrix_strips(z, torch.randn(6, 3, 9))
+    with pytest.raises(TypeError, match="z_video"):
+        duq_distance_matrix_strips(z, z.double())
+    with pytest.raises(ValueError, match="strip_elements"):
+        duq_distance_matrix_strips(z, z, strip_elements=0)

@@ -78,12 +78,19 @@ def test_consistency_loss_matches_reference_and_detaches_owner():
     want_a = torch.autograd.grad(cols, params_a, allow_unused=True, retain_graph=True)
     want_b = torch.autograd.grad(rows, params_b, allow_unused=True)
     nonzero = 0
+    scale = max(float(w.abs().max()) for w in list(want_a) + list(want_b) if w is not None)
     for got, want in zip(grads, list(want_a) + list(want_b)):
         if want is None:
             assert got is None or float(got.abs().max()) == 0.0
             continue
         assert torch.isfinite(got).all()
-        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-7)
+        # Both float32; the strip-wise form (methods.tcl_consistency) sums in another order: two
+        # orders of the K-term sums behind an embedding gradient differ by 2(K − 1)·u·Σ|t| (Higham
+        # §4.2), Σ|t| <= K·max|t|. A parameter's gradient mixes every embedding's, so the bound is
+        # absolute at the scale of the largest gradient (biases ahead of a normalisation have true
+        # gradients of ~1e-7 from cancellation, below that rounding).
+        k = s_a.shape[0]
+        torch.testing.assert_close(got, want, rtol=0, atol=2 * (k - 1) * 2.0**-24 * k * scale)
         nonzero += int(float(want.abs().max()) > 0)
     assert nonzero > 0
 

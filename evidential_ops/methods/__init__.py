@@ -17,6 +17,7 @@ from .duq import (
     duq_rerank,
     duq_similarity_loss,
 )
+from .duq_distance_strips import duq_distance_matrix_strips
 from .fume import (
     fume_consistency_loss,
     fume_credibility,
@@ -47,6 +48,7 @@ __all__ = [
     "DUQRerank",
     "duq_distance_loss",
     "duq_distance_matrix",
+    "duq_distance_matrix_strips",
     "duq_distance_uncertainty_loss",
     "duq_gaussian_kl",
     "duq_probabilistic_embeddings",

@@ -34,6 +34,7 @@ from ..metrics import retrieval_metrics
 from ..methods import (
     duq_distance_loss,
     duq_distance_matrix,
+    duq_distance_matrix_strips,
     duq_distance_uncertainty_loss,
     duq_gaussian_kl,
     duq_probabilistic_embeddings,
@@ -175,7 +176,8 @@ class DUQ(nn.Module):
         mu_t, ls_t, mu_v, ls_v = self._gaussians(z_text, z_video)
         samples_t = duq_probabilistic_embeddings(mu_t, ls_t, num_samples=self.num_samples, generator=generator)
         samples_v = duq_probabilistic_embeddings(mu_v, ls_v, num_samples=self.num_samples, generator=generator)
-        return DUQForward(s=z_text @ z_video.T, d=duq_distance_matrix(samples_t, samples_v),
+        # D from row strips of the sample cosines: never the (B, B, K_p, K_p) tensor.
+        return DUQForward(s=z_text @ z_video.T, d=duq_distance_matrix_strips(samples_t, samples_v),
                           mu_text=mu_t, log_sigma_text=ls_t, mu_video=mu_v, log_sigma_video=ls_v,
                           logit_scale=self.logit_scale, z_text=z_text, z_video=z_video)
 
