@@ -29,7 +29,7 @@ from ..data.types import CrossModalSplit
 from ..losses import evidential_loss_from_similarity
 from ..metrics import retrieval_metrics
 from ..opinion import opinion_from_similarity
-from ..methods import uml_aml_loss, uml_clean_labels, uml_sigma, uml_similarities
+from ..methods import uml_aml_loss_from_embeddings, uml_clean_labels, uml_sigma, uml_similarities
 from ..methods.uml import (
     DEFAULT_AML_TAU,
     DEFAULT_BETA,
@@ -150,7 +150,7 @@ class UML(nn.Module):
         epoch = checks.real_number(epoch, "epoch", minimum=0.0)
         batch = move_batch(batch, module_device(self))
         v, s, t = self.embed(batch)
-        s_vt, s_vs, s_st = uml_similarities(v, s, t)
+        s_vt, s_vs, _ = uml_similarities(v, s, t)
         labels_vt = uml_clean_labels(s_vt.detach(), evidence=self.evidence, tau=self.tau)
         labels_vs = uml_clean_labels(s_vs.detach(), evidence=self.evidence, tau=self.tau)
         sigma = uml_sigma(epoch, self.total_epochs, gamma=self.gamma, lambda_s=self.lambda_s)
@@ -159,7 +159,8 @@ class UML(nn.Module):
         else:
             train_vt, train_vs = labels_vt, labels_vs
         uncertainty = sigma * self.view_loss(s_vs, train_vs) + (1.0 - sigma) * self.view_loss(s_vt, train_vt)
-        aml = uml_aml_loss(s_vt, s_vs, s_st, train_vt, aml_tau=self.aml_tau)
+        # From the embeddings in row strips: its softmaxes never form K×K intermediates.
+        aml = uml_aml_loss_from_embeddings(v, s, t, train_vt, aml_tau=self.aml_tau)
         op = opinion_from_similarity(s_vt.detach(), evidence=self.evidence, tau=self.tau, backend=self.backend,
                                      top_k=None)
         return UMLStep(
