@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Peak memory and time of full training runs at contrastive batch sizes, on the CPU.
+
+    python bench/train_memory.py [--cases tcl:4096,tcl:8192,...] [--out bench/results/train_memory_cpu.md]
+
+Each case runs `python -m evidential_ops train --method M --batch-size K --n-train K --epochs 2
+--quiet` in a fresh process (one thread: OMP_NUM_THREADS=1, so runs on a shared machine do not
+fight over cores) and records its peak resident memory (the child's ru_maxrss) and wall time.
+The same command with `--epochs 0` gives the process's floor at that K (interpreter, torch, the
+data, the models and the evaluation), so the difference is what training itself adds. A benchmark,
+not a test: the figures depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CASES = "tcl:4096,tcl:8192,uml:4096,uml:8192,fume:4096,fume:8192,duq:4096"
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def run_case(method: str, k: int, epochs: int) -> tuple[float, float]:
+    """(peak RSS in MiB, seconds) of one training run in a fresh child process."""
+    with tempfile.TemporaryDirectory() as out:
+        command = [sys.executable, "-m", "evidential_ops", "train", "--method", method, "--batch-size", str(k),
+                   "--n-train", str(k), "--epochs", str(epochs), "--quiet", "--out", out]
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+        start = time.perf_counter()
+        # A wrapper child per run: ru_maxrss of RUSAGE_CHILDREN is the maximum over all children
+        # waited for so far, so each run is measured inside a child of its own.
+        probe = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL); "
+                 "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); sys.exit(r.returncode)")
+        done = subprocess.run([sys.executable, "-c", probe, *command], env=env, capture_output=True, text=True)
+        seconds = time.perf_counter() - start
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
+        return int(done.stdout.strip().splitlines()[-1]) / 1024, seconds
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", default=DEFAULT_CASES, help=f"method:K,... (default: {DEFAULT_CASES})")
+    parser.add_argument("--out", type=Path, help="also write the markdown table here")
+    args = parser.parse_args(argv)
+    rows = []
+    for case in args.cases.split(","):
+        method, k = case.split(":")
+        floor_mib, _ = run_case(method, int(k), 0)
+        peak_mib, seconds = run_case(method, int(k), 2)
+        rows.append((method, int(k), peak_mib, floor_mib, seconds))
+        print(f"{method} K={k}: peak {peak_mib:.0f} MiB (without training {floor_mib:.0f} MiB), {seconds:.0f} s",
+              flush=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    lines = [
+        "# Full training runs on the CPU: peak memory",
+        "",
+        f"`python bench/train_memory.py` at commit `{commit}`: `python -m evidential_ops train --method M "
+        "--batch-size K --n-train K --epochs 2 --quiet`, default encoders, one thread, each in a fresh process; "
+        "peak RSS of the run, and of the same command with `--epochs 0` (interpreter, torch, data, models, "
+        f"evaluation). CPU: {cpu_model()}; load average at the end {os.getloadavg()[0]:.1f}.",
+        "",
+        "| method | K | peak MiB | without training MiB | training adds MiB | wall s |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    lines += [f"| {m} | {k} | {p:.0f} | {f:.0f} | {p - f:.0f} | {s:.0f} |" for m, k, p, f, s in rows]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.write_text(text, encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
