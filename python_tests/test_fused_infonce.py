@@ -171,6 +171,12 @@ def test_several_blocks_odd_size(fused, gen):
     compare(fused, x, y, tau=0.1, group=torch.arange(k) % 97)
 
 
+def test_wide_embeddings(fused, gen):
+    # D beyond one register block of the Triton gradient kernel (accumulated chunk by chunk).
+    x, y = random_pairs(40, 300, generator=gen, positive_cos=0.7)
+    compare(fused, x, y, tau=0.05, group=torch.arange(40) % 17)
+
+
 def test_float64_inputs_are_exact(fused, gen):
     if torch.float64 not in fused.dtypes:
         pytest.skip(f"{fused.name} is not tested with float64 here")
