@@ -16,6 +16,7 @@ from .duq import (
     duq_probabilistic_embeddings,
     duq_rerank,
     duq_similarity_loss,
+    duq_similarity_loss_from_embeddings,
 )
 from .fume import (
     fume_consistency_loss,
@@ -50,6 +51,7 @@ __all__ = [
     "duq_probabilistic_embeddings",
     "duq_rerank",
     "duq_similarity_loss",
+    "duq_similarity_loss_from_embeddings",
     "evidential_beliefs",
     "fume_consistency_loss",
     "fume_credibility",
