@@ -3,6 +3,7 @@ step as one fused op of the family, O(K) memory instead of K×K logits."""
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from . import backends, checks
@@ -26,6 +27,30 @@ def _options(direction, reduction, drop_self, normalize, check_finite) -> LossCo
     checks.flag(normalize, "normalize")
     checks.flag(check_finite, "check_finite")
     return _reduction(direction, reduction)
+
+
+def _has_infonce_kernels(impl, device: torch.device) -> bool:
+    """Whether a backend's op family has InfoNCE kernels for `device` (the cuda family has none yet)."""
+    if not isinstance(impl, backends.KernelBackend) or device.type == "meta":
+        return True
+    key = "CUDA" if device.type == "cuda" else "CPU"
+    return torch._C._dispatch_has_kernel_for_dispatch_key(f"{impl.namespace}::infonce_forward", key)
+
+
+def _resolve(name, device: torch.device):
+    """The backend of an InfoNCE call: `backends.resolve`, skipping under "auto" a family without
+    InfoNCE kernels for the device; naming such a backend is a ValueError."""
+    impl = backends.resolve(name, device)
+    if _has_infonce_kernels(impl, device):
+        return impl
+    if name != "auto":
+        raise ValueError(f"backend={name!r} has no InfoNCE kernels (README Limitations); use 'auto', 'triton' or "
+                         f"'reference'")
+    for candidate in backends.supporting(device):
+        impl = backends.resolve(candidate, device)
+        if candidate != "reference" and _has_infonce_kernels(impl, device):
+            return impl
+    return backends.resolve("reference", device)
 
 
 def infonce_loss(
@@ -71,7 +96,7 @@ def infonce_loss(
     kernel_tau, inv_tau = checks.temperature(tau, None, x)
     config = _options(direction, reduction, drop_self, normalize, check_finite)
     ids = checks.group_ids(group, x.shape[0], x, drop_self)
-    impl = backends.resolve(backend, x.device)
+    impl = _resolve(backend, x.device)
     if normalize:
         x, y = unit_rows(x, y)
     if inv_tau is not None:
