@@ -10,6 +10,7 @@
 
 #include "cpu/tile_isa.h"
 #include "cuda/strip_plan.h"
+#include "kernels/infonce_lines.h"
 #include "op_args.h"
 
 namespace {
@@ -105,7 +106,8 @@ extern "C" PyObject* PyInit__C(void) {
   if (module == nullptr) return nullptr;
   if (PyModule_AddIntConstant(module, "NUM_LINE_STATS", evidential_ops::kNumLineStats) < 0 ||
       PyModule_AddIntConstant(module, "NUM_TERMS", evidential_ops::kNumTerms) < 0 ||
-      PyModule_AddIntConstant(module, "NUM_GRADIENT_FIELDS", evidential_ops::kNumGradientFields) < 0) {
+      PyModule_AddIntConstant(module, "NUM_GRADIENT_FIELDS", evidential_ops::kNumGradientFields) < 0 ||
+      PyModule_AddIntConstant(module, "INFONCE_NUM_LINE_STATS", evidential_ops::kInfoNCELineStats) < 0) {
     Py_DECREF(module);
     return nullptr;
   }

@@ -48,4 +48,15 @@ TORCH_LIBRARY(evidential_ops, m) {
   m.def(
       "opinion_from_similarity(Tensor s, str evidence, float tau) -> (Tensor row_log_strength, Tensor "
       "col_log_strength)");
+  // InfoNCE (SPEC §2 "InfoNCE") of the logits x·yᵀ/τ, square K×K: per line ℓ = LSE over the
+  // candidates − LSE over the positives (group: optional int64 (K,) ids; drop_self removes the
+  // self term from both). row_stats/col_stats: float64 (2, K), the two log-sum-exps of each line
+  // (kInfoNCELineStats, csrc/kernels/infonce_lines.h), all the backward needs.
+  m.def(
+      "infonce_forward(Tensor x, Tensor y, Tensor? group, float tau, bool drop_self, bool rows, bool cols) -> "
+      "(Tensor row_losses, Tensor col_losses, Tensor row_stats, Tensor col_stats)");
+  m.def(
+      "infonce_backward(Tensor grad_rows, Tensor grad_cols, Tensor x, Tensor y, Tensor? group, Tensor row_stats, "
+      "Tensor col_stats, float tau, bool drop_self, bool rows, bool cols, bool[2] output_mask) -> (Tensor dx, "
+      "Tensor dy)");
 }

@@ -11,6 +11,7 @@ from .backends import available_backends
 from . import triton_backend  # noqa: F401  registers the "triton" backend where Triton can run (README "Backends")
 from .config import EVIDENCE_KINDS, TERMS
 from .extension import build_info, cpu_isa, cuda_workspace_bytes
+from .infonce import InfoNCELoss, infonce_loss
 from .losses import EvidentialClipLoss, EvidentialLoss, evidential_loss, evidential_loss_from_similarity
 from .opinion import belief, opinion, opinion_from_similarity
 from .results import Opinion
@@ -21,6 +22,7 @@ __all__ = [
     "EVIDENCE_KINDS",
     "EvidentialClipLoss",
     "EvidentialLoss",
+    "InfoNCELoss",
     "Opinion",
     "TERMS",
     "available_backends",
@@ -30,6 +32,7 @@ __all__ = [
     "cuda_workspace_bytes",
     "evidential_loss",
     "extension",
+    "infonce_loss",
     "evidential_loss_from_similarity",
     "opinion",
     "opinion_from_similarity",

@@ -53,6 +53,11 @@ class Backend(Protocol):
     def opinion_from_similarity(self, s: Tensor, evidence: str, tau: float) -> Opinion:
         """Opinions of the rows of s (N_q, N_g) over its columns, and of the columns over the rows."""
 
+    def infonce(self, x: Tensor, y: Tensor, group: Tensor | None, tau: float, drop_self: bool, rows: bool,
+                cols: bool) -> tuple[Tensor, Tensor]:
+        """InfoNCE row and column losses (K,), (K,) of s = x·yᵀ/τ (SPEC §2 "InfoNCE"); group (K,)
+        int64 or None; a direction not asked for comes back with 0 entries."""
+
 
 class ReferenceBackend:
     """Plain PyTorch (materialises K×K), computing in float32, or float64 for float64 inputs."""
@@ -80,6 +85,11 @@ class ReferenceBackend:
 
     def opinion(self, x, y, evidence, tau):
         return reference.opinion(x, y, evidence=evidence, tau=tau, compute_dtype=None)
+
+    def infonce(self, x, y, group, tau, drop_self, rows, cols):
+        s = reference.similarity(x, y, normalize=False, dtype=output_dtype(x.dtype))
+        row_losses, col_losses = reference.infonce_line_losses(s * (1.0 / tau), group, drop_self)
+        return (row_losses if rows else row_losses[:0]), (col_losses if cols else col_losses[:0])
 
 
 @contextlib.contextmanager
@@ -152,6 +162,11 @@ class KernelBackend:
             config.rows, config.cols,
         )
         return self._pick(rows, cols, config)
+
+    def infonce(self, x, y, group, tau, drop_self, rows, cols):
+        self._check_no_functorch()
+        row_losses, col_losses, _, _ = self.ops.infonce_forward(x, y, group, tau, drop_self, rows, cols)
+        return (row_losses if rows else row_losses[:0]), (col_losses if cols else col_losses[:0])
 
     def opinion(self, x, y, evidence, tau) -> Opinion:
         return Opinion.from_log_strengths(*self.ops.opinion(x, y, evidence, tau))

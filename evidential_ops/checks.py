@@ -331,3 +331,32 @@ def target_scale_vector(target_scale, k: int, like: Tensor, check_values: bool) 
 def output_dtype(input_dtype: torch.dtype) -> torch.dtype:
     """Losses are float32, or float64 for float64 inputs (SPEC §5)."""
     return torch.float64 if input_dtype == torch.float64 else torch.float32
+
+
+def group_ids(group, k: int, like: Tensor, drop_self: bool) -> Tensor | None:
+    """InfoNCE group ids (SPEC §2 "InfoNCE"): None, or a (K,) integer tensor on the inputs'
+    device, returned as int64 (a constant: ids carry no gradient). With drop_self every line needs
+    another member of its group, so no ids at all, or a group of one, is a ValueError naming group
+    (checked with `require`: eagerly, or as an asynchronous assert while tracing)."""
+    if group is None:
+        if drop_self:
+            raise ValueError("group is required with drop_self=True: without group ids a line's only positive is "
+                             "itself, which drop_self removes")
+        return None
+    if not isinstance(group, Tensor):
+        raise TypeError(f"group must be a torch.Tensor of integer ids of shape ({k},), got {type(group).__name__}")
+    if group.is_floating_point() or group.is_complex() or group.dtype == torch.bool:
+        raise TypeError(f"group must be an integer tensor of ids, got {group.dtype}")
+    if group.shape != (k,):
+        raise ValueError(f"group must have shape ({k},), got {tuple(group.shape)}")
+    if group.device != like.device:
+        raise ValueError(f"group is on {group.device} but the inputs are on {like.device}")
+    group = group.detach().to(torch.int64)
+    if drop_self:
+        ids = group.sort().values
+        differs = ids[1:] != ids[:-1]
+        edge = torch.ones(1, dtype=torch.bool, device=ids.device)
+        alone = torch.cat([edge, differs]) & torch.cat([differs, edge])
+        require(~alone.any(), "group: with drop_self=True every line needs another member of its group (a group of "
+                              "one leaves a line without positives)")
+    return group

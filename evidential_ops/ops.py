@@ -18,6 +18,8 @@ would infer a different schema from type hints), register their kernels, and
 Statistics layout (csrc/kernels/line_terms.h, line_finalise.h): `row_stats` (NUM_LINE_STATS, M)
 and `col_stats` (NUM_LINE_STATS, N), float64 on the inputs' device; row k of a direction's stats
 is LineStat k (α_target, Σ_{j≠y} α, Σ h(α), Σ (α·2^-511)², Σ α(α+1)ψ1(α), Σ ln ψ1(α), Σ r(α)).
+The InfoNCE ops' statistics (csrc/kernels/infonce_lines.h) are (INFONCE_NUM_LINE_STATS = 2, K)
+per direction: the log-sum-exp of each line over its candidates, then over its positives.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from .config import TERMS, LossConfig
 NAMESPACE = "evidential_ops"
 LOSS_OPS = ("loss_forward", "loss_forward_from_similarity")
 BACKWARD_OPS = ("loss_backward", "loss_backward_from_similarity")
-OPS = ("line_stats", "line_losses", *LOSS_OPS, *BACKWARD_OPS, "opinion", "opinion_from_similarity")
+INFONCE_OPS = ("infonce_forward", "infonce_backward")  # SPEC §2 "InfoNCE"
+OPS = ("line_stats", "line_losses", *LOSS_OPS, *BACKWARD_OPS, "opinion", "opinion_from_similarity", *INFONCE_OPS)
 
 
 @dataclass(frozen=True)
@@ -43,13 +46,15 @@ class StatsLayout:
 
     num_line_stats: int
     num_terms: int
+    infonce_line_stats: int
 
 
 def _layout() -> StatsLayout | None:
     module = extension.module()
     if module is None:
         return None
-    layout = StatsLayout(num_line_stats=module.NUM_LINE_STATS, num_terms=module.NUM_TERMS)
+    layout = StatsLayout(num_line_stats=module.NUM_LINE_STATS, num_terms=module.NUM_TERMS,
+                         infonce_line_stats=module.INFONCE_NUM_LINE_STATS)
     if layout.num_terms != len(TERMS):
         raise ImportError(f"evidential_ops._C has {layout.num_terms} terms but config.TERMS has {len(TERMS)}: rebuild")
     return layout
@@ -266,10 +271,89 @@ def _nothing_to_save(ctx, inputs, output) -> None:
     pass
 
 
+# ------------------------------------------------------------------------------------ InfoNCE
+
+
+def _check_group(group: Tensor | None, k: int, like: Tensor) -> None:
+    if group is None:
+        return
+    _same_device(group, "group", like)
+    if group.dtype != torch.int64:
+        raise TypeError(f"group must be an int64 tensor of ids, got {group.dtype}")
+    if tuple(group.shape) != (k,):
+        raise ValueError(f"group must have shape ({k},), got {tuple(group.shape)}")
+
+
+def _check_infonce_stats(stats: Tensor, name: str, k: int, like: Tensor) -> None:
+    _same_device(stats, name, like)
+    if stats.dtype != torch.float64:
+        raise TypeError(f"{name} must be the float64 statistics of the forward, got {stats.dtype}")
+    if tuple(stats.shape) != (LAYOUT.infonce_line_stats, k):
+        raise ValueError(
+            f"{name} must be the ({LAYOUT.infonce_line_stats}, {k}) statistics of the forward, got {tuple(stats.shape)}"
+        )
+
+
+def _register_infonce_fakes(namespace: str) -> None:
+    @torch.library.register_fake(f"{namespace}::infonce_forward")
+    def _(x, y, group, tau, drop_self, rows, cols):
+        _check_embeddings(x, y)
+        _check_square(x.shape[0], y.shape[0])
+        _check_group(group, x.shape[0], x)
+        k, dtype = x.shape[0], output_dtype(x.dtype)
+        stats = LAYOUT.infonce_line_stats
+        return (x.new_empty(k, dtype=dtype), x.new_empty(k, dtype=dtype),
+                x.new_empty((stats, k), dtype=torch.float64), x.new_empty((stats, k), dtype=torch.float64))
+
+    @torch.library.register_fake(f"{namespace}::infonce_backward")
+    def _(grad_rows, grad_cols, x, y, group, row_stats, col_stats, tau, drop_self, rows, cols, output_mask):
+        _check_embeddings(x, y)
+        _check_square(x.shape[0], y.shape[0])
+        _check_group(group, x.shape[0], x)
+        for t, name in ((grad_rows, "grad_rows"), (grad_cols, "grad_cols")):
+            _same_device(t, name, x)
+        _check_infonce_stats(row_stats, "row_stats", x.shape[0], x)
+        _check_infonce_stats(col_stats, "col_stats", x.shape[0], x)
+        dx = x.new_empty(x.shape) if output_mask[0] else x.new_empty(0)
+        dy = y.new_empty(y.shape) if output_mask[1] else y.new_empty(0)
+        return dx, dy
+
+
+def _register_infonce_autograd(namespace: str) -> None:
+    ops = getattr(torch.ops, namespace)
+
+    def setup(ctx, inputs, output):
+        x, y, group, tau, drop_self, rows, cols = inputs
+        _, _, row_stats, col_stats = output
+        ctx.save_for_backward(x, y, group, row_stats, col_stats)
+        ctx.options = (tau, drop_self, rows, cols)
+
+    def backward(ctx, grad_rows, grad_cols, _grad_row_stats, _grad_col_stats):
+        x, y, group, row_stats, col_stats = ctx.saved_tensors
+        tau, drop_self, rows, cols = ctx.options
+        mask = [bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])]
+        dx, dy = ops.infonce_backward(grad_rows, grad_cols, x, y, group, row_stats, col_stats, tau, drop_self,
+                                      rows, cols, mask)
+        return (dx if mask[0] else None), (dy if mask[1] else None), None, None, None, None, None
+
+    torch.library.register_autograd(f"{namespace}::infonce_forward", backward, setup_context=setup)
+
+    def no_double_backward(ctx, *grads):
+        raise NotImplementedError(
+            f"double backward through {namespace}::infonce_backward is not implemented (the fused InfoNCE is "
+            f"differentiable once); use backend='reference' for higher-order gradients"
+        )
+
+    torch.library.register_autograd(f"{namespace}::infonce_backward", no_double_backward,
+                                    setup_context=_nothing_to_save)
+
+
 def register_family(namespace: str) -> None:
     """Register the fakes and autograd formulas of every op in `namespace` (valid on any device)."""
     _register_fakes(namespace)
     _register_autograd(namespace)
+    _register_infonce_fakes(namespace)
+    _register_infonce_autograd(namespace)
 
 
 def schemas() -> dict[str, str]:

@@ -22,6 +22,7 @@
 #include "../op_args.h"
 #include "tile_args.h"
 #include "tile_isa.h"
+#include "tile_rounds.h"
 
 namespace evidential_ops {
 namespace cpu {
@@ -36,33 +37,6 @@ const TileKernels& kernels() {
     return active_tile_kernels();
   } catch (const std::invalid_argument& error) {
     TORCH_CHECK_VALUE(false, error.what());
-  }
-}
-
-// Larger tiles run the tile GEMMs closer to a full GEMM's speed (512 against 256 at K = 4096: 5%
-// less time on the 2-core VM), but a round has only K/block tiles to share among threads, and
-// the block may not depend on the thread count (results would then depend on it): at least 16
-// tiles per round from K = 4096 on.
-std::int64_t block_size(std::int64_t n) { return n >= 8192 ? 512 : (n >= 2048 ? 256 : (n >= 512 ? 128 : 64)); }
-
-std::int64_t num_blocks(std::int64_t n, std::int64_t block) { return (n + block - 1) / block; }
-
-// Tiles (r, c) in rounds of pairwise distinct rows and columns; fn(r, c) runs once per tile.
-// A round has min(row_blocks, col_blocks) tiles: square problems parallelise over K/block tiles,
-// rectangular ones with a short side use accumulate_stats' chunked path instead.
-template <typename Fn>
-void for_each_tile(std::int64_t row_blocks, std::int64_t col_blocks, const Fn& fn) {
-  const std::int64_t rounds = std::max(row_blocks, col_blocks);
-  const bool over_rows = row_blocks >= col_blocks;
-  for (std::int64_t w = 0; w < rounds; ++w) {
-    at::parallel_for(0, over_rows ? row_blocks : col_blocks, 1, [&](std::int64_t begin, std::int64_t end) {
-      for (std::int64_t b = begin; b < end; ++b) {
-        const std::int64_t other = ((w - b) % rounds + rounds) % rounds;
-        if (other < (over_rows ? col_blocks : row_blocks)) {
-          over_rows ? fn(b, other) : fn(other, b);
-        }
-      }
-    });
   }
 }
 

@@ -16,6 +16,7 @@ from .duq import (
     duq_probabilistic_embeddings,
     duq_rerank,
     duq_similarity_loss,
+    duq_similarity_loss_from_embeddings,
 )
 from .duq_distance_strips import duq_distance_matrix_strips
 from .fume import (
@@ -54,6 +55,7 @@ __all__ = [
     "duq_probabilistic_embeddings",
     "duq_rerank",
     "duq_similarity_loss",
+    "duq_similarity_loss_from_embeddings",
     "evidential_beliefs",
     "fume_consistency_loss",
     "fume_credibility",

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import checks
+from ..infonce import infonce_loss
 from ..config import NORMALIZE_EPS
 from . import _common
 
@@ -52,6 +53,25 @@ def duq_similarity_loss(s: Tensor, *, logit_scale=DEFAULT_LOGIT_SCALE, check_fin
     s = _common.square_matrix(s, "s", check_finite=check_finite)
     scale = _common.scale_value(logit_scale, "logit_scale", s)
     return -_symmetric_diagonal_log_softmax(scale * s)
+
+
+def duq_similarity_loss_from_embeddings(z_text: Tensor, z_video: Tensor, *, logit_scale=DEFAULT_LOGIT_SCALE,
+                                        backend: str = "auto") -> Tensor:
+    """L_S of DUQ eq. 1 (SPEC §3 "DUQ") from the embeddings, s = z_text·z_videoᵀ never stored: the
+    fused InfoNCE (SPEC §2 "InfoNCE") at τ = 1/λ, both directions averaged ("mean_of_directions");
+    the same value as `duq_similarity_loss(z_text @ z_video.T, logit_scale=λ)`.
+
+    Args:
+        z_text, z_video: (B, D) embeddings, pair i = (z_text_i, z_video_i).
+        logit_scale: λ > 0, a real or a 0-D tensor (a learned λ keeps its gradient).
+        backend: the InfoNCE op's backend.
+    Returns:
+        Scalar, float32 (float64 for float64 inputs).
+    """
+    scale = _common.scale_value(logit_scale, "logit_scale", z_text)
+    # τ in float64, so that the op's 1/τ rounds back to λ itself.
+    tau = 1.0 / (scale.double() if isinstance(scale, Tensor) else scale)
+    return infonce_loss(z_text, z_video, tau=tau, reduction="mean_of_directions", backend=backend)
 
 
 def _complement_target_mse_rows(alpha: Tensor) -> Tensor:

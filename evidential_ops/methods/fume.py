@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import checks
+from ..infonce import infonce_loss
 from ..config import NORMALIZE_EPS
 from . import _common
 
@@ -176,20 +177,24 @@ def fume_consistency_loss(
     tau: float = DEFAULT_TAU,
     exclude_self: bool = False,
     check_finite: bool = True,
+    backend: str = "auto",
 ) -> Tensor:
-    """Multimodal contrastive consistency loss of FUME eq. 6-7 (SPEC §3 "FUME").
+    """Multimodal contrastive consistency loss of FUME eq. 6-7 (SPEC §3 "FUME"):
 
         P(i | x_i^j) = Σ_v exp(z_i^v·z_i^j/τ) / Σ_v Σ_t exp(z_t^v·z_i^j/τ)
         L_cl = −(1/N) Σ_j Σ_i ln P(i | x_i^j)
 
-    (sum over the M modalities j, mean over the N samples; computed with log-sum-exp.)
+    (sum over the M modalities j, mean over the N samples). Computed by the fused InfoNCE op
+    (SPEC §2 "InfoNCE"): the row losses of z·zᵀ/τ, z the M·N anchors stacked, each anchor's
+    positives the anchors of its instance (group ids), summed and divided by N; no (MN)² logits.
     exclude_self=False keeps the self term v = j, t = i as the paper writes it;
     exclude_self=True drops that single term from numerator and denominator, as the released
-    code does (its other same-modality terms t ≠ i stay in the denominator).
+    code does (its other same-modality terms t ≠ i stay in the denominator): `drop_self`.
 
     Args:
         features: M >= 2 tensors (N, L), z^j of each modality, row i = instance i.
         tau: temperature > 0 (1 in the paper).
+        backend: the InfoNCE op's backend ("auto", "reference", "cpu", ...).
     Returns:
         Scalar in the input dtype.
     """
@@ -198,22 +203,12 @@ def fume_consistency_loss(
         raise ValueError(f"features must hold M >= 2 modalities, got {len(zs)}")
     tau = checks.positive_number(tau, "tau")
     exclude_self = checks.flag(exclude_self, "exclude_self")
-    z = torch.stack(zs)  # (M, N, L)
-    n_modalities, n = z.shape[0], z.shape[1]
-    # logits[j, i, v, t] = z_t^v · z_i^j / τ: anchor (modality j, sample i) against every (v, t).
-    logits = torch.einsum("vtd,jid->jivt", z, z) / tau
-    if exclude_self:
-        modality = torch.arange(n_modalities, device=z.device)
-        sample = torch.arange(n, device=z.device)
-        self_term = (
-            (modality.view(-1, 1, 1, 1) == modality.view(1, 1, -1, 1))
-            & (sample.view(1, -1, 1, 1) == sample.view(1, 1, 1, -1))
-        )
-        logits = logits.masked_fill(self_term, float("-inf"))
-    positives = logits.diagonal(dim1=1, dim2=3)  # (M, M, N): [j, v, i] = logit of (v, t = i)
-    log_numerator = torch.logsumexp(positives, dim=1)  # (M, N)
-    log_denominator = torch.logsumexp(logits.flatten(2), dim=2)  # (M, N)
-    return -(log_numerator - log_denominator).sum() / n
+    n = zs[0].shape[0]
+    anchors = torch.cat(zs)  # (M·N, L): modality j's sample i at row j·N + i
+    instance = torch.arange(n, device=anchors.device).repeat(len(zs))
+    total = infonce_loss(anchors, anchors, tau=tau, group=instance, drop_self=exclude_self, direction="rows",
+                         reduction="sum", backend=backend, check_finite=False)
+    return (total / n).to(anchors.dtype)
 
 
 def fume_loss(

@@ -39,7 +39,7 @@ from ..methods import (
     duq_gaussian_kl,
     duq_probabilistic_embeddings,
     duq_rerank,
-    duq_similarity_loss,
+    duq_similarity_loss_from_embeddings,
 )
 from ..methods.duq import (
     DEFAULT_ALPHA,
@@ -196,7 +196,8 @@ class DUQ(nn.Module):
     def losses(self, out: DUQForward) -> dict:
         """Every term of eq. 15 (scalars) and their weighted sum under "loss"."""
         parts = {
-            "loss_s": duq_similarity_loss(out.s, logit_scale=out.logit_scale),
+            "loss_s": duq_similarity_loss_from_embeddings(out.z_text, out.z_video, logit_scale=out.logit_scale,
+                                                          backend=self.backend),
             "loss_s_u": (self.isum_loss(out.s) if global_batch(self) is None
                          else self.global_isum_loss(out.z_text, out.z_video)),
             "loss_d": duq_distance_loss(out.d, logit_scale=out.logit_scale),

@@ -7,7 +7,8 @@ batches, optimiser and epochs, so the demo trains one beside every method and co
 The loss is the symmetric InfoNCE of CLIP (DUQ eq. 1, `methods.duq_similarity_loss`) at a fixed
 temperature τ: L = −½(mean_i log softmax_row(s/τ)_ii + mean_i log softmax_col(s/τ)_ii), summed
 over the members of an ensemble (one per TCL/TcVSE query model, whose scores are added at test
-time as TCL adds s_A + s_B) and, for UML, over both caption languages.
+time as TCL adds s_A + s_B) and, for UML, over both caption languages. Computed by the fused
+InfoNCE op (`evidential_ops.infonce_loss`, SPEC §2 "InfoNCE"), which never stores s.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from torch import Tensor, nn
 from .. import checks
 from ..data.augment import DEFAULT_REGION_DROP, DEFAULT_WORD_RATE, augment_batch
 from ..data.types import CrossModalSplit
-from ..methods import duq_similarity_loss
+from ..infonce import infonce_loss
 from ..metrics import map_at_all, retrieval_metrics
 from ._steps import apply_step, check_grad_clip, check_optimizer, module_device, move_batch
 from .dual_encoder import DualEncoder, batch_tensor, embed_split
@@ -102,11 +103,11 @@ class InfoNCEBaseline(nn.Module):
         total = None
         for k, member in enumerate(self.members):
             x, y = member(batch)
-            terms = [duq_similarity_loss(x @ y.T, logit_scale=1.0 / self.temperature)]
+            terms = [infonce_loss(x, y, tau=self.temperature, reduction="mean_of_directions")]
             if self.alt_text_encoders is not None:
                 y_alt = l2_normalize(self.alt_text_encoders[k](batch_tensor(batch, "captions_alt"),
                                                                batch_tensor(batch, "lengths_alt")))
-                terms.append(duq_similarity_loss(x @ y_alt.T, logit_scale=1.0 / self.temperature))
+                terms.append(infonce_loss(x, y_alt, tau=self.temperature, reduction="mean_of_directions"))
             for term in terms:
                 total = term if total is None else total + term
         return total

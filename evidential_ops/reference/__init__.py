@@ -5,6 +5,7 @@ Fused backends are tested against these functions evaluated in float64 on the sa
 
 from ..evidence import belief, evidence, log_alpha
 from . import methods
+from .infonce import infonce_line_losses, infonce_loss, infonce_masks
 from .losses import (
     check_no_overflow,
     evidential_loss,
@@ -30,6 +31,9 @@ __all__ = [
     "evidence",
     "evidential_loss",
     "evidential_loss_from_similarity",
+    "infonce_line_losses",
+    "infonce_loss",
+    "infonce_masks",
     "inverse_trigamma_remainder",
     "kl_h",
     "log_alpha",

@@ -24,7 +24,7 @@ import os
 import torch
 
 from .. import ops
-from . import configs, launch
+from . import configs, infonce_launch, launch
 
 _LIBRARIES: list[torch.library.Library] = []
 
@@ -38,6 +38,8 @@ _IMPLEMENTATIONS = {
     "loss_backward_from_similarity": launch.loss_backward_from_similarity,
     "opinion": launch.opinion,
     "opinion_from_similarity": launch.opinion_from_similarity,
+    "infonce_forward": infonce_launch.infonce_forward,
+    "infonce_backward": infonce_launch.infonce_backward,
 }
 
 

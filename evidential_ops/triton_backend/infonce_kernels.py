@@ -1,0 +1,146 @@
+"""Triton kernels of the InfoNCE ops (SPEC §2 "InfoNCE"); launched by infonce_launch.py.
+
+Both kernels are row-parallel over a "query" matrix q against "candidates" c: the rows of s use
+(q, c) = (x, y) and the columns (y, x), so one kernel serves each direction, with no atomics and
+a fixed order of every sum (deterministic). A tile of q·cᵀ comes from `tl.dot` (float32, float64
+for float64 inputs) and is never stored; the logits' exponentials are in that precision, their
+sums float64.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .kernels import _s_tile
+
+
+@triton.jit
+def _masks(rows, cols, rmask, cmask, g_ptr, HAS_GROUP: tl.constexpr, DROP_SELF: tl.constexpr):
+    """(candidate, positive) masks of a tile: D(i) and P(i) ⊆ D(i) of SPEC §2 "InfoNCE"."""
+    candidate = rmask[:, None] & cmask[None, :]
+    if DROP_SELF:
+        candidate = candidate & (rows[:, None] != cols[None, :])
+    if HAS_GROUP:
+        g_rows = tl.load(g_ptr + rows, mask=rmask, other=0)
+        g_cols = tl.load(g_ptr + cols, mask=cmask, other=-1)
+        positive = candidate & (g_rows[:, None] == g_cols[None, :])
+    else:
+        positive = candidate & (rows[:, None] == cols[None, :])
+    return candidate, positive
+
+
+@triton.jit
+def _merge(m, total, v, mask, CT: tl.constexpr):
+    """Online log-sum-exp: merge the masked logits v (BLOCK_M, BLOCK_N) into the rows' running
+    maximum m (CT) and float64 Σ e^{v − m}."""
+    block_max = tl.max(tl.where(mask, v, -float("inf")), axis=1)
+    new_m = tl.maximum(m, block_max)
+    shift = tl.where(new_m == -float("inf"), 0.0, new_m)  # an empty line stays (−inf, 0)
+    terms = tl.where(mask, tl.exp(v - shift[:, None]), 0.0).to(tl.float64)
+    total = total * tl.exp((m - shift).to(tl.float64)) + tl.sum(terms, axis=1)
+    return new_m, total
+
+
+@triton.jit
+def infonce_stats_kernel(
+    q_ptr, c_ptr, stride_qi, stride_qk, stride_cj, stride_ck, g_ptr, out_ptr, K, D, inv_tau,
+    HAS_GROUP: tl.constexpr, DROP_SELF: tl.constexpr, F64: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """out (2, K) float64: per row of q·cᵀ/τ the log-sum-exp over its candidates, then over its
+    positives (−inf for a row without positives)."""
+    CT: tl.constexpr = tl.float64 if F64 else tl.float32
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < K
+    m_d = tl.full((BLOCK_M,), -float("inf"), CT)
+    m_p = tl.full((BLOCK_M,), -float("inf"), CT)
+    sum_d = tl.zeros((BLOCK_M,), tl.float64)
+    sum_p = tl.zeros((BLOCK_M,), tl.float64)
+    for c0 in range(0, K, BLOCK_N):
+        cols = c0 + tl.arange(0, BLOCK_N)
+        cmask = cols < K
+        s = _s_tile(q_ptr, c_ptr, rows, cols, rmask, cmask, stride_qi, stride_qk, stride_cj, stride_ck, D,
+                    False, "ieee", CT, BLOCK_M, BLOCK_N, BLOCK_K)
+        v = s * inv_tau
+        candidate, positive = _masks(rows, cols, rmask, cmask, g_ptr, HAS_GROUP, DROP_SELF)
+        m_d, sum_d = _merge(m_d, sum_d, v, candidate, CT)
+        m_p, sum_p = _merge(m_p, sum_p, v, positive, CT)
+    lse_d = tl.where(sum_d > 0, m_d.to(tl.float64) + tl.log(tl.where(sum_d > 0, sum_d, 1.0)), -float("inf"))
+    lse_p = tl.where(sum_p > 0, m_p.to(tl.float64) + tl.log(tl.where(sum_p > 0, sum_p, 1.0)), -float("inf"))
+    tl.store(out_ptr + rows, lse_d, mask=rmask)
+    tl.store(out_ptr + K + rows, lse_p, mask=rmask)
+
+
+@triton.jit
+def _softmax_part(v, lse_d, lse_p, miss, weight, candidate, positive, CT: tl.constexpr):
+    """weight·∂ℓ/∂v of one direction: p^D off the positives, and on a positive p^D − p^P =
+    −p^P·(1 − e^{−ℓ}) with miss = 1 − e^{−ℓ} (float64 per line), which does not cancel."""
+    p_d = tl.exp((v.to(tl.float64) - lse_d).to(CT))
+    p_p = tl.exp((v.to(tl.float64) - lse_p).to(CT))
+    part = tl.where(positive, -p_p * miss.to(CT), tl.where(candidate, p_d, 0.0))
+    return part * weight.to(CT)
+
+
+@triton.jit
+def infonce_grad_kernel(
+    q_ptr, c_ptr, stride_qi, stride_qk, stride_cj, stride_ck, g_ptr, out_ptr, stride_oi, stride_ok,
+    own_ptr, own_up_ptr, own_miss_ptr, other_ptr, other_up_ptr, other_miss_ptr, K, D, inv_tau,
+    HAS_GROUP: tl.constexpr, DROP_SELF: tl.constexpr, OWN: tl.constexpr, OTHER: tl.constexpr, F64: tl.constexpr,
+    ACCUMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """d(q)[rows] = Σ_tiles G·c with G = (∂L/∂s)/τ of the tile of s = q·cᵀ/τ: own_* the (2, K)
+    log-sum-exps, upstream gradients and 1 − e^{−ℓ} of q's lines (OWN), other_* those of c's lines
+    (OTHER). ACCUMULATE as in kernels.grad_kernel: D beyond BLOCK_D is added chunk by chunk into
+    a zeroed float32/float64 out."""
+    CT: tl.constexpr = tl.float64 if F64 else tl.float32
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < K
+    rows64 = rows.to(tl.int64)
+    dks = tl.arange(0, BLOCK_D)
+    if OWN:
+        own_d = tl.load(own_ptr + rows, mask=rmask, other=0.0)
+        own_p = tl.load(own_ptr + K + rows, mask=rmask, other=0.0)
+        own_w = tl.load(own_up_ptr + rows, mask=rmask, other=0.0) * inv_tau
+        own_miss = tl.load(own_miss_ptr + rows, mask=rmask, other=0.0)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), CT)
+    for c0 in range(0, K, BLOCK_N):
+        cols = c0 + tl.arange(0, BLOCK_N)
+        cmask = cols < K
+        s = _s_tile(q_ptr, c_ptr, rows, cols, rmask, cmask, stride_qi, stride_qk, stride_cj, stride_ck, D,
+                    False, "ieee", CT, BLOCK_M, BLOCK_N, BLOCK_K)
+        v = s * inv_tau
+        candidate, positive = _masks(rows, cols, rmask, cmask, g_ptr, HAS_GROUP, DROP_SELF)
+        g = tl.zeros((BLOCK_M, BLOCK_N), CT)
+        if OWN:
+            g += _softmax_part(v, own_d[:, None], own_p[:, None], own_miss[:, None], own_w[:, None], candidate,
+                               positive, CT)
+        if OTHER:
+            other_d = tl.load(other_ptr + cols, mask=cmask, other=0.0)
+            other_p = tl.load(other_ptr + K + cols, mask=cmask, other=0.0)
+            other_w = tl.load(other_up_ptr + cols, mask=cmask, other=0.0) * inv_tau
+            other_miss = tl.load(other_miss_ptr + cols, mask=cmask, other=0.0)
+            g += _softmax_part(v, other_d[None, :], other_p[None, :], other_miss[None, :], other_w[None, :],
+                               candidate, positive, CT)
+        g_op = g.to(c_ptr.dtype.element_ty)
+        if ACCUMULATE:
+            for d0 in range(0, D, BLOCK_D):
+                dk = d0 + dks
+                dmask = dk < D
+                c = tl.load(c_ptr + cols.to(tl.int64)[:, None] * stride_cj + dk[None, :] * stride_ck,
+                            mask=cmask[:, None] & dmask[None, :], other=0.0)
+                optr = out_ptr + rows64[:, None] * stride_oi + dk[None, :] * stride_ok
+                omask = rmask[:, None] & dmask[None, :]
+                part = tl.load(optr, mask=omask, other=0.0)
+                part = tl.dot(g_op, c, part, input_precision="ieee")
+                tl.store(optr, part, mask=omask)
+                tl.debug_barrier()  # the next tile reloads this chunk
+        else:
+            dmask = dks < D
+            c = tl.load(c_ptr + cols.to(tl.int64)[:, None] * stride_cj + dks[None, :] * stride_ck,
+                        mask=cmask[:, None] & dmask[None, :], other=0.0)
+            acc = tl.dot(g_op, c, acc, input_precision="ieee")
+    if not ACCUMULATE:
+        tl.store(out_ptr + rows64[:, None] * stride_oi + dks[None, :] * stride_ok,
+                 acc.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & (dks < D)[None, :])

@@ -1,0 +1,370 @@
+"""The fused InfoNCE op (SPEC §2 "InfoNCE") of every fused backend against the float64 reference.
+
+Parametrised over the same backends as test_fused_backends.py (python_tests/fused_backends.py).
+Tolerances from the arithmetic (SPEC §2 "InfoNCE", §5): a loss is LSE_D − LSE_P, whose
+sensitivity to the logits sums to at most 2 (two softmaxes), so from float32 embeddings, with a
+logit off by at most 8·√D·2⁻²⁴/τ (the float32 tile GEMM, §5), a loss is within
+2·8·√D·2⁻²⁴/τ absolute plus 1e-5 relative (float64 line sums, one float32 rounding of the result);
+gradients within 1e-4 + 8·√D·2⁻²⁴/τ of the largest entry (max-abs relative), as the evidential
+losses. The reference sees the same float32 inputs, upcast, with exact float64 products.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import evidential_ops as eo
+from conftest import hard_pairs, random_pairs
+from fused_backends import fused_cases
+
+CASES = fused_cases()
+pytestmark = pytest.mark.skipif(not CASES, reason="no fused backend built")
+
+LOSS_RTOL = 1e-5
+GRAD_RTOL = 1e-4
+
+
+@pytest.fixture(params=CASES, ids=str)
+def fused(request):
+    return request.param
+
+
+def logit_error(d: int, tau: float, dtype: torch.dtype = torch.float32) -> float:
+    """Bound on a logit's error from the tile GEMM in `dtype` (SPEC §5: 8·√D·u/τ, u = 2⁻²⁴ for
+    float32)."""
+    return 8 * math.sqrt(d) * (torch.finfo(dtype).eps / 2) / tau
+
+
+def run(fn, inputs, upstream):
+    """Per-line losses and the gradient of Σ upstream·losses w.r.t. each input."""
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    rows, cols = fn(*leaves)
+    total = sum((part * w.to(part)).sum() for part, w in zip((rows, cols), upstream) if part.numel())
+    grads = torch.autograd.grad(total, leaves)
+    return rows.detach(), cols.detach(), grads
+
+
+def compare(fused, x, y, upstream=None, **kwargs):
+    """Fused losses and gradients (x, y) against the float64 reference; returns the errors
+    (largest loss error over its tolerance, largest gradient error over its tolerance)."""
+    k, d = x.shape
+    tau = kwargs.get("tau", 0.05)
+    tau_value = float(tau) if not isinstance(tau, torch.Tensor) else float(tau.detach())
+    if upstream is None:
+        gen = torch.Generator().manual_seed(7)
+        upstream = (torch.rand(k, generator=gen) + 0.5, torch.rand(k, generator=gen) + 0.5)
+    device = fused.device
+    kw_device = {n: (v.to(device) if isinstance(v, torch.Tensor) else v) for n, v in kwargs.items()}
+    rows, cols, grads = run(lambda a, b: eo.infonce_loss(a, b, backend=fused.name, reduction="none", **kw_device),
+                            [x.to(device), y.to(device)], [u.to(device) for u in upstream])
+    ref_rows, ref_cols, ref_grads = run(lambda a, b: eo.reference.infonce_loss(a, b, reduction="none", **kwargs),
+                                        [x, y], upstream)
+    # Float64 inputs: the same bound at u = 2⁻⁵³, plus the rounding of LSE_D − LSE_P, each LSE at
+    # most max|s|/τ + ln K (ℓ cancels where a row is confident).
+    exact = x.dtype == torch.float64
+    loss_abs = 2 * logit_error(d, tau_value, x.dtype)
+    loss_rel = 1e-12 if exact else LOSS_RTOL
+    if exact:
+        loss_abs += 4 * 2.0**-53 * (1 / tau_value + math.log(k))
+    grad_tol = 1e-12 if exact else GRAD_RTOL + logit_error(d, tau_value)
+    # Float64: each softmax entry p = e^{v − LSE} is off by p·(2u(1/τ + ln K) + logit error), and
+    # dx_i = (1/τ)Σ_j G_ij y_j sums four softmaxes (two per direction, each summing to 1) weighted
+    # by upstream ≤ 1.5 and |y| ≤ 1: an absolute bound, since a confident row's gradient is far
+    # smaller than that rounding of its logits.
+    grad_abs = 0.0
+    if exact:
+        grad_abs = 6 / tau_value * (2 * 2.0**-53 * (1 / tau_value + math.log(k)) + logit_error(d, tau_value, x.dtype))
+    worst_loss = 0.0
+    for got, ref in ((rows, ref_rows), (cols, ref_cols)):
+        assert got.shape == ref.shape
+        if got.numel():
+            assert got.device.type == device.type and torch.isfinite(got).all()
+            err = (got.double().cpu() - ref).abs() / (loss_rel * ref.abs() + loss_abs + 1e-300)
+            worst_loss = max(worst_loss, float(err.max()))
+    worst_grad = 0.0
+    for got, ref, leaf in zip(grads, ref_grads, (x, y)):
+        assert got.dtype == leaf.dtype and torch.isfinite(got).all()
+        err = float((got.double().cpu() - ref).abs().max())
+        worst_grad = max(worst_grad, err / (grad_tol * float(ref.abs().max()) + grad_abs + 1e-300))
+    assert worst_loss <= 1.0, f"loss error {worst_loss:.3g}× its tolerance"
+    assert worst_grad <= 1.0, f"gradient error {worst_grad:.3g}× its tolerance"
+    return worst_loss, worst_grad
+
+
+def mixed_groups(k: int, generator: torch.Generator, smallest: int = 1) -> torch.Tensor:
+    """Ids of groups of sizes smallest..5 in turn, members scattered over the batch."""
+    sizes, total = [], 0
+    while total < k:
+        size = min(smallest + len(sizes) % (6 - smallest), k - total)
+        sizes.append(size)
+        total += size
+    if sizes[-1] < smallest:  # fold a too-small tail into the first group (of the smallest size)
+        sizes[0] += sizes.pop()
+    ids = torch.repeat_interleave(torch.arange(len(sizes)) * 7 - 40, torch.tensor(sizes))
+    return ids[torch.randperm(k, generator=generator)]
+
+
+# --------------------------------------------------------------------------------------- accuracy
+
+
+@pytest.mark.parametrize("direction", ["rows", "cols", "both"])
+def test_forward_and_backward_match_reference(fused, gen, direction):
+    x, y = random_pairs(113, 203, generator=gen, positive_cos=0.8)
+    compare(fused, x, y, tau=0.05, direction=direction)
+
+
+@pytest.mark.parametrize("drop_self", [False, True])
+def test_group_positives_sizes_one_to_five(fused, gen, drop_self):
+    k, d = 113, 203
+    x, y = random_pairs(k, d, generator=gen, positive_cos=0.8)
+    # drop_self needs another member in every group: sizes 2..5 there, 1..5 otherwise.
+    group = mixed_groups(k, gen, smallest=2 if drop_self else 1)
+    counts = torch.unique(group, return_counts=True)[1]
+    assert counts.min() == (2 if drop_self else 1) and counts.max() == 5
+    compare(fused, x, y, tau=0.05, group=group, drop_self=drop_self)
+
+
+def fume_eq_6_7(z: list[torch.Tensor], tau: float, exclude_self: bool) -> torch.Tensor:
+    """L_cl = −(1/N) Σ_j Σ_i ln(Σ_v e^{z_i^v·z_i^j/τ} / Σ_v Σ_t e^{z_t^v·z_i^j/τ}) as printed,
+    without (or, exclude_self, with the released code's removal of) the self term v = j, t = i."""
+    n, total = z[0].shape[0], 0.0
+    for j, anchors in enumerate(z):
+        for i in range(n):
+            logits = torch.stack([zv @ anchors[i] for zv in z]) / tau  # (M, N): [v, t]
+            keep = torch.ones_like(logits, dtype=torch.bool)
+            if exclude_self:
+                keep[j, i] = False
+            numerator = torch.logsumexp(logits[:, i][keep[:, i]], dim=0)
+            total = total - (numerator - torch.logsumexp(logits[keep], dim=0))
+    return total / n
+
+
+def test_drop_self_on_one_tower_is_fume_consistency(fused, gen):
+    # FUME eq. 6-7: x = y = the anchors of every modality stacked, group = instance.
+    n, modalities, d = 37, 3, 64
+    z = [torch.nn.functional.normalize(torch.randn(n, d, generator=gen), dim=1) for _ in range(modalities)]
+    stacked = torch.cat(z)
+    group = torch.arange(n).repeat(modalities)
+    for drop_self in (False, True):
+        fused_value = eo.infonce_loss(stacked.to(fused.device), stacked.to(fused.device), tau=0.5,
+                                      group=group.to(fused.device), drop_self=drop_self, direction="rows",
+                                      reduction="sum", backend=fused.name) / n
+        expected = fume_eq_6_7([t.double() for t in z], tau=0.5, exclude_self=drop_self)
+        # 2·8·√D·2⁻²⁴/τ per line, 111 lines summed, divided by n; plus 1e-5 relative.
+        tol = LOSS_RTOL * float(expected.abs()) + modalities * 2 * logit_error(d, 0.5)
+        assert abs(float(fused_value) - float(expected)) <= tol
+
+
+def test_hard_regime(fused, gen):
+    # Positives at cosine 0.99 and three near-duplicate hard negatives per row, τ = 0.05: the
+    # default positives, then the groups themselves as positives.
+    k, d = 113, 203
+    x, y = hard_pairs(k, d, generator=gen)
+    compare(fused, x, y, tau=0.05)
+    compare(fused, x, y, tau=0.05, group=torch.arange(k) // 4)
+
+
+@pytest.mark.parametrize("tau", [0.01])
+def test_small_tau_is_finite_and_correct(fused, gen, tau):
+    # e^{0.99/0.01} ≈ 1e43 overflows float32: every backend must stay in log space.
+    x, y = hard_pairs(113, 203, generator=gen)
+    compare(fused, x, y, tau=tau)
+
+
+def test_realistic_size_hard_regime(fused, gen):
+    k, d = fused.realistic
+    x, y = hard_pairs(k, d, generator=gen)
+    compare(fused, x, y, upstream=(torch.full((k,), 1.0 / k), torch.full((k,), 1.0 / k)), tau=0.05)
+
+
+def test_several_blocks_odd_size(fused, gen):
+    k = min(fused.max_k, 300)
+    x, y = random_pairs(k, 67, generator=gen, positive_cos=0.6)
+    compare(fused, x, y, tau=0.1, group=torch.arange(k) % 97)
+
+
+def test_wide_embeddings(fused, gen):
+    # D beyond one register block of the Triton gradient kernel (accumulated chunk by chunk).
+    x, y = random_pairs(40, 300, generator=gen, positive_cos=0.7)
+    compare(fused, x, y, tau=0.05, group=torch.arange(40) % 17)
+
+
+def test_float64_inputs_are_exact(fused, gen):
+    if torch.float64 not in fused.dtypes:
+        pytest.skip(f"{fused.name} is not tested with float64 here")
+    x, y = random_pairs(57, 31, generator=gen, dtype=torch.float64, positive_cos=0.9)
+    compare(fused, x, y, tau=0.05, group=torch.arange(57) % 20)
+
+
+@pytest.mark.parametrize("drop_self", [False, True])
+def test_gradcheck_float64(fused, gen, drop_self):
+    if torch.float64 not in fused.dtypes:
+        pytest.skip(f"{fused.name} is not tested with float64 here")
+    x, y = random_pairs(9, 5, generator=gen, dtype=torch.float64)
+    group = torch.tensor([0, 1, 0, 2, 1, 2, 3, 3, 0]).to(fused.device)
+    x, y = x.to(fused.device).requires_grad_(), y.to(fused.device).requires_grad_()
+    fn = lambda a, b: eo.infonce_loss(a, b, tau=0.3, group=group, drop_self=drop_self, backend=fused.name,
+                                      reduction="none")
+    assert torch.autograd.gradcheck(fn, (x, y))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "mean_of_directions", "sum"])
+def test_reductions(fused, gen, reduction):
+    x, y = random_pairs(64, 32, generator=gen, positive_cos=0.5)
+    got = eo.infonce_loss(x.to(fused.device), y.to(fused.device), tau=0.1, reduction=reduction, backend=fused.name)
+    ref = eo.reference.infonce_loss(x, y, tau=0.1, reduction=reduction)
+    scale = 64 if reduction == "sum" else 1
+    assert abs(float(got) - float(ref)) <= LOSS_RTOL * abs(float(ref)) + 2 * scale * 2 * logit_error(32, 0.1)
+
+
+def test_is_clip_cross_entropy(fused, gen):
+    # Default positives and no drop_self: open_clip's ClipLoss, ½(CE(s) + CE(sᵀ)).
+    x, y = random_pairs(50, 40, generator=gen, positive_cos=0.7)
+    got = eo.infonce_loss(x.to(fused.device), y.to(fused.device), tau=0.07, reduction="mean_of_directions",
+                          backend=fused.name)
+    logits = x.double() @ y.double().T / 0.07
+    labels = torch.arange(50)
+    ce = 0.5 * (torch.nn.functional.cross_entropy(logits, labels) + torch.nn.functional.cross_entropy(logits.T, labels))
+    assert abs(float(got) - float(ce)) <= LOSS_RTOL * float(ce) + 2 * logit_error(40, 0.07)
+
+
+def test_tensor_tau_gradient(fused, gen):
+    k, d = 64, 48
+    x, y = random_pairs(k, d, generator=gen, positive_cos=0.8)
+    grads = {}
+    for name, fn, device in (("fused", lambda **kw: eo.infonce_loss(backend=fused.name, **kw), fused.device),
+                             ("reference", eo.reference.infonce_loss, torch.device("cpu"))):
+        tau = torch.tensor(0.07, device=device, requires_grad=True)
+        loss = fn(x=x.to(device), y=y.to(device), tau=tau, group=(torch.arange(k) % 30).to(device))
+        grads[name] = float(torch.autograd.grad(loss, tau)[0])
+    # SPEC §2 "Learnable temperature": ∂L/∂τ = −(1/τ)⟨x', ∂L/∂x'⟩, each of the K·D products within
+    # (GRAD_RTOL + logit error)·max|∂L/∂x'|·max‖x'_i‖ of its share; bounded here by that times K·√D.
+    assert abs(grads["fused"] - grads["reference"]) <= (
+        (GRAD_RTOL + logit_error(d, 0.07)) * abs(grads["reference"]) * math.sqrt(d)
+    )
+
+
+def test_tensor_tau_gradcheck_float64(fused, gen):
+    if torch.float64 not in fused.dtypes:
+        pytest.skip(f"{fused.name} is not tested with float64 here")
+    x, y = random_pairs(7, 4, generator=gen, dtype=torch.float64)
+    tau = torch.tensor(0.2, dtype=torch.float64, device=fused.device, requires_grad=True)
+    x, y = x.to(fused.device).requires_grad_(), y.to(fused.device).requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b, t: eo.infonce_loss(a, b, tau=t, backend=fused.name), (x, y, tau))
+
+
+def test_criterion_module_matches_function(fused, gen):
+    x, y = random_pairs(40, 16, generator=gen)
+    group = torch.arange(40) % 13
+    module = eo.InfoNCELoss(tau=0.1, drop_self=True, backend=fused.name)
+    got = module(x.to(fused.device), y.to(fused.device), group.to(fused.device))
+    expected = eo.infonce_loss(x.to(fused.device), y.to(fused.device), tau=0.1, group=group.to(fused.device),
+                               drop_self=True, backend=fused.name)
+    assert torch.equal(got, expected)
+
+
+def test_deterministic(fused, gen):
+    x, y = random_pairs(300 if fused.max_k >= 300 else fused.max_k, 64, generator=gen)
+    x, y = x.to(fused.device), y.to(fused.device)
+    group = (torch.arange(x.shape[0]) % 50).to(fused.device)
+    first = run(lambda a, b: eo.infonce_loss(a, b, group=group, backend=fused.name, reduction="none"), [x, y],
+                [torch.ones(x.shape[0], device=fused.device)] * 2)
+    threads = torch.get_num_threads()
+    try:
+        if fused.device.type == "cpu":
+            torch.set_num_threads(1 if threads > 1 else 2)
+        second = run(lambda a, b: eo.infonce_loss(a, b, group=group, backend=fused.name, reduction="none"), [x, y],
+                     [torch.ones(x.shape[0], device=fused.device)] * 2)
+    finally:
+        torch.set_num_threads(threads)
+    for a, b in zip((first[0], first[1], *first[2]), (second[0], second[1], *second[2])):
+        assert torch.equal(a, b)
+
+
+# ------------------------------------------------------------------------------------- bad input
+
+
+def test_bad_group_is_an_error_naming_group(fused, gen):
+    x, y = random_pairs(10, 8, generator=gen)
+    x, y = x.to(fused.device), y.to(fused.device)
+    call = lambda **kw: eo.infonce_loss(x, y, backend=fused.name, **kw)
+    with pytest.raises(ValueError, match="group"):
+        call(group=torch.zeros(9, dtype=torch.int64, device=fused.device))
+    with pytest.raises(ValueError, match="group"):
+        call(group=torch.zeros(10, 1, dtype=torch.int64, device=fused.device))
+    with pytest.raises(TypeError, match="group"):
+        call(group=torch.zeros(10, device=fused.device))
+    with pytest.raises(TypeError, match="group"):
+        call(group=torch.zeros(10, dtype=torch.bool, device=fused.device))
+    with pytest.raises(TypeError, match="group"):
+        call(group=[0] * 10)
+    with pytest.raises(ValueError, match="group"):
+        call(group=torch.zeros(10, dtype=torch.int64, device="meta"))
+    with pytest.raises(ValueError, match="group"):
+        call(drop_self=True)  # no ids: every line's only positive is itself
+    with pytest.raises(ValueError, match="group"):
+        call(group=torch.tensor([0, 0, 1, 1, 2, 2, 3, 3, 4, 5], device=fused.device), drop_self=True)
+    # Any integer dtype is accepted and means the same ids.
+    ids = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3, 4, 4])
+    a = call(group=ids.to(device=fused.device, dtype=torch.int16), drop_self=True)
+    b = call(group=ids.to(fused.device), drop_self=True)
+    assert torch.equal(a, b)
+
+
+def test_bad_arguments_as_evidential_loss(fused, gen):
+    x, y = random_pairs(10, 8, generator=gen)
+    x, y = x.to(fused.device), y.to(fused.device)
+    with pytest.raises(ValueError, match="tau"):
+        eo.infonce_loss(x, y, tau=0.0, backend=fused.name)
+    with pytest.raises(ValueError, match="tau"):
+        eo.infonce_loss(x, y, tau=torch.tensor([0.1, 0.2], device=fused.device), backend=fused.name)
+    with pytest.raises(ValueError, match="same number of rows"):
+        eo.infonce_loss(x, y[:9], backend=fused.name)
+    with pytest.raises(TypeError, match="y"):
+        eo.infonce_loss(x, y.double(), backend=fused.name)
+    with pytest.raises(ValueError, match="x contains NaN"):
+        eo.infonce_loss(x.clone().fill_(math.nan), y, backend=fused.name)
+    with pytest.raises(ValueError, match="direction"):
+        eo.infonce_loss(x, y, direction="up", backend=fused.name)
+    with pytest.raises(ValueError, match="reduction"):
+        eo.infonce_loss(x, y, reduction="max", backend=fused.name)
+    with pytest.raises(TypeError, match="drop_self"):
+        eo.infonce_loss(x, y, drop_self=1, backend=fused.name)
+    with pytest.raises(ValueError, match="K >= 2"):
+        eo.infonce_loss(x[:1], y[:1], backend=fused.name)
+
+
+def test_direct_op_calls_check_their_arguments(fused, gen):
+    ops = eo.backends.resolve(fused.name, fused.device).ops
+    x, y = random_pairs(10, 8, generator=gen)
+    x, y = x.to(fused.device), y.to(fused.device)
+    with pytest.raises(TypeError, match="group"):
+        ops.infonce_forward(x, y, torch.zeros(10, dtype=torch.int32, device=fused.device), 0.1, False, True, True)
+    with pytest.raises(ValueError, match="group"):
+        ops.infonce_forward(x, y, torch.zeros(3, dtype=torch.int64, device=fused.device), 0.1, False, True, True)
+    with pytest.raises(ValueError, match="tau"):
+        ops.infonce_forward(x, y, None, -1.0, False, True, True)
+    rows, cols, row_stats, col_stats = ops.infonce_forward(x, y, None, 0.1, False, True, True)
+    with pytest.raises(ValueError, match="row_stats"):
+        ops.infonce_backward(rows, cols, x, y, None, row_stats[:, :5], col_stats, 0.1, False, True, True,
+                             [True, True])
+
+
+def test_opcheck(fused, gen):
+    x, y = random_pairs(20, 8, generator=gen)
+    x, y = x.to(fused.device).requires_grad_(), y.to(fused.device).requires_grad_()
+    ops = eo.backends.resolve(fused.name, fused.device).ops
+    group = (torch.arange(20) % 6).to(fused.device)
+    torch.library.opcheck(ops.infonce_forward, (x, y, group, 0.1, True, True, True))
+    rows, cols, row_stats, col_stats = ops.infonce_forward(x.detach(), y.detach(), group, 0.1, True, True, True)
+    torch.library.opcheck(ops.infonce_backward, (torch.ones_like(rows), torch.ones_like(cols), x.detach(), y.detach(),
+                                                 group, row_stats, col_stats, 0.1, True, True, True, [True, True]))
+
+
+def test_meta_tensors_through_the_public_api(fused):
+    x = torch.empty(12, 8, device="meta")
+    loss = eo.infonce_loss(x, x, backend=fused.name, group=torch.zeros(12, dtype=torch.int64, device="meta"))
+    assert loss.shape == () and loss.device.type == "meta"
