@@ -32,7 +32,7 @@ def test_isum_by_the_fused_op_is_the_reference():
 def test_total_loss_is_the_reference_total_loss():
     model, bench = _model()
     out = model(tiny_batch(bench), generator=torch.Generator().manual_seed(3))
-    parts = model.losses(out)
+    parts = model.loss_terms(out)
     d = lambda t: t.detach().double()
     ref = duq_total_loss(d(out.s), d(out.d), d(out.mu_text), d(out.log_sigma_text), d(out.mu_video),
                          d(out.log_sigma_video), logit_scale=out.logit_scale.item())

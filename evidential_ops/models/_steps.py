@@ -1,4 +1,5 @@
-"""Plumbing shared by the methods' `training_step`s: device placement and one optimiser update."""
+"""Plumbing shared by the methods' `losses` and `training_step`s: device placement, argument
+checks and one optimiser update on a loss dict."""
 
 from __future__ import annotations
 
@@ -31,6 +32,11 @@ def check_optimizer(optimizer) -> torch.optim.Optimizer:
     return optimizer
 
 
+def check_epoch(epoch) -> int:
+    """A 0-based epoch index (a non-negative int), for the schedules that read it."""
+    return checks.integer(epoch, "epoch", minimum=0)
+
+
 def check_grad_clip(grad_clip) -> float | None:
     """None (no clipping) or a positive max gradient norm."""
     return None if grad_clip is None else checks.positive_number(grad_clip, "grad_clip")
@@ -51,3 +57,22 @@ def apply_step(loss: Tensor, optimizer: torch.optim.Optimizer, parameters: Itera
         torch.nn.utils.clip_grad_norm_(list(parameters), grad_clip)
     optimizer.step()
     return value
+
+
+def loss_values(parts: Mapping[str, Tensor]) -> dict[str, float]:
+    """Every entry of a `losses` dict as a Python float, in its order (what a log records)."""
+    if not isinstance(parts, Mapping) or "loss" not in parts:
+        raise TypeError("parts must be a dict of tensors with a 'loss' entry (a model's losses())")
+    return {name: float(value.detach()) if isinstance(value, Tensor) else float(value) for name, value in parts.items()}
+
+
+def apply_update(parts: Mapping[str, Tensor], optimizer: torch.optim.Optimizer, parameters: Iterable[Tensor],
+                 grad_clip: float | None) -> dict[str, float]:
+    """One optimiser update on parts["loss"] (`apply_step`); returns every entry as a float.
+
+    The floats are read before the update, so a part that shares memory with a parameter
+    still reports the value its loss was computed with.
+    """
+    values = loss_values(parts)
+    values["loss"] = apply_step(parts["loss"], optimizer, parameters, grad_clip)
+    return values
