@@ -1,6 +1,7 @@
 """The CLI's training loop: seeded data loading, epochs of `model.training_step`, progress bars,
-checkpoints. Any method model of `evidential_ops.models` fits (they share the
-`training_step(batch, epoch, optimizer) -> dict of floats` convention)."""
+a per-step logging hook, checkpoints. Any method model of
+`evidential_ops.models` fits (they share the `training_step(batch, epoch, optimizer) -> dict of
+floats` convention, built on their `losses(batch, epoch)`)."""
 
 from __future__ import annotations
 
@@ -97,10 +98,17 @@ def _mean_logs(logs: list[dict]) -> dict:
     return out
 
 
+def _learning_rate(optimizer: torch.optim.Optimizer) -> float:
+    """The learning rate of the optimiser's first parameter group (a float, also when a
+    scheduler or a capturable optimiser keeps it as a tensor)."""
+    return float(optimizer.param_groups[0]["lr"])
+
+
 def fit(model: nn.Module, dataset: CrossModalPairs, loader: DataLoader, optimizer: torch.optim.Optimizer, *,
         epochs: int, start_epoch: int = 0, progress: bool = False, desc: str = "train",
         on_epoch_end: Callable[[int, dict], None] | None = None,
-        log_epoch: Callable[[str], None] | None = None) -> list[dict]:
+        log_epoch: Callable[[str], None] | None = None,
+        log_step: Callable[[dict], None] | None = None) -> list[dict]:
     """Run epochs start_epoch … epochs − 1 of `model.training_step` over the loader.
 
     Returns one dict per epoch: the batch-mean of every value training_step reports, plus
@@ -108,9 +116,17 @@ def fit(model: nn.Module, dataset: CrossModalPairs, loader: DataLoader, optimize
     write a checkpoint); `log_epoch(line)`, when given, receives one progress line per epoch,
     `epoch_line`: "<desc> epoch e/E: loss L, S s" (e 1-based), with the loss's parts and λ
     between the loss and the seconds for TCL and TcVSE.
+
+    log_step: called after every batch with a new dict {"step", "epoch", the floats
+    training_step reported (loss and its parts), "lr"}, for a metrics logger (wandb,
+    TensorBoard: docs/training.md). step counts the batches trained from epoch 0 on, this one
+    included (epoch·len(loader) + i + 1, so a resumed run goes on counting where it stopped);
+    epoch is 0-based; lr is the first parameter group's learning rate for this update.
     """
     epochs = checks.integer(epochs, "epochs", minimum=1)
     start_epoch = checks.integer(start_epoch, "start_epoch", minimum=0)
+    if log_step is not None and not callable(log_step):
+        raise TypeError(f"log_step must be callable (it receives one dict per step), got {type(log_step).__name__}")
     history = []
     total = (epochs - start_epoch) * len(loader)
     with tqdm(total=total, desc=desc, disable=not progress, unit="batch", dynamic_ncols=True) as bar:
@@ -118,10 +134,13 @@ def fit(model: nn.Module, dataset: CrossModalPairs, loader: DataLoader, optimize
             dataset.set_epoch(epoch)
             start = time.perf_counter()
             logs = []
-            for batch in loader:
+            for index, batch in enumerate(loader):
+                lr = _learning_rate(optimizer)
                 logs.append(model.training_step(batch, epoch, optimizer))
                 bar.update(1)
                 bar.set_postfix(epoch=epoch, loss=f"{logs[-1]['loss']:.4f}")
+                if log_step is not None:
+                    log_step({"step": epoch * len(loader) + index + 1, "epoch": epoch, **logs[-1], "lr": lr})
             if not logs:
                 raise ValueError("the training loader produced no batch (split smaller than the batch size?)")
             record = {"epoch": epoch, **_mean_logs(logs), "seconds": time.perf_counter() - start}
