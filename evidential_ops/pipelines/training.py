@@ -1,5 +1,5 @@
 """The CLI's training loop: seeded data loading, epochs of `model.training_step`, progress bars,
-a per-step logging hook, checkpoints. Any method model of
+a per-step logging hook, checkpoints that resume exactly. Any method model of
 `evidential_ops.models` fits (they share the `training_step(batch, epoch, optimizer) -> dict of
 floats` convention, built on their `losses(batch, epoch)`)."""
 
@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
@@ -22,7 +24,7 @@ from ..data import CrossModalPairs, collate_pairs
 from ..data.types import CrossModalSplit
 
 __all__ = ["CHECKPOINT_FORMAT", "epoch_line", "epoch_lines_enabled", "fit", "load_checkpoint", "loss_parts_text",
-           "make_loader", "print_line", "progress_enabled", "save_checkpoint"]
+           "make_loader", "print_line", "progress_enabled", "restore_rng_state", "rng_state", "save_checkpoint"]
 
 CHECKPOINT_FORMAT = 1
 
@@ -150,6 +152,54 @@ def fit(model: nn.Module, dataset: CrossModalPairs, loader: DataLoader, optimize
             if on_epoch_end is not None:
                 on_epoch_end(epoch, record)
     return history
+
+
+def rng_state(loader: DataLoader | None = None) -> dict:
+    """Every random state training draws from, for a checkpoint that resumes exactly.
+
+    torch's CPU generator (TcVSE's augmentation, DUQ's ε, dropout), each initialised CUDA
+    device's, numpy's and Python's global generators (the package's own draws use seeded local
+    generators; user encoders may not), and the loader's shuffling generator when it has one.
+    Plain containers and tensors only, so `load_checkpoint` reads it with weights_only.
+    """
+    kind, keys, position, has_gauss, cached_gaussian = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": str(kind), "keys": torch.from_numpy(keys.astype(np.int64)), "position": int(position),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)},
+        "python": {"version": version, "internal": torch.tensor(internal, dtype=torch.int64),
+                   "gauss_next": gauss_next},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    if loader is not None and loader.generator is not None:
+        state["loader"] = loader.generator.get_state()
+    return state
+
+
+def restore_rng_state(state: dict, loader: DataLoader | None = None) -> None:
+    """Put back the random states `rng_state` captured (the loader's into `loader`'s generator).
+
+    CUDA states are restored where CUDA is available and skipped otherwise (a run resumed on the
+    CPU draws nothing from them). ValueError when `state` lacks a part or the loader shuffles
+    without a generator of its own while the state holds one.
+    """
+    if not isinstance(state, dict) or not {"torch", "numpy", "python"} <= set(state):
+        raise ValueError("state must be a dict written by rng_state (with torch, numpy and python entries)")
+    torch.set_rng_state(state["torch"])
+    numpy_state = state["numpy"]
+    np.random.set_state((numpy_state["kind"], numpy_state["keys"].numpy().astype(np.uint32),
+                         numpy_state["position"], numpy_state["has_gauss"], numpy_state["cached_gaussian"]))
+    python_state = state["python"]
+    random.setstate((python_state["version"], tuple(int(v) for v in python_state["internal"].tolist()),
+                     python_state["gauss_next"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "loader" in state and loader is not None:
+        if loader.generator is None:
+            raise ValueError("the state holds a loader generator but the loader has none to restore it into")
+        loader.generator.set_state(state["loader"])
 
 
 def save_checkpoint(path, *, model: nn.Module, optimizer: torch.optim.Optimizer | None, payload: dict) -> Path:
