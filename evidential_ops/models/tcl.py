@@ -21,18 +21,20 @@ fresh forward that must see the previous update's weights:
   the detached parts loss_u, loss_kl, loss_risk and kl_weight. The loss of a trainer that makes
   one update per batch (accelerate, Lightning's automatic optimisation): TCL without step 2.
 - `training_updates(batch, epoch)`: the whole of Algorithm 1 for a manual-optimisation trainer,
-  an iterator of 1 + R loss dicts, step 1's first, then one {"loss": L_c, "loss_c"} per round.
-  Each dict's forward runs when the iterator is advanced, so backpropagate its "loss" and step
-  the optimiser before asking for the next one (inside the autocast context, if any, that the
-  forward should run under). All of them train on the same batch (TcVSE: the same x').
+  a list of 1 + R callables, one per update, each running that update's forward when called
+  and returning its loss dict: step 1's first, then one {"loss": L_c, "loss_c"} per round. Call
+  them in order, backpropagating each "loss" and stepping the optimiser before the next call
+  (inside the autocast context, if any, the forward should run under). All of them encode the
+  same batch (TcVSE: the same x').
 - `training_step(batch, epoch, optimizer)`: those updates with the plain optimiser, as the CLI
   trains; returns floats.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -247,22 +249,21 @@ class TCL(nn.Module):
         epoch = check_epoch(epoch)
         return self._step_one(self._training_batch(batch), epoch)
 
-    def training_updates(self, batch, epoch: int) -> Iterator[dict[str, Tensor]]:
-        """TCL Algorithm 1 on one batch as the loss dicts of its 1 + `consistency_rounds(epoch)`
-        optimiser updates: `losses(batch, epoch)` first, then per round {"loss": L_c (a fresh
+    def training_updates(self, batch, epoch: int) -> list[Callable[[], dict[str, Tensor]]]:
+        """TCL Algorithm 1 on one batch as its 1 + `consistency_rounds(epoch)` optimiser updates:
+        one callable per update, which runs that update's forward when called and returns its
+        loss dict: step 1's is `losses(batch, epoch)`, each round's {"loss": L_c (a fresh
         forward, `consistency_loss`), "loss_c": detached L_c}.
 
-        A dict's forward runs when the iterator is advanced to it: backpropagate its "loss" and
-        step the optimiser before advancing, or every round sees the same weights. All updates
-        encode the same batch (for TcVSE the augmentation x' is drawn once, at this call).
+        Call them in order, and backpropagate each "loss" and step the optimiser before calling
+        the next, or every round sees the same weights. A call runs in the caller's context, so
+        an autocast around the call is the autocast of that forward. All updates encode the
+        same batch (for TcVSE the augmentation x' is drawn once, at this call).
         """
         epoch = check_epoch(epoch)
-        return self._updates(self._training_batch(batch), epoch)
-
-    def _updates(self, batch, epoch: int) -> Iterator[dict[str, Tensor]]:
-        yield self._step_one(batch, epoch)
-        for _ in range(self.consistency_rounds(epoch)):
-            yield self._consistency_round(batch)
+        batch = self._training_batch(batch)
+        rounds = [functools.partial(self._consistency_round, batch) for _ in range(self.consistency_rounds(epoch))]
+        return [functools.partial(self._step_one, batch, epoch), *rounds]
 
     def training_step(self, batch, epoch: int, optimizer: torch.optim.Optimizer) -> dict:
         """One batch of TCL Algorithm 1: an update on L_u, then T_max updates on L_c (each after a
@@ -277,9 +278,10 @@ class TCL(nn.Module):
         epoch = check_epoch(epoch)
         check_optimizer(optimizer)
         self.train()
-        updates = self.training_updates(batch, epoch)
-        first = apply_update(next(updates), optimizer, self.parameters(), self.grad_clip)
-        rounds = [apply_update(parts, optimizer, self.parameters(), self.grad_clip)["loss"] for parts in updates]
+        first_update, *round_updates = self.training_updates(batch, epoch)
+        first = apply_update(first_update(), optimizer, self.parameters(), self.grad_clip)
+        rounds = [apply_update(update(), optimizer, self.parameters(), self.grad_clip)["loss"]
+                  for update in round_updates]
         loss_c = sum(rounds) / len(rounds) if rounds else math.nan
         return {"loss": first["loss"] + (loss_c if rounds else 0.0), "loss_u": first["loss"],
                 "loss_kl": first["loss_kl"], "loss_risk": first["loss_risk"], "loss_c": loss_c,
