@@ -49,7 +49,15 @@ from ..methods.duq import (
     DEFAULT_RERANK_READING,
     RERANK_READINGS,
 )
-from ._steps import apply_update, check_epoch, check_grad_clip, check_optimizer, module_device, move_batch
+from ._steps import (
+    apply_update,
+    check_epoch,
+    check_grad_clip,
+    check_optimizer,
+    full_precision,
+    module_device,
+    move_batch,
+)
 from .data_parallel import global_batch, run_synced
 from .dual_encoder import DualEncoder, embed_split
 from .encoders import AttentionPoolEncoder, GRUTextEncoder
@@ -173,6 +181,10 @@ class DUQ(nn.Module):
         """s, D and the Gaussians of one batch (B >= 2 pairs); `generator` seeds the ε draws."""
         batch = move_batch(batch, module_device(self))
         z_video, z_text = self.model(batch)
+        with full_precision(self):  # the heads too: D_p-sized, and their μ, σ feed the method terms
+            return self._probabilistic(z_text, z_video, generator)
+
+    def _probabilistic(self, z_text: Tensor, z_video: Tensor, generator: torch.Generator | None) -> DUQForward:
         mu_t, ls_t, mu_v, ls_v = self._gaussians(z_text, z_video)
         samples_t = duq_probabilistic_embeddings(mu_t, ls_t, num_samples=self.num_samples, generator=generator)
         samples_v = duq_probabilistic_embeddings(mu_v, ls_v, num_samples=self.num_samples, generator=generator)
@@ -195,7 +207,12 @@ class DUQ(nn.Module):
 
     def loss_terms(self, out: DUQForward) -> dict:
         """Every term of eq. 15 (differentiable scalars) of a forward and their weighted sum
-        under "loss": L_total = L_S + L_S^U + α(L_D + L_D^U) + β·L_KL."""
+        under "loss": L_total = L_S + L_S^U + α(L_D + L_D^U) + β·L_KL. Autocast is off here
+        (`_steps.full_precision`)."""
+        with full_precision(self):
+            return self._loss_terms(out)
+
+    def _loss_terms(self, out: DUQForward) -> dict:
         parts = {
             "loss_s": duq_similarity_loss_from_embeddings(out.z_text, out.z_video, logit_scale=out.logit_scale,
                                                           backend=self.backend),

@@ -29,7 +29,15 @@ from ..methods import (
     fume_membership_matrix,
 )
 from ..methods.fume import DEFAULT_TAU
-from ._steps import apply_update, check_epoch, check_grad_clip, check_optimizer, module_device, move_batch
+from ._steps import (
+    apply_update,
+    check_epoch,
+    check_grad_clip,
+    check_optimizer,
+    full_precision,
+    module_device,
+    move_batch,
+)
 from .dual_encoder import DualEncoder, batch_tensor, embed_split
 from .encoders import BagOfWordsEncoder, MLPEncoder
 
@@ -110,8 +118,9 @@ class FUME(nn.Module):
         x, y = self.model(batch)
         labels = batch_tensor(batch, "labels")
         features = [self._check_features(x, "image"), self._check_features(y, "text")]
-        return fume_loss(features, labels, self.weight, alpha=self.alpha, tau=self.tau,
-                         exclude_self=self.exclude_self)
+        with full_precision(self):
+            return fume_loss(features, labels, self.weight, alpha=self.alpha, tau=self.tau,
+                             exclude_self=self.exclude_self)
 
     def losses(self, batch, epoch: int) -> dict[str, Tensor]:
         """{"loss": L} (eq. 8, `loss`) of one batch, without stepping (docs/training.md). `epoch`

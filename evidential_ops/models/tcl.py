@@ -48,7 +48,15 @@ from ..opinion import belief, opinion
 from ..methods import tcl_consistency_loss_from_embeddings, tcl_ensemble_similarity, tcl_kl_weight
 from ..methods.tcl import DEFAULT_TAU
 from ..results import Opinion
-from ._steps import apply_update, check_epoch, check_grad_clip, check_optimizer, module_device, move_batch
+from ._steps import (
+    apply_update,
+    check_epoch,
+    check_grad_clip,
+    check_optimizer,
+    full_precision,
+    module_device,
+    move_batch,
+)
 from .data_parallel import loss_function, run_synced
 from .dual_encoder import DualEncoder, embed_split
 from .encoders import AttentionPoolEncoder, GRUTextEncoder
@@ -217,7 +225,8 @@ class TCL(nn.Module):
         batch = move_batch(batch, module_device(self))
         x_a, y_a = self.model_a(batch)
         x_b, y_b = self.model_b(batch)
-        return tcl_consistency_loss_from_embeddings(x_a, y_a, x_b, y_b, evidence=self.evidence, tau=self.tau)
+        with full_precision(self):
+            return tcl_consistency_loss_from_embeddings(x_a, y_a, x_b, y_b, evidence=self.evidence, tau=self.tau)
 
     def consistency_rounds(self, epoch: int) -> int:
         """R, the step-2 updates of one batch at this 0-based epoch: T_max once epoch >=

@@ -39,7 +39,7 @@ from ..methods.uml import (
     DEFAULT_PHI,
     DEFAULT_TAU,
 )
-from ._steps import apply_update, check_grad_clip, check_optimizer, module_device, move_batch
+from ._steps import apply_update, check_grad_clip, check_optimizer, full_precision, module_device, move_batch
 from .dual_encoder import batch_tensor, embed_split
 from .encoders import AttentionPoolEncoder, GRUTextEncoder, l2_normalize
 
@@ -150,6 +150,10 @@ class UML(nn.Module):
         epoch = checks.real_number(epoch, "epoch", minimum=0.0)
         batch = move_batch(batch, module_device(self))
         v, s, t = self.embed(batch)
+        with full_precision(self):
+            return self._terms(v, s, t, epoch)
+
+    def _terms(self, v: Tensor, s: Tensor, t: Tensor, epoch: float) -> UMLStep:
         s_vt, s_vs, _ = uml_similarities(v, s, t)
         labels_vt = uml_clean_labels(s_vt.detach(), evidence=self.evidence, tau=self.tau)
         labels_vs = uml_clean_labels(s_vs.detach(), evidence=self.evidence, tau=self.tau)
