@@ -24,7 +24,8 @@ def full_precision(module: nn.Module):
     """A context with autocast off on the module's device type (a no-op when autocast is not on):
     the method terms run in the float32 of the embeddings (`encoders.l2_normalize`), as the
     method references require (`methods`: digamma, exp(s/τ) and SPEC §2's log-space sums are
-    meaningless in 8-bit mantissas), while the encoders before them run under the autocast."""
+    unreliable with bfloat16's 8 significant bits), while the encoders before them run under the
+    autocast."""
     device_type = module_device(module).type
     if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
         return torch.autocast(device_type, enabled=False)
