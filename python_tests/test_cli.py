@@ -172,6 +172,25 @@ def test_one_progress_line_per_epoch_without_a_terminal(tmp_path, capsys):
     assert "train epoch" not in capsys.readouterr().out  # --quiet
 
 
+def test_train_resume_continues_the_run_of_a_checkpoint(tmp_path, capsys):
+    """--resume continues from the epochs the checkpoint holds (the bitwise equality with an
+    uninterrupted run is test_training_loop.py's); another run's options are refused by name."""
+    run = tmp_path / "run"
+    assert main(["train", "--method", "fume", "--out", str(run), *TINY]) == 0
+    checkpoint = str(run / "checkpoint.pt")
+    capsys.readouterr()
+    assert main(["train", "--method", "fume", "--out", str(run), *LOUD, "--epochs", "2", "--resume", checkpoint]) == 0
+    out = capsys.readouterr().out
+    assert f"resuming fume from {checkpoint} after epoch 1 of 2" in out
+    assert "fume train epoch 2/2" in out and "fume train epoch 1/2" not in out
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["train"]["resumed_from"] == {"checkpoint": checkpoint, "epoch": 1}
+    assert [h["epoch"] for h in metrics["train"]["history"]] == [0, 1]
+    with pytest.raises(SystemExit, match=r"--resume: .* recipe\.lr 0\.001 \(this run: 0\.5\)"):
+        main(["train", "--method", "fume", "--out", str(run), *TINY, "--epochs", "3", "--lr", "0.5",
+              "--resume", checkpoint])
+
+
 def test_epoch_line_adds_parts_only_where_the_model_reports_them():
     # DUQ also reports a "loss_kl" (its Gaussian KL), but no annealed weight: no parts then.
     duq = {"epoch": 2, "loss": 1.5, "loss_kl": 0.25, "seconds": 0.5}

@@ -8,7 +8,7 @@ from models_fixtures import single_thread, tiny_batch, tiny_bench
 
 from evidential_ops.data import augment_batch, augment_tokens, drop_regions
 from evidential_ops.data.types import MASK_ID, PAD_ID
-from evidential_ops.models import TCL, TcVSE
+from evidential_ops.models import DualEncoder, TcVSE
 from evidential_ops.models.encoders import MaxPoolEncoder
 from evidential_ops.pipelines import get_recipe
 
@@ -99,19 +99,29 @@ def test_augment_batch_and_its_validation():
 
 
 def test_tcvse_trains_on_augmented_batches_by_default(monkeypatch):
+    """Every forward of a training step (step 1 and each consistency round) encodes the same
+    x' = Augment(x), drawn once per step; without augment, the batch itself."""
     bench = tiny_bench()
     torch.manual_seed(0)
-    model = TcVSE.default(bench.train.images.shape[-1], len(bench.vocab), embed_dim=16)
+    model = TcVSE.default(bench.train.images.shape[-1], len(bench.vocab), embed_dim=16, t_max=2)
     assert model.augment and model.vocab_size == len(bench.vocab)
     assert get_recipe("tcvse").build(bench).augment  # on in the recipe too
     seen = []
-    monkeypatch.setattr(TCL, "training_step", lambda self, batch, epoch, opt: seen.append(batch) or {"loss": 0.0})
+    encode = DualEncoder.forward
+    monkeypatch.setattr(DualEncoder, "forward", lambda self, batch, **kw: seen.append(batch) or encode(self, batch, **kw))
     batch = tiny_batch(bench)
     model.training_step(batch, 1, torch.optim.SGD(model.parameters(), lr=0.0))
-    assert not torch.equal(seen[-1]["captions"], batch["captions"]) or not torch.equal(seen[-1]["images"],
-                                                                                      batch["images"])
+    assert len(seen) == 2 * (1 + 2)  # both query models, step 1 and T_max = 2 rounds
+    assert not torch.equal(seen[0]["captions"], batch["captions"]) or not torch.equal(seen[0]["images"],
+                                                                                     batch["images"])
+    for other in seen[1:]:
+        assert all(torch.equal(other[key], seen[0][key]) for key in ("images", "captions", "lengths"))
+    first, seen[:] = seen[0], []
+    model.training_step(batch, 1, torch.optim.SGD(model.parameters(), lr=0.0))
+    assert not all(torch.equal(seen[0][key], first[key]) for key in ("images", "captions"))  # a new draw
     plain = TcVSE.default(bench.train.images.shape[-1], len(bench.vocab), embed_dim=16, augment=False)
+    seen.clear()
     plain.training_step(batch, 1, torch.optim.SGD(plain.parameters(), lr=0.0))
-    assert seen[-1] is batch
+    assert seen and all(torch.equal(b[key], batch[key]) for b in seen for key in ("images", "captions", "lengths"))
     with pytest.raises(ValueError, match="region_drop"):
         TcVSE.default(bench.train.images.shape[-1], len(bench.vocab), embed_dim=16, region_drop=1.5)

@@ -328,3 +328,6 @@ def test_single_process_commands_refuse_torchrun(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(RuntimeError, match="under torchrun use `train"):
         main(["demo", "--method", "tcl"])
+    # A data-parallel run is trained in one go: its ranks draw from their own random streams.
+    with pytest.raises(SystemExit, match="--resume is not available under torchrun"):
+        main(["train", "--method", "tcl", "--resume", "checkpoint.pt"])

@@ -32,13 +32,24 @@ def test_isum_by_the_fused_op_is_the_reference():
 def test_total_loss_is_the_reference_total_loss():
     model, bench = _model()
     out = model(tiny_batch(bench), generator=torch.Generator().manual_seed(3))
-    parts = model.losses(out)
+    parts = model.loss_terms(out)
     d = lambda t: t.detach().double()
     ref = duq_total_loss(d(out.s), d(out.d), d(out.mu_text), d(out.log_sigma_text), d(out.mu_video),
                          d(out.log_sigma_video), logit_scale=out.logit_scale.item())
     assert parts["loss"].item() == pytest.approx(ref.item(), rel=1e-5)
     # The distance matrix follows eq. 11: min on the diagonal, max elsewhere, in [0, 2].
     assert float(out.d.detach().min()) >= 0.0 and float(out.d.detach().max()) <= 2.0
+
+
+def test_losses_of_a_batch_are_the_loss_terms_of_its_forward():
+    model, bench = _model()
+    batch = tiny_batch(bench)
+    parts = model.losses(batch, 0, generator=torch.Generator().manual_seed(3))
+    terms = model.loss_terms(model(batch, generator=torch.Generator().manual_seed(3)))
+    assert list(parts) == ["loss_s", "loss_s_u", "loss_d", "loss_d_u", "loss_kl", "loss", "logit_scale"]
+    assert all(torch.equal(parts[k], terms[k]) for k in terms)
+    assert parts["loss"].requires_grad and not parts["loss_s"].requires_grad
+    assert torch.equal(parts["logit_scale"], model.logit_scale.detach())
 
 
 def test_training_step_lowers_the_loss_with_finite_gradients_everywhere():

@@ -14,6 +14,7 @@ from evidential_ops.models.encoders import (
     GRUTextEncoder,
     MaxPoolEncoder,
     MLPEncoder,
+    l2_normalize,
 )
 
 
@@ -74,3 +75,16 @@ def test_dual_encoder_normalises_and_embeds_a_split():
         DualEncoder(None, model.text_encoder)
     with pytest.raises(ValueError, match="language"):
         model(tiny_batch(bench, k=4), language="fr")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_embeddings_are_normalised_in_float32(dtype):
+    """An encoder under autocast hands over bfloat16 or float16 rows: they come out float32 and
+    unit to float32's precision, not to the 2^-8 of a bfloat16 norm."""
+    x = torch.randn(6, 32, generator=torch.Generator().manual_seed(0)).to(dtype)
+    unit = l2_normalize(x)
+    assert unit.dtype == torch.float32
+    torch.testing.assert_close(unit.double().norm(dim=1), torch.ones(6, dtype=torch.float64), rtol=0, atol=1e-6)
+    torch.testing.assert_close(unit, torch.nn.functional.normalize(x.float(), dim=1), rtol=0, atol=0)
+    same = torch.randn(3, 4)
+    assert l2_normalize(same).dtype == torch.float32 and l2_normalize(same.double()).dtype == torch.float64

@@ -41,6 +41,17 @@ def test_loss_is_the_reference_fume_loss(exclude_self):
     assert loss.item() == pytest.approx(ref.item(), rel=1e-5)
 
 
+def test_losses_is_the_loss_without_stepping():
+    model, bench = _model()
+    batch = tiny_batch(bench)
+    before = [p.detach().clone() for p in model.parameters()]
+    parts = model.losses(batch, 0)
+    assert list(parts) == ["loss"] and torch.equal(parts["loss"], model.loss(batch))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    with pytest.raises(ValueError, match="epoch"):
+        model.losses(batch, -1)
+
+
 def test_membership_matrix_is_fixed_and_the_loss_decreases():
     model, bench = _model()
     w0 = model.weight.clone()

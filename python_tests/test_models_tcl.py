@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -109,6 +110,51 @@ def test_training_step_runs_both_steps_and_lowers_the_loss():
     for p in model.parameters():
         if p.grad is not None:
             assert torch.isfinite(p.grad).all()
+
+
+def test_losses_is_step_one_without_stepping():
+    model, bench = _model()
+    batch = tiny_batch(bench)
+    before = [p.detach().clone() for p in model.parameters()]
+    parts = model.losses(batch, 7)
+    assert set(parts) == {"loss", "loss_u", "loss_kl", "loss_risk", "kl_weight"}
+    assert all(isinstance(v, torch.Tensor) and v.dim() == 0 for v in parts.values())
+    assert parts["loss"].requires_grad and not any(v.requires_grad for k, v in parts.items() if k != "loss")
+    assert torch.equal(parts["loss"], model.uncertainty_loss(batch, 7))
+    weight = model.kl_weight(7)
+    assert float(parts["kl_weight"]) == weight > 0
+    assert float(parts["loss_risk"]) + weight * float(parts["loss_kl"]) == pytest.approx(float(parts["loss_u"]),
+                                                                                          rel=1e-12)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # nothing stepped
+    with pytest.raises(ValueError, match="epoch"):
+        model.losses(batch, -1)
+
+
+def test_training_updates_driven_by_hand_are_the_training_step():
+    """The 1 + R callables of training_updates, each backpropagated and stepped before the next
+    is called, are training_step's updates: the same weights afterwards, bitwise."""
+    model, bench = _model(t_max=2)
+    assert [model.consistency_rounds(e) for e in (0, 1, 5)] == [0, 2, 2]
+    assert len(model.training_updates(tiny_batch(bench), 0)) == 1
+    by_hand = copy.deepcopy(model)
+    batch = tiny_batch(bench)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    info = model.training_step(batch, 1, optimizer)
+    hand_optimizer = torch.optim.SGD(by_hand.parameters(), lr=0.5)
+    by_hand.train()
+    seen = []
+    updates = by_hand.training_updates(batch, 1)
+    assert len(updates) == 3
+    for update in updates:
+        parts = update()
+        seen.append(float(parts["loss"].detach()))
+        hand_optimizer.zero_grad()
+        parts["loss"].backward()
+        torch.nn.utils.clip_grad_norm_(list(by_hand.parameters()), by_hand.grad_clip)
+        hand_optimizer.step()
+    assert seen[0] == info["loss_u"] and sum(seen[1:]) / 2 == info["loss_c"]
+    assert seen[1] != seen[2]  # each round's forward saw the previous round's update
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), by_hand.state_dict().values()))
 
 
 def test_t_max_consistency_updates_happen(monkeypatch):

@@ -86,6 +86,22 @@ def test_training_step_reports_the_split_and_updates_every_encoder():
     assert any(not torch.equal(a, b.detach()) for a, b in zip(before, model.parameters()))
 
 
+def test_losses_is_the_step_loss_without_stepping():
+    model, bench = _model(warmup_epochs=1)
+    batch = tiny_batch(bench, languages=LANGS)
+    before = [p.detach().clone() for p in model.parameters()]
+    parts = model.losses(batch, 3)
+    assert torch.equal(parts["loss"], model.step(batch, 3).loss) and parts["loss"].requires_grad
+    assert set(parts) == {"loss", "sigma", "clean_fraction", "split_accuracy", "uncertainty_clean",
+                          "uncertainty_noisy"}  # the tiny data carries the ground truth "noisy"
+    assert all(isinstance(v, torch.Tensor) and v.dim() == 0 and not v.requires_grad
+               for k, v in parts.items() if k != "loss")
+    assert float(parts["sigma"]) == max(0.2, 1.0 - 4.0 * 3 / 10)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # nothing stepped
+    without_truth = {k: v for k, v in batch.items() if k != "noisy"}
+    assert set(model.losses(without_truth, 3)) == {"loss", "sigma", "clean_fraction"}
+
+
 def test_audit_and_evaluate():
     model, bench = _model()
     batches = [tiny_batch(bench, k=16, languages=LANGS, epoch=e) for e in range(2)]

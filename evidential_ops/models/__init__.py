@@ -1,7 +1,10 @@
 """Method pipelines around user-replaceable encoders (SPEC §3; README "API").
 
-One file per method, each with a `training_step(batch, epoch, optimizer)` usable in any loop and
-an inference/evaluation function over a `data.CrossModalSplit`:
+One file per method, each with `losses(batch, epoch)` (a dict of tensors: "loss" to
+backpropagate and its named parts, no optimiser step, for any trainer: docs/training.md), the
+CLI's `training_step(batch, epoch, optimizer)` built on it, and an inference/evaluation function
+over a `data.CrossModalSplit`. TCL and TcVSE also expose their several updates per batch as
+`training_updates(batch, epoch)`:
 
 - `TCL` (TCL paper) and `TcVSE` (TcVSE paper): two query models, step-1 L_u with λ annealing,
   T_max consistency rounds with the owner side detached, ensemble inference with opinions;

@@ -49,7 +49,15 @@ from ..methods.duq import (
     DEFAULT_RERANK_READING,
     RERANK_READINGS,
 )
-from ._steps import apply_step, check_grad_clip, check_optimizer, module_device, move_batch
+from ._steps import (
+    apply_update,
+    check_epoch,
+    check_grad_clip,
+    check_optimizer,
+    full_precision,
+    module_device,
+    move_batch,
+)
 from .data_parallel import global_batch, run_synced
 from .dual_encoder import DualEncoder, embed_split
 from .encoders import AttentionPoolEncoder, GRUTextEncoder
@@ -173,6 +181,10 @@ class DUQ(nn.Module):
         """s, D and the Gaussians of one batch (B >= 2 pairs); `generator` seeds the ε draws."""
         batch = move_batch(batch, module_device(self))
         z_video, z_text = self.model(batch)
+        with full_precision(self):  # the heads too: D_p-sized, and their μ, σ feed the method terms
+            return self._probabilistic(z_text, z_video, generator)
+
+    def _probabilistic(self, z_text: Tensor, z_video: Tensor, generator: torch.Generator | None) -> DUQForward:
         mu_t, ls_t, mu_v, ls_v = self._gaussians(z_text, z_video)
         samples_t = duq_probabilistic_embeddings(mu_t, ls_t, num_samples=self.num_samples, generator=generator)
         samples_v = duq_probabilistic_embeddings(mu_v, ls_v, num_samples=self.num_samples, generator=generator)
@@ -193,8 +205,14 @@ class DUQ(nn.Module):
         return global_batch(self).evidential_loss(z_text, z_video, evidence="relu", tau=1.0, weights={"mse": 1.0},
                                                   backend=self.backend)
 
-    def losses(self, out: DUQForward) -> dict:
-        """Every term of eq. 15 (scalars) and their weighted sum under "loss"."""
+    def loss_terms(self, out: DUQForward) -> dict:
+        """Every term of eq. 15 (differentiable scalars) of a forward and their weighted sum
+        under "loss": L_total = L_S + L_S^U + α(L_D + L_D^U) + β·L_KL. Autocast is off here
+        (`_steps.full_precision`)."""
+        with full_precision(self):
+            return self._loss_terms(out)
+
+    def _loss_terms(self, out: DUQForward) -> dict:
         parts = {
             "loss_s": duq_similarity_loss_from_embeddings(out.z_text, out.z_video, logit_scale=out.logit_scale,
                                                           backend=self.backend),
@@ -208,17 +226,33 @@ class DUQ(nn.Module):
                          + self.beta * parts["loss_kl"])
         return parts
 
+    def losses(self, batch, epoch: int, *, generator: torch.Generator | None = None) -> dict[str, Tensor]:
+        """L_total (eq. 15) of one batch and its terms, without stepping (docs/training.md).
+
+        Returns 0-D tensors: the detached terms loss_s, loss_s_u, loss_d, loss_d_u, loss_kl
+        (`loss_terms`), "loss" = L_total (differentiable) and logit_scale (the λ of this forward,
+        detached). `epoch` is unused (DUQ has no schedule); `generator` seeds the ε draws (None:
+        the global torch RNG). Call it with the model in train mode.
+        """
+        check_epoch(epoch)
+        out = run_synced(self, self, batch, generator=generator)
+        terms = self.loss_terms(out)
+        parts = {name: value.detach() for name, value in terms.items() if name != "loss"}
+        parts["loss"] = terms["loss"]
+        parts["logit_scale"] = out.logit_scale.detach()
+        return parts
+
     def training_step(self, batch, epoch: int, optimizer: torch.optim.Optimizer, *,
                       generator: torch.Generator | None = None) -> dict:
-        """One optimiser update on L_total (eq. 15). Usable in any loop; `epoch` is unused (DUQ
-        has no schedule). Returns every term as a float plus the current λ."""
-        checks.integer(epoch, "epoch", minimum=0)
+        """One optimiser update on L_total (eq. 15): `losses` stepped with `optimizer` (norm
+        clipping at grad_clip). Usable in any loop; `epoch` is unused (DUQ has no schedule).
+        Returns every term as a float, and logit_scale: λ after the update."""
+        check_epoch(epoch)
         check_optimizer(optimizer)
         self.train()
-        parts = self.losses(run_synced(self, self, batch, generator=generator))
-        loss = apply_step(parts.pop("loss"), optimizer, self.parameters(), self.grad_clip)
-        info = {k: float(v.detach()) for k, v in parts.items()}
-        info.update(loss=loss, logit_scale=float(self.logit_scale.detach()))
+        info = apply_update(self.losses(batch, epoch, generator=generator), optimizer, self.parameters(),
+                            self.grad_clip)
+        info["logit_scale"] = float(self.logit_scale.detach())
         return info
 
     # -- inference ------------------------------------------------------------------------------

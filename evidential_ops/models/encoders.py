@@ -266,5 +266,12 @@ class BagOfWordsEncoder(nn.Module):
 
 
 def l2_normalize(x: Tensor) -> Tensor:
-    """Row-wise L2 normalisation (eps 1e-12, as `evidential_loss(normalize=True)`): cosine space."""
+    """Row-wise L2 normalisation (eps 1e-12, as `evidential_loss(normalize=True)`): cosine space.
+
+    (B, D) -> (B, D). A float16 or bfloat16 x (an encoder under autocast) is normalised in float32
+    and returned in float32: a bfloat16 unit row is only unit to 2^-8, an error that the evidence
+    exp(s/τ) at τ = 0.05 turns into ~8 %, and the method terms need float32 (`methods`).
+    """
+    if x.dtype in (torch.float16, torch.bfloat16):
+        x = x.float()
     return F.normalize(x, dim=1, eps=1e-12)

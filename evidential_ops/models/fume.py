@@ -29,7 +29,15 @@ from ..methods import (
     fume_membership_matrix,
 )
 from ..methods.fume import DEFAULT_TAU
-from ._steps import apply_step, check_grad_clip, check_optimizer, module_device, move_batch
+from ._steps import (
+    apply_update,
+    check_epoch,
+    check_grad_clip,
+    check_optimizer,
+    full_precision,
+    module_device,
+    move_batch,
+)
 from .dual_encoder import DualEncoder, batch_tensor, embed_split
 from .encoders import BagOfWordsEncoder, MLPEncoder
 
@@ -110,16 +118,24 @@ class FUME(nn.Module):
         x, y = self.model(batch)
         labels = batch_tensor(batch, "labels")
         features = [self._check_features(x, "image"), self._check_features(y, "text")]
-        return fume_loss(features, labels, self.weight, alpha=self.alpha, tau=self.tau,
-                         exclude_self=self.exclude_self)
+        with full_precision(self):
+            return fume_loss(features, labels, self.weight, alpha=self.alpha, tau=self.tau,
+                             exclude_self=self.exclude_self)
+
+    def losses(self, batch, epoch: int) -> dict[str, Tensor]:
+        """{"loss": L} (eq. 8, `loss`) of one batch, without stepping (docs/training.md). `epoch`
+        is unused (FUME has no schedule) and accepted for a uniform loop."""
+        check_epoch(epoch)
+        return {"loss": self.loss(batch)}
 
     def training_step(self, batch, epoch: int, optimizer: torch.optim.Optimizer) -> dict:
-        """One optimiser update on L (FUME Algorithm 1). `epoch` is unused (FUME has no schedule)
-        and accepted for a uniform loop. Returns {"loss": float}."""
-        checks.integer(epoch, "epoch", minimum=0)
+        """One optimiser update on L (FUME Algorithm 1): `losses` stepped with `optimizer`.
+        `epoch` is unused (FUME has no schedule) and accepted for a uniform loop. Returns
+        {"loss": float}."""
+        check_epoch(epoch)
         check_optimizer(optimizer)
         self.train()
-        return {"loss": apply_step(self.loss(batch), optimizer, self.parameters(), self.grad_clip)}
+        return apply_update(self.losses(batch, epoch), optimizer, self.parameters(), self.grad_clip)
 
     def decision_uncertainty(self, z: Tensor) -> Tensor:
         """(N,) decision uncertainty (eq. 9) of unit-norm features z (N, C): memberships (eq. 3),

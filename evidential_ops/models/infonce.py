@@ -23,7 +23,7 @@ from ..data.augment import DEFAULT_REGION_DROP, DEFAULT_WORD_RATE, augment_batch
 from ..data.types import CrossModalSplit
 from ..infonce import infonce_loss
 from ..metrics import map_at_all, retrieval_metrics
-from ._steps import apply_step, check_grad_clip, check_optimizer, module_device, move_batch
+from ._steps import apply_update, check_epoch, check_grad_clip, check_optimizer, module_device, move_batch
 from .dual_encoder import DualEncoder, batch_tensor, embed_split
 from .encoders import l2_normalize
 
@@ -112,15 +112,22 @@ class InfoNCEBaseline(nn.Module):
                 total = term if total is None else total + term
         return total
 
-    def training_step(self, batch, epoch: int, optimizer: torch.optim.Optimizer) -> dict:
-        """One optimiser update on the InfoNCE loss (`epoch` unused: no schedule). {"loss": float}."""
-        checks.integer(epoch, "epoch", minimum=0)
-        check_optimizer(optimizer)
-        self.train()
+    def losses(self, batch, epoch: int) -> dict[str, Tensor]:
+        """{"loss": the InfoNCE loss (`loss`)} of one batch, after the augmentation when
+        augment_vocab_size is set, without stepping. `epoch` is unused (no schedule)."""
+        check_epoch(epoch)
         if self.augment_vocab_size is not None:
             batch = augment_batch(batch, vocab_size=self.augment_vocab_size, region_drop=self.augment_region_drop,
                                   word_rate=self.augment_word_rate)
-        return {"loss": apply_step(self.loss(batch), optimizer, self.parameters(), self.grad_clip)}
+        return {"loss": self.loss(batch)}
+
+    def training_step(self, batch, epoch: int, optimizer: torch.optim.Optimizer) -> dict:
+        """One optimiser update on the InfoNCE loss (`losses`; `epoch` unused: no schedule).
+        {"loss": float}."""
+        check_epoch(epoch)
+        check_optimizer(optimizer)
+        self.train()
+        return apply_update(self.losses(batch, epoch), optimizer, self.parameters(), self.grad_clip)
 
     @torch.no_grad()
     def infer(self, split: CrossModalSplit, *, batch_size: int = 512) -> InfoNCEOutput:

@@ -12,11 +12,29 @@ Model A is the visual-query model (owns the row direction, i2t), model B the tex
   side of each direction detached), one optimiser update per round.
 - Inference: ensemble similarity s_A + s_B; per-query uncertainty u = N/S over the gallery from
   the fused `evidential_ops.opinion`; per-result belief b = e/S (`TCLOutput.topk`).
+
+Training from any loop (docs/training.md). One batch of Algorithm 1 is 1 + R optimiser updates,
+R = `consistency_rounds(epoch)` (T_max from `consistency_start_epoch` on, else 0), each after a
+fresh forward that must see the previous update's weights:
+
+- `losses(batch, epoch)`: step 1 alone, a dict of tensors, "loss" = L_u to backpropagate plus
+  the detached parts loss_u, loss_kl, loss_risk and kl_weight. The loss of a trainer that makes
+  one update per batch (accelerate, Lightning's automatic optimisation): TCL without step 2.
+- `training_updates(batch, epoch)`: the whole of Algorithm 1 for a manual-optimisation trainer,
+  a list of 1 + R callables, one per update, each running that update's forward when called
+  and returning its loss dict: step 1's first, then one {"loss": L_c, "loss_c"} per round. Call
+  them in order, backpropagating each "loss" and stepping the optimiser before the next call
+  (inside the autocast context, if any, the forward should run under). All of them encode the
+  same batch (TcVSE: the same x').
+- `training_step(batch, epoch, optimizer)`: those updates with the plain optimiser, as the CLI
+  trains; returns floats.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +48,15 @@ from ..opinion import belief, opinion
 from ..methods import tcl_consistency_loss_from_embeddings, tcl_ensemble_similarity, tcl_kl_weight
 from ..methods.tcl import DEFAULT_TAU
 from ..results import Opinion
-from ._steps import apply_step, check_grad_clip, check_optimizer, module_device, move_batch
+from ._steps import (
+    apply_update,
+    check_epoch,
+    check_grad_clip,
+    check_optimizer,
+    full_precision,
+    module_device,
+    move_batch,
+)
 from .data_parallel import loss_function, run_synced
 from .dual_encoder import DualEncoder, embed_split
 from .encoders import AttentionPoolEncoder, GRUTextEncoder
@@ -163,20 +189,31 @@ class TCL(nn.Module):
         can tell a loss that rises because λ grows from one that diverges. They cost one more
         forward of the fused op (no gradient, no encoder pass); L_u itself is unchanged.
         """
+        terms = self._uncertainty_terms(batch, epoch, with_parts=parts is not None)
+        if parts is not None:
+            parts["loss_kl"] = float(terms["loss_kl"])
+            parts["loss_risk"] = float(terms["loss_risk"])
+        return terms["loss"]
+
+    def _uncertainty_terms(self, batch, epoch: int, *, with_parts: bool = True) -> dict:
+        """{"loss": L_u} and, with_parts, the detached loss_u, loss_kl (KL at weight 1) and
+        loss_risk = L_u − λ·KL (float64, the difference of the exact float64 values)."""
         batch = move_batch(batch, module_device(self))
         x_a, y_a = self.model_a(batch)
         x_b, y_b = self.model_b(batch)
         keywords = dict(evidence=self.evidence, tau=self.tau, weights=self._weights(epoch), backend=self.backend)
         loss = loss_function(self)  # the global batch's loss after models.enable_global_batch
         total = loss(x_a, y_a, direction="rows", **keywords) + loss(x_b, y_b, direction="cols", **keywords)
-        if parts is not None:
+        terms = {"loss": total}
+        if with_parts:
             kl_only = dict(keywords, weights={"kl": 1.0})
             with torch.no_grad():
                 kl = (loss(x_a.detach(), y_a.detach(), direction="rows", **kl_only)
                       + loss(x_b.detach(), y_b.detach(), direction="cols", **kl_only))
-            parts["loss_kl"] = float(kl)
-            parts["loss_risk"] = float(total.detach()) - self.kl_weight(epoch) * parts["loss_kl"]
-        return total
+            terms["loss_u"] = total.detach()
+            terms["loss_kl"] = kl
+            terms["loss_risk"] = total.detach().double() - self.kl_weight(epoch) * kl.double()
+        return terms
 
     def consistency_loss(self, batch) -> Tensor:
         """Step-2 L_c of SPEC §3 "TCL" with a fresh forward of both models (scalar).
@@ -188,31 +225,76 @@ class TCL(nn.Module):
         batch = move_batch(batch, module_device(self))
         x_a, y_a = self.model_a(batch)
         x_b, y_b = self.model_b(batch)
-        return tcl_consistency_loss_from_embeddings(x_a, y_a, x_b, y_b, evidence=self.evidence, tau=self.tau)
+        with full_precision(self):
+            return tcl_consistency_loss_from_embeddings(x_a, y_a, x_b, y_b, evidence=self.evidence, tau=self.tau)
+
+    def consistency_rounds(self, epoch: int) -> int:
+        """R, the step-2 updates of one batch at this 0-based epoch: T_max once epoch >=
+        consistency_start_epoch, else 0 (SPEC §3 "TCL")."""
+        return self.t_max if check_epoch(epoch) >= self.consistency_start_epoch else 0
+
+    def _training_batch(self, batch):
+        """The batch every update of a training step encodes (TcVSE: x' = Augment(x))."""
+        return batch
+
+    def _step_one(self, batch, epoch: int) -> dict:
+        terms = run_synced(self, self._uncertainty_terms, batch, epoch)
+        return {"loss": terms["loss"], "loss_u": terms["loss_u"], "loss_kl": terms["loss_kl"],
+                "loss_risk": terms["loss_risk"],
+                "kl_weight": torch.tensor(self.kl_weight(epoch), dtype=torch.float64)}
+
+    def _consistency_round(self, batch) -> dict:
+        loss = run_synced(self, self.consistency_loss, batch)
+        return {"loss": loss, "loss_c": loss.detach()}
+
+    def losses(self, batch, epoch: int) -> dict[str, Tensor]:
+        """Step 1 of TCL Algorithm 1 on one batch, without stepping (module docstring).
+
+        Returns 0-D tensors: "loss" = L_u (differentiable, `uncertainty_loss`), and detached
+        loss_u (= L_u), loss_kl (KL of both directions at weight 1), loss_risk (= L_u − λ·KL,
+        float64) and kl_weight (λ = `kl_weight(epoch)`, float64). Step 2 is in
+        `training_updates`. Call it with the model in train mode.
+        """
+        epoch = check_epoch(epoch)
+        return self._step_one(self._training_batch(batch), epoch)
+
+    def training_updates(self, batch, epoch: int) -> list[Callable[[], dict[str, Tensor]]]:
+        """TCL Algorithm 1 on one batch as its 1 + `consistency_rounds(epoch)` optimiser updates:
+        one callable per update, which runs that update's forward when called and returns its
+        loss dict: step 1's is `losses(batch, epoch)`, each round's {"loss": L_c (a fresh
+        forward, `consistency_loss`), "loss_c": detached L_c}.
+
+        Call them in order, and backpropagate each "loss" and step the optimiser before calling
+        the next, or every round sees the same weights. A call runs in the caller's context, so
+        an autocast around the call is the autocast of that forward. All updates encode the
+        same batch (for TcVSE the augmentation x' is drawn once, at this call).
+        """
+        epoch = check_epoch(epoch)
+        batch = self._training_batch(batch)
+        rounds = [functools.partial(self._consistency_round, batch) for _ in range(self.consistency_rounds(epoch))]
+        return [functools.partial(self._step_one, batch, epoch), *rounds]
 
     def training_step(self, batch, epoch: int, optimizer: torch.optim.Optimizer) -> dict:
         """One batch of TCL Algorithm 1: an update on L_u, then T_max updates on L_c (each after a
-        fresh forward) once epoch >= consistency_start_epoch. Usable in any loop.
+        fresh forward) once epoch >= consistency_start_epoch; the updates of `training_updates`
+        with `optimizer` (norm clipping at grad_clip).
 
         Returns floats: loss_u, its parts loss_risk and loss_kl (loss_u = loss_risk +
         kl_weight·loss_kl, `uncertainty_loss`), loss_c (mean over the rounds; NaN when step 2 did
         not run), kl_weight (λ), loss (= loss_u + loss_c, or loss_u alone). With λ annealed upward
         (TCL eq. 10) the loss can rise from epoch to epoch while the risk falls.
         """
-        epoch = checks.integer(epoch, "epoch", minimum=0)
+        epoch = check_epoch(epoch)
         check_optimizer(optimizer)
         self.train()
-        parts = {}
-        loss_u = apply_step(run_synced(self, self.uncertainty_loss, batch, epoch, parts=parts), optimizer,
-                            self.parameters(), self.grad_clip)
-        rounds = []
-        if epoch >= self.consistency_start_epoch:
-            for _ in range(self.t_max):
-                rounds.append(apply_step(run_synced(self, self.consistency_loss, batch), optimizer, self.parameters(),
-                                         self.grad_clip))
+        first_update, *round_updates = self.training_updates(batch, epoch)
+        first = apply_update(first_update(), optimizer, self.parameters(), self.grad_clip)
+        rounds = [apply_update(update(), optimizer, self.parameters(), self.grad_clip)["loss"]
+                  for update in round_updates]
         loss_c = sum(rounds) / len(rounds) if rounds else math.nan
-        return {"loss": loss_u + (loss_c if rounds else 0.0), "loss_u": loss_u, **parts, "loss_c": loss_c,
-                "kl_weight": self.kl_weight(epoch)}
+        return {"loss": first["loss"] + (loss_c if rounds else 0.0), "loss_u": first["loss"],
+                "loss_kl": first["loss_kl"], "loss_risk": first["loss_risk"], "loss_c": loss_c,
+                "kl_weight": first["kl_weight"]}
 
     # -- inference ------------------------------------------------------------------------------
     @torch.no_grad()

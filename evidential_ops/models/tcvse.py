@@ -6,11 +6,10 @@ each branch: local features (regions; word tokens from a Bi-GRU) aggregated by m
 the joint space, v = MaxPooling({x_i}), t = MaxPooling({r_j}), cosine similarity (eq. 1), the
 evidence map: exp (default) or ReLU (eq. 2), and the training augmentation x' = Augment(x) of
 Algorithm 1 (dropped regions; masked, swapped and discarded words: `data.augment`), on by default.
+`losses`, `training_updates` and `training_step` (docs/training.md) draw x' once per call.
 """
 
 from __future__ import annotations
-
-import torch
 
 from .. import checks
 from ..data.augment import DEFAULT_REGION_DROP, DEFAULT_WORD_RATE, augment_batch
@@ -67,13 +66,14 @@ class TcVSE(TCL):
             raise ValueError("vocab_size is required for augment=True when the text encoder has no vocab_size")
         self.vocab_size = None if vocab_size is None else checks.integer(vocab_size, "vocab_size", minimum=5)
 
-    def training_step(self, batch, epoch: int, optimizer: torch.optim.Optimizer) -> dict:
-        """TCL's training step (Algorithm 1) on x' = Augment(x) when `augment` is on (drawn from
-        the global torch RNG, which the pipelines seed)."""
-        if self.augment:
-            batch = augment_batch(batch, vocab_size=self.vocab_size, region_drop=self.region_drop,
-                                  word_rate=self.word_rate)
-        return super().training_step(batch, epoch, optimizer)
+    def _training_batch(self, batch):
+        """x' = Augment(x) when `augment` is on (drawn from the global torch RNG, which the
+        pipelines seed), the batch itself otherwise: what `losses`, `training_updates` and
+        `training_step` train on."""
+        if not self.augment:
+            return batch
+        return augment_batch(batch, vocab_size=self.vocab_size, region_drop=self.region_drop,
+                             word_rate=self.word_rate)
 
     @classmethod
     def default(cls, feat_dim: int, vocab_size: int, *, embed_dim: int = 128, bidirectional: bool = True,

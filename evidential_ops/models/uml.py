@@ -39,7 +39,7 @@ from ..methods.uml import (
     DEFAULT_PHI,
     DEFAULT_TAU,
 )
-from ._steps import apply_step, check_grad_clip, check_optimizer, module_device, move_batch
+from ._steps import apply_update, check_grad_clip, check_optimizer, full_precision, module_device, move_batch
 from .dual_encoder import batch_tensor, embed_split
 from .encoders import AttentionPoolEncoder, GRUTextEncoder, l2_normalize
 
@@ -150,6 +150,10 @@ class UML(nn.Module):
         epoch = checks.real_number(epoch, "epoch", minimum=0.0)
         batch = move_batch(batch, module_device(self))
         v, s, t = self.embed(batch)
+        with full_precision(self):
+            return self._terms(v, s, t, epoch)
+
+    def _terms(self, v: Tensor, s: Tensor, t: Tensor, epoch: float) -> UMLStep:
         s_vt, s_vs, _ = uml_similarities(v, s, t)
         labels_vt = uml_clean_labels(s_vt.detach(), evidence=self.evidence, tau=self.tau)
         labels_vs = uml_clean_labels(s_vs.detach(), evidence=self.evidence, tau=self.tau)
@@ -170,8 +174,26 @@ class UML(nn.Module):
             similarity_vt=s_vt.detach().diagonal().clone(),
         )
 
+    def losses(self, batch, epoch: int) -> dict[str, Tensor]:
+        """L_total (eq. 20) of one batch and what a log shows, without stepping (docs/training.md).
+
+        Returns 0-D tensors: "loss" = L_total (differentiable, `step`), and detached sigma (σ(t),
+        float64), clean_fraction (share of l^{vt} = 1) and, when the batch carries the ground
+        truth "noisy" (synthetic data), split_accuracy, uncertainty_clean and uncertainty_noisy
+        (`split_statistics`, float64; NaN for an empty group). epoch may be fractional (σ(t)).
+        Call it with the model in train mode.
+        """
+        out = self.step(batch, epoch)
+        parts = {"loss": out.loss, "sigma": torch.tensor(out.sigma, dtype=torch.float64),
+                 "clean_fraction": out.labels_vt.float().mean()}
+        if isinstance(batch, dict) and isinstance(batch.get("noisy"), Tensor):
+            statistics = split_statistics(out.labels_vt.cpu(), batch["noisy"].cpu(), out.uncertainty_vt.cpu())
+            parts.update({name: torch.tensor(value, dtype=torch.float64) for name, value in statistics.items()})
+        return parts
+
     def training_step(self, batch, epoch: int, optimizer: torch.optim.Optimizer) -> dict:
-        """One optimiser update on L_total (UML Algorithm 1, steps 3-15). Usable in any loop.
+        """One optimiser update on L_total (UML Algorithm 1, steps 3-15): `losses` stepped with
+        `optimizer` (norm clipping at grad_clip). Usable in any loop.
 
         Returns floats: loss, sigma, clean_fraction (share of l^{vt} = 1) and, when the batch
         carries the ground truth "noisy" (synthetic data), split_accuracy (l^{vt} = not noisy),
@@ -180,12 +202,7 @@ class UML(nn.Module):
         """
         check_optimizer(optimizer)
         self.train()
-        out = self.step(batch, epoch)
-        loss = apply_step(out.loss, optimizer, self.parameters(), self.grad_clip)
-        info = {"loss": loss, "sigma": out.sigma, "clean_fraction": float(out.labels_vt.float().mean())}
-        if isinstance(batch, dict) and isinstance(batch.get("noisy"), Tensor):
-            info.update(split_statistics(out.labels_vt.cpu(), batch["noisy"].cpu(), out.uncertainty_vt.cpu()))
-        return info
+        return apply_update(self.losses(batch, epoch), optimizer, self.parameters(), self.grad_clip)
 
     # -- inference ------------------------------------------------------------------------------
     @torch.no_grad()

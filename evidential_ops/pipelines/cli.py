@@ -16,7 +16,16 @@ from ..models import TCL, UML, TcVSE
 from .analysis import jsonable
 from .distributed import launched_by_torchrun, refuse_torchrun, run_training_distributed
 from .recipes import EVIDENTIAL_OPINION_METHODS, METHODS, get_recipe
-from .runner import PLOTS_HINT, DataSource, plots_available, report, run_demo, run_evaluation, run_training
+from .runner import (
+    PLOTS_HINT,
+    DataSource,
+    ResumeError,
+    plots_available,
+    report,
+    run_demo,
+    run_evaluation,
+    run_training,
+)
 
 __all__ = ["HelpFormatter", "add_subcommands"]
 
@@ -169,13 +178,19 @@ def _train(args) -> int:
     if launched_by_torchrun():  # data-parallel, global-batch loss; rank 0 writes (pipelines/distributed.py)
         if args.baseline:
             raise SystemExit("--baseline is not available under torchrun: train the InfoNCE baseline in one process")
+        if args.resume is not None:
+            raise SystemExit("--resume is not available under torchrun: a data-parallel run is trained in one go")
         metrics = run_training_distributed(args.method, recipe, _source(args, recipe, args.seed), out,
                                            seed=args.seed, quiet=args.quiet, device=args.device, plots=plots)
         if metrics is None:
             return 0
     else:
-        metrics = run_training(args.method, recipe, _source(args, recipe, args.seed), out, seed=args.seed,
-                               quiet=args.quiet, device=args.device, baseline=args.baseline, plots=plots)
+        try:
+            metrics = run_training(args.method, recipe, _source(args, recipe, args.seed), out, seed=args.seed,
+                                   quiet=args.quiet, device=args.device, baseline=args.baseline, plots=plots,
+                                   resume=args.resume)
+        except ResumeError as error:
+            raise SystemExit(f"--resume: {error}") from None
     print(report(metrics))
     print(_wrote(out / "checkpoint.pt", out / "metrics.json", plots=plots))
     return 0
@@ -222,6 +237,11 @@ def add_subcommands(sub) -> None:
     _training_options(p, allow_all=False)
     p.add_argument("--baseline", action="store_true",
                    help="also train the same-encoder InfoNCE baseline and compare with it (as demo does)")
+    p.add_argument("--resume", default=None, metavar="CHECKPOINT",
+                   help="continue the run that CHECKPOINT (a checkpoint.pt of train, rewritten after every epoch) "
+                        "records, from the epochs it holds up to --epochs, with its model, optimiser and random "
+                        "states: the result is that of the uninterrupted run. The other options must be those of "
+                        "that run (--epochs may grow, except for uml); default: train from the start")
     p.set_defaults(run=_train)
 
     p = sub.add_parser("eval", formatter_class=HelpFormatter, help="evaluate a checkpoint on its data's test split")

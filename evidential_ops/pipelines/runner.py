@@ -1,8 +1,10 @@
 """train / eval / demo of one method, end to end: data, model, training, evaluation, files.
 
 Files written to the output directory:
-    checkpoint.pt   model + optimiser state, recipe, data source, history (train, demo), and
-                    the InfoNCE baseline's state when one was trained
+    checkpoint.pt   model + optimiser state, recipe, data source, history, epochs done and the
+                    random states (train, demo), and the InfoNCE baseline's state when one was
+                    trained; written after every epoch too, so that `run_training(resume=...)`
+                    (`train --resume`) continues an interrupted run exactly
     metrics.json    the test-split retrieval keys (SPEC §4) at the top level, the method's
                     uncertainty figures, the uncertainty quality of every score and direction
                     (SPEC §6, "uncertainty_quality"), the calibrated abstention of every
@@ -18,8 +20,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, fields
 from pathlib import Path
 
@@ -42,11 +46,13 @@ from .training import (
     make_loader,
     print_line,
     progress_enabled,
+    restore_rng_state,
+    rng_state,
     save_checkpoint,
 )
 
-__all__ = ["PLOT_FILES", "DataSource", "load_data", "plots_available", "run_demo", "run_evaluation", "run_training",
-           "speed"]
+__all__ = ["PLOT_FILES", "DataSource", "ResumeError", "load_data", "plots_available", "resume_state", "run_demo",
+           "run_evaluation", "run_training", "speed"]
 
 # One file name per kind of plot, whatever the method, so that a script (or a person) comparing
 # methods finds the same figure under the same name in each run directory.
@@ -199,15 +205,89 @@ def _evaluate_baseline(baseline, bench: CrossModalBenchmark, seed: int, relevanc
     return out, curves, abstention_curves
 
 
-def _train(model, bench: CrossModalBenchmark, recipe: Recipe, seed: int, *, quiet: bool, desc: str):
+class ResumeError(ValueError):
+    """A checkpoint that cannot continue the run asked for (`resume_state` says why)."""
+
+
+# Recipe fields a resumed run may change: the epochs to train up to, except where the model's
+# own schedule is defined by them (UML's σ(t) = max(γ, 1 − λ_s·t/E) reads E = the epochs).
+_RESUMABLE_CHANGES = {"tcl": ("epochs",), "tcvse": ("epochs",), "fume": ("epochs",), "duq": ("epochs",), "uml": ()}
+
+
+def resume_state(checkpoint, *, method: str, recipe: Recipe, source: dict, seed: int) -> dict:
+    """The state of `checkpoint` (a checkpoint.pt of `run_training`), checked to continue the run
+    that `method`, `recipe`, `source` and `seed` describe.
+
+    Raises ResumeError naming what differs when the checkpoint was written by another method,
+    seed, data source or recipe (only `recipe.epochs` may differ, and not for UML, whose σ(t)
+    schedule is defined by the epochs), when it already holds more epochs than recipe.epochs,
+    or when it lacks the random states (written before resumable checkpoints, or by a
+    data-parallel run, whose ranks draw from their own streams); FileNotFoundError / ValueError
+    from `load_checkpoint` for a missing or foreign file.
+    """
+    state = load_checkpoint(checkpoint)
+    where = os.fspath(checkpoint)
+    if state.get("distributed") is not None:
+        raise ResumeError(f"{where} was written by a data-parallel (torchrun) run, which cannot be resumed in one "
+                          "process")
+    missing = [key for key in ("rng", "optimizer_state", "epoch", "history") if state.get(key) is None]
+    if missing:
+        raise ResumeError(f"{where} has no {', '.join(missing)} (written before checkpoints could resume): "
+                          "train again from the start")
+    wanted = {"method": method, "seed": seed, "data": jsonable(dict(source))}
+    differences = [f"{key} {state.get(key)!r} (this run: {value!r})" for key, value in wanted.items()
+                   if state.get(key) != value]
+    recipe_now, recipe_then = jsonable(asdict(recipe)), state.get("recipe", {})
+    may_change = _RESUMABLE_CHANGES.get(method, ())
+    differences += [f"recipe.{key} {recipe_then.get(key)!r} (this run: {value!r})" for key, value in recipe_now.items()
+                    if key not in may_change and recipe_then.get(key) != value]
+    if differences:
+        allowed = "only the epochs may grow" if may_change else f"{method}'s schedule depends on the epochs, so none"
+        raise ResumeError(f"{where} records another run: {'; '.join(differences)}. Give the options of the run it "
+                          f"records ({allowed})")
+    done = state["epoch"]
+    if done > recipe.epochs:
+        raise ResumeError(f"{where} has trained {done} epochs, more than the {recipe.epochs} asked for")
+    return state
+
+
+def _restored_history(history: list) -> list[dict]:
+    """A checkpoint's history with JSON's null turned back into NaN (an undefined value)."""
+    return [{key: (math.nan if value is None else value) for key, value in record.items()} for record in history]
+
+
+def _train(model, bench: CrossModalBenchmark, recipe: Recipe, seed: int, *, quiet: bool, desc: str,
+           log_step: Callable[[dict], None] | None = None, checkpoint: Path | None = None,
+           payload: dict | None = None, resumed: dict | None = None):
     """Adam over `recipe.epochs` of seeded batches (the same batches for a method and its
-    baseline); returns (optimizer, history, seconds, batches per epoch)."""
+    baseline); returns (optimizer, history, seconds, batches per epoch, random states at the end).
+
+    checkpoint: written after every epoch (model, optimiser, payload, history, epochs done, random
+    states). resumed: a `resume_state` whose model, optimiser, random states and history this
+    training continues from its epoch on.
+    """
     dataset, loader = make_loader(bench.train, batch_size=recipe.batch_size, languages=recipe.languages, seed=seed)
     optimizer = torch.optim.Adam(model.parameters(), lr=recipe.lr)
+    earlier, start_epoch = [], 0
+    if resumed is not None:
+        model.load_state_dict(resumed["model_state"])
+        optimizer.load_state_dict(resumed["optimizer_state"])
+        restore_rng_state(resumed["rng"], loader)
+        earlier, start_epoch = _restored_history(resumed["history"]), resumed["epoch"]
+    done = list(earlier)
+
+    def save(epoch: int, record: dict) -> None:
+        done.append(record)
+        if checkpoint is not None:
+            save_checkpoint(checkpoint, model=model, optimizer=optimizer,
+                            payload={**(payload or {}), "history": jsonable(done), "epoch": epoch + 1,
+                                     "rng": rng_state(loader)})
+
     start = time.perf_counter()
-    history = fit(model, dataset, loader, optimizer, epochs=recipe.epochs, progress=progress_enabled(quiet),
-                  desc=desc, log_epoch=print_line if epoch_lines_enabled(quiet) else None)
-    return optimizer, history, time.perf_counter() - start, len(loader)
+    history = fit(model, dataset, loader, optimizer, epochs=recipe.epochs, start_epoch=start_epoch,
+                  progress=progress_enabled(quiet), desc=desc,
+                  log_epoch=print_line if epoch_lines_enabled(quiet) else None, on_epoch_end=save, log_step=log_step)
+    return optimizer, earlier + history, time.perf_counter() - start, len(loader), rng_state(loader)
 
 
 def _resolve_plots(plots: bool | None, log) -> bool:
@@ -220,36 +300,54 @@ def _resolve_plots(plots: bool | None, log) -> bool:
 
 
 def run_training(method: str, recipe: Recipe, source: DataSource, out_dir, *, seed: int = 0, quiet: bool = False,
-                 device: str = "cpu", log=print, baseline: bool = False, plots: bool | None = None) -> dict:
+                 device: str = "cpu", log=print, baseline: bool = False, plots: bool | None = None,
+                 resume=None, log_step: Callable[[dict], None] | None = None) -> dict:
     """Train `method` with `recipe` on `source`, write the checkpoint, metrics.json and the plots
     to out_dir; returns the metrics dict.
 
     baseline: also train the same-encoder InfoNCE baseline (`pipelines.baseline`) on the same
     batches and compare the method with it in the checks. plots: draw the PNGs (None: when
     matplotlib is installed, else one line says how to get them). Progress: bars on a terminal,
-    one line per epoch otherwise, nothing with quiet.
+    one line per epoch otherwise, nothing with quiet. out_dir/checkpoint.pt is rewritten after
+    every epoch of the method's training.
+
+    resume: a checkpoint.pt of this run (same method, recipe, data and seed; `resume_state`) to
+    continue from the epochs it holds up to recipe.epochs, its model, optimiser and random
+    states restored: the result is that of the uninterrupted run. The baseline, being a
+    comparison, is trained in full again. log_step: called after every training batch of the
+    method with {"step", "epoch", loss and its parts, "lr"} (`training.fit`).
     """
     out_dir = Path(os.fspath(out_dir))
     out_dir.mkdir(parents=True, exist_ok=True)
     plots = _resolve_plots(plots, log)
     start = time.perf_counter()
+    resumed = None
+    if resume is not None:
+        resumed = resume_state(resume, method=method, recipe=recipe, source=source, seed=seed)
+        if not quiet:
+            log(f"resuming {method} from {os.fspath(resume)} after epoch {resumed['epoch']} of {recipe.epochs}")
     bench = load_data(source)
     model = _build(recipe, bench, seed, device)
     untrained = baseline_metrics(method, model, bench)
-    contrastive = infonce_baseline(method, model) if baseline else None
+    contrastive = infonce_baseline(method, model) if baseline else None  # from the initial weights, also on resume
     payload = {"method": method, "recipe": jsonable(asdict(recipe)), "data": jsonable(dict(source)), "seed": seed,
                "untrained": untrained}
-    optimizer, history, train_seconds, batches = _train(model, bench, recipe, seed, quiet=quiet,
-                                                        desc=f"{method} train")
+    optimizer, history, train_seconds, batches, trained_rng = _train(
+        model, bench, recipe, seed, quiet=quiet, desc=f"{method} train", log_step=log_step,
+        checkpoint=out_dir / "checkpoint.pt", payload=payload, resumed=resumed)
     train = {"epochs": recipe.epochs, "seconds": train_seconds, "history": history, "batches_per_epoch": batches}
+    if resumed is not None:
+        train["resumed_from"] = {"checkpoint": os.fspath(resume), "epoch": resumed["epoch"]}
     if contrastive is not None:
-        _, baseline_history, baseline_seconds, _ = _train(contrastive, bench, recipe, seed, quiet=quiet,
-                                                          desc=f"{method} InfoNCE baseline train")
+        _, baseline_history, baseline_seconds, _, _ = _train(contrastive, bench, recipe, seed, quiet=quiet,
+                                                             desc=f"{method} InfoNCE baseline train")
         train["baseline_seconds"] = baseline_seconds
         train["baseline_history"] = baseline_history
         payload["baseline_state"] = contrastive.state_dict()
+    # The random states are those at the end of the method's training, before the baseline drew
+    # from them, so that a longer run resumed from this checkpoint continues the same streams.
     save_checkpoint(out_dir / "checkpoint.pt", model=model, optimizer=optimizer,
-                    payload={**payload, "history": jsonable(history), "epoch": recipe.epochs})
+                    payload={**payload, "history": jsonable(history), "epoch": recipe.epochs, "rng": trained_rng})
     metrics, plot_data = _evaluate(method, model, bench, recipe, seed=seed, history=history, untrained=untrained,
                                    source=source, baseline=contrastive)
     metrics["seed"] = seed

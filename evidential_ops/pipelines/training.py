@@ -1,16 +1,19 @@
 """The CLI's training loop: seeded data loading, epochs of `model.training_step`, progress bars,
-checkpoints. Any method model of `evidential_ops.models` fits (they share the
-`training_step(batch, epoch, optimizer) -> dict of floats` convention)."""
+a per-step logging hook, checkpoints that resume exactly. Any method model of
+`evidential_ops.models` fits (they share the `training_step(batch, epoch, optimizer) -> dict of
+floats` convention, built on their `losses(batch, epoch)`)."""
 
 from __future__ import annotations
 
 import math
 import os
+import random
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
@@ -21,7 +24,7 @@ from ..data import CrossModalPairs, collate_pairs
 from ..data.types import CrossModalSplit
 
 __all__ = ["CHECKPOINT_FORMAT", "epoch_line", "epoch_lines_enabled", "fit", "load_checkpoint", "loss_parts_text",
-           "make_loader", "print_line", "progress_enabled", "save_checkpoint"]
+           "make_loader", "print_line", "progress_enabled", "restore_rng_state", "rng_state", "save_checkpoint"]
 
 CHECKPOINT_FORMAT = 1
 
@@ -97,10 +100,17 @@ def _mean_logs(logs: list[dict]) -> dict:
     return out
 
 
+def _learning_rate(optimizer: torch.optim.Optimizer) -> float:
+    """The learning rate of the optimiser's first parameter group (a float, also when a
+    scheduler or a capturable optimiser keeps it as a tensor)."""
+    return float(optimizer.param_groups[0]["lr"])
+
+
 def fit(model: nn.Module, dataset: CrossModalPairs, loader: DataLoader, optimizer: torch.optim.Optimizer, *,
         epochs: int, start_epoch: int = 0, progress: bool = False, desc: str = "train",
         on_epoch_end: Callable[[int, dict], None] | None = None,
-        log_epoch: Callable[[str], None] | None = None) -> list[dict]:
+        log_epoch: Callable[[str], None] | None = None,
+        log_step: Callable[[dict], None] | None = None) -> list[dict]:
     """Run epochs start_epoch … epochs − 1 of `model.training_step` over the loader.
 
     Returns one dict per epoch: the batch-mean of every value training_step reports, plus
@@ -108,9 +118,17 @@ def fit(model: nn.Module, dataset: CrossModalPairs, loader: DataLoader, optimize
     write a checkpoint); `log_epoch(line)`, when given, receives one progress line per epoch,
     `epoch_line`: "<desc> epoch e/E: loss L, S s" (e 1-based), with the loss's parts and λ
     between the loss and the seconds for TCL and TcVSE.
+
+    log_step: called after every batch with a new dict {"step", "epoch", the floats
+    training_step reported (loss and its parts), "lr"}, for a metrics logger (wandb,
+    TensorBoard: docs/training.md). step counts the batches trained from epoch 0 on, this one
+    included (epoch·len(loader) + i + 1, so a resumed run goes on counting where it stopped);
+    epoch is 0-based; lr is the first parameter group's learning rate for this update.
     """
     epochs = checks.integer(epochs, "epochs", minimum=1)
     start_epoch = checks.integer(start_epoch, "start_epoch", minimum=0)
+    if log_step is not None and not callable(log_step):
+        raise TypeError(f"log_step must be callable (it receives one dict per step), got {type(log_step).__name__}")
     history = []
     total = (epochs - start_epoch) * len(loader)
     with tqdm(total=total, desc=desc, disable=not progress, unit="batch", dynamic_ncols=True) as bar:
@@ -118,10 +136,13 @@ def fit(model: nn.Module, dataset: CrossModalPairs, loader: DataLoader, optimize
             dataset.set_epoch(epoch)
             start = time.perf_counter()
             logs = []
-            for batch in loader:
+            for index, batch in enumerate(loader):
+                lr = _learning_rate(optimizer)
                 logs.append(model.training_step(batch, epoch, optimizer))
                 bar.update(1)
                 bar.set_postfix(epoch=epoch, loss=f"{logs[-1]['loss']:.4f}")
+                if log_step is not None:
+                    log_step({"step": epoch * len(loader) + index + 1, "epoch": epoch, **logs[-1], "lr": lr})
             if not logs:
                 raise ValueError("the training loader produced no batch (split smaller than the batch size?)")
             record = {"epoch": epoch, **_mean_logs(logs), "seconds": time.perf_counter() - start}
@@ -131,6 +152,54 @@ def fit(model: nn.Module, dataset: CrossModalPairs, loader: DataLoader, optimize
             if on_epoch_end is not None:
                 on_epoch_end(epoch, record)
     return history
+
+
+def rng_state(loader: DataLoader | None = None) -> dict:
+    """Every random state training draws from, for a checkpoint that resumes exactly.
+
+    torch's CPU generator (TcVSE's augmentation, DUQ's ε, dropout), each initialised CUDA
+    device's, numpy's and Python's global generators (the package's own draws use seeded local
+    generators; user encoders may not), and the loader's shuffling generator when it has one.
+    Plain containers and tensors only, so `load_checkpoint` reads it with weights_only.
+    """
+    kind, keys, position, has_gauss, cached_gaussian = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": str(kind), "keys": torch.from_numpy(keys.astype(np.int64)), "position": int(position),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)},
+        "python": {"version": version, "internal": torch.tensor(internal, dtype=torch.int64),
+                   "gauss_next": gauss_next},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    if loader is not None and loader.generator is not None:
+        state["loader"] = loader.generator.get_state()
+    return state
+
+
+def restore_rng_state(state: dict, loader: DataLoader | None = None) -> None:
+    """Put back the random states `rng_state` captured (the loader's into `loader`'s generator).
+
+    CUDA states are restored where CUDA is available and skipped otherwise (a run resumed on the
+    CPU draws nothing from them). ValueError when `state` lacks a part or the loader shuffles
+    without a generator of its own while the state holds one.
+    """
+    if not isinstance(state, dict) or not {"torch", "numpy", "python"} <= set(state):
+        raise ValueError("state must be a dict written by rng_state (with torch, numpy and python entries)")
+    torch.set_rng_state(state["torch"])
+    numpy_state = state["numpy"]
+    np.random.set_state((numpy_state["kind"], numpy_state["keys"].numpy().astype(np.uint32),
+                         numpy_state["position"], numpy_state["has_gauss"], numpy_state["cached_gaussian"]))
+    python_state = state["python"]
+    random.setstate((python_state["version"], tuple(int(v) for v in python_state["internal"].tolist()),
+                     python_state["gauss_next"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "loader" in state and loader is not None:
+        if loader.generator is None:
+            raise ValueError("the state holds a loader generator but the loader has none to restore it into")
+        loader.generator.set_state(state["loader"])
 
 
 def save_checkpoint(path, *, model: nn.Module, optimizer: torch.optim.Optimizer | None, payload: dict) -> Path:
