@@ -67,6 +67,7 @@ class _Consistency(torch.autograd.Function):
         grads = [torch.zeros_like(t) for t in leaves]
         col_a_leaf = col_a.clone().requires_grad_()
         total = xa.new_zeros(())
+        col_a_grad = torch.zeros_like(col_a)
         for rows in _row_strips(k, strip):
             with torch.enable_grad():
                 parts = [t.detach().requires_grad_() for t in (xa[rows], ya, xb[rows], yb)]
@@ -77,7 +78,7 @@ class _Consistency(torch.autograd.Function):
             grads[1] += strip_grads[1]
             grads[2][rows] += strip_grads[2]
             grads[3] += strip_grads[3]
-            col_a_grad = strip_grads[4] if rows.start == 0 else col_a_grad + strip_grads[4]
+            col_a_grad += strip_grads[4]
         # Pass 3: ∂ln S'^A_j/∂ln α^A_ij = α_ij/S'_j, pushed into A's strip by a linear surrogate.
         for rows in _row_strips(k, strip):
             with torch.enable_grad():

@@ -191,6 +191,6 @@ def abstention_lines(report: dict, who: str) -> list[str]:
                 row += f"{r['ood_answered']:>13.3f}{_fmt(r['mixed_error']):>16}{r['mixed_validity']:>9.3f}"
             lines.append(row)
         best = q["most_answered"]
-        lines.append(f"    most answered at the guaranteed error: "
+        lines.append("    most answered at the guaranteed error: "
                      + (f"{best} ({100 * q['scores'][best]['coverage']:.1f} % of queries)" if best else "none"))
     return lines
