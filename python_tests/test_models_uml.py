@@ -31,11 +31,25 @@ def _model(**kwargs):
 def test_view_loss_is_the_reference_evidential_loss():
     model, bench = _model()
     v, s, t = model.embed(tiny_batch(bench, languages=LANGS))
-    s_vt = (v @ t.T).detach().double()
+    v, t = v.detach(), t.detach()
+    s_vt = v.double() @ t.double().T  # the float64 judge on the same (float32) embeddings
     labels = uml_clean_labels(s_vt)
     labels[0] = not bool(labels[0])  # both kinds of target present
-    fused = model.view_loss(s_vt.float(), labels)
-    torch.testing.assert_close(fused.double(), uml_evidential_loss(s_vt, labels), rtol=1e-4, atol=1e-6)
+    fused = model.view_loss(v, t, labels)
+    # SPEC §5: 1e-4 for fmse/logdet plus the from-embeddings allowance 8·√D·2⁻²⁴/τ.
+    allowance = 8 * v.shape[1] ** 0.5 * 2.0**-24 / model.tau
+    torch.testing.assert_close(fused.double(), uml_evidential_loss(s_vt, labels), rtol=1e-4 + allowance, atol=1e-6)
+
+
+def test_clean_labels_from_embeddings_equal_the_matrix_form():
+    from evidential_ops.methods import uml_clean_labels_from_embeddings
+
+    model, bench = _model()
+    v, s, t = (m.detach() for m in model.embed(tiny_batch(bench, languages=LANGS)))
+    for evidence in ("exp", "exp_tanh", "relu"):
+        for rows in (1, 3, v.shape[0]):
+            got = uml_clean_labels_from_embeddings(v, t, evidence=evidence, tau=0.1, strip_elements=rows * v.shape[0])
+            assert torch.equal(got, uml_clean_labels(v @ t.T, evidence=evidence, tau=0.1))
 
 
 @pytest.mark.parametrize("epoch", [0, 1, 9])

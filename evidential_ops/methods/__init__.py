@@ -41,6 +41,7 @@ from .uml_aml_strips import uml_aml_loss_from_embeddings
 from .uml import (
     uml_aml_loss,
     uml_clean_labels,
+    uml_clean_labels_from_embeddings,
     uml_sigma,
     uml_similarities,
 )
@@ -73,6 +74,7 @@ __all__ = [
     "uml_aml_loss",
     "uml_aml_loss_from_embeddings",
     "uml_clean_labels",
+    "uml_clean_labels_from_embeddings",
     "uml_sigma",
     "uml_similarities",
 ]

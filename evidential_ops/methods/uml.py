@@ -95,6 +95,45 @@ def uml_clean_labels(
         return pair.diagonal() >= pair.amax(dim=1)
 
 
+def uml_clean_labels_from_embeddings(
+    x: Tensor,
+    y: Tensor,
+    *,
+    evidence: str = DEFAULT_EVIDENCE,
+    tau: float = DEFAULT_TAU,
+    check_finite: bool = True,
+    strip_elements: int = 1 << 20,
+) -> Tensor:
+    """`uml_clean_labels(x·yᵀ)` (UML eq. 4) without the K×K matrix: row i of e + eᵀ needs row i
+    of x·yᵀ and row i of y·xᵀ (column i of x·yᵀ), so strips of `strip_elements // K` pairs at a
+    time suffice. The same comparisons; the products may round differently from one K×K GEMM
+    (another blocking), so a label can differ from `uml_clean_labels(x·yᵀ)` only at a near-tie.
+
+    Args:
+        x, y: (K, D) embeddings of the view (e.g. v and t), pair i = (x_i, y_i).
+    Returns:
+        (K,) bool tensor, True = clean.
+    """
+    x, y = checks.embedding_pair(x, y, check_finite)
+    evidence = checks.evidence_kind(evidence)
+    tau = checks.positive_number(tau, "tau")
+    strip_elements = checks.integer(strip_elements, "strip_elements", minimum=1)
+    k = x.shape[0]
+    strip = max(1, strip_elements // k)
+    labels = []
+    with torch.no_grad():
+        for start in range(0, k, strip):
+            rows = slice(start, min(start + strip, k))
+            forward, backward = x[rows] @ y.T, y[rows] @ x.T  # s_ij and s_ji for i in the strip
+            if evidence == "exp":
+                pair = torch.logaddexp(forward / tau, backward / tau)
+            else:
+                pair = evidence_map(forward, evidence, tau) + evidence_map(backward, evidence, tau)
+            own = pair[torch.arange(rows.stop - start), torch.arange(start, rows.stop)]
+            labels.append(own >= pair.amax(dim=1))
+    return torch.cat(labels)
+
+
 def uml_sigma(
     epoch, total_epochs, *, gamma: float = DEFAULT_GAMMA, lambda_s: float = DEFAULT_LAMBDA_S
 ) -> float:

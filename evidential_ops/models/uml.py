@@ -4,13 +4,15 @@
 Three views per triplet i: visual v_i, English caption s_i (clean annotation), non-English
 caption t_i (machine translation, possibly another sample's: noisy correspondence). One batch:
 
-- s_vt, s_vs, s_st = cosine similarities (`reference.methods.uml_similarities` layout);
+- s_vt, s_vs, s_st = cosine similarities (`reference.methods.uml_similarities` layout), never
+  formed as K×K matrices in a training step: every term below reads the embeddings;
 - clean/noisy labels l^{vt}, l^{vs} from the current evidence (eq. 4, no gradient,
-  `reference.methods.uml_clean_labels`); the split D_c / D_n of eq. 12 is l^{vt};
+  `methods.uml_clean_labels_from_embeddings`, in row strips); the split D_c / D_n of eq. 12 is l^{vt};
 - L_u = σ(t)·L_u^{vs} + (1 − σ(t))·L_u^{vt} (eq. 11), each view's L_u,i = L^e(row i) + L^e(col i)
-  with L^e = fmse − φ·logdet and target l_i·one-hot(i), computed by the fused
-  `evidential_loss_from_similarity` (weights {fmse: 1, logdet: −φ}, target_scale = labels);
-- L_aml (eq. 19, `reference.methods.uml_aml_loss`); L_total = mean_i(L_u,i + β·L_aml,i) (eq. 20).
+  with L^e = fmse − φ·logdet and target l_i·one-hot(i), computed by the fused `evidential_loss`
+  from the embeddings (weights {fmse: 1, logdet: −φ}, target_scale = labels);
+- L_aml (eq. 19, `methods.uml_aml_loss_from_embeddings`, in row strips); L_total =
+  mean_i(L_u,i + β·L_aml,i) (eq. 20).
 
 Retrieval at test time is vision ↔ non-English (the paper's protocol); vision ↔ English is
 reported too.
@@ -26,10 +28,10 @@ from torch import Tensor, nn
 from .. import checks
 from ..backends import check_name
 from ..data.types import CrossModalSplit
-from ..losses import evidential_loss_from_similarity
+from ..losses import evidential_loss
 from ..metrics import retrieval_metrics
-from ..opinion import opinion_from_similarity
-from ..methods import uml_aml_loss_from_embeddings, uml_clean_labels, uml_sigma, uml_similarities
+from ..opinion import opinion, opinion_from_similarity
+from ..methods import uml_aml_loss_from_embeddings, uml_clean_labels_from_embeddings, uml_sigma
 from ..methods.uml import (
     DEFAULT_AML_TAU,
     DEFAULT_BETA,
@@ -136,12 +138,12 @@ class UML(nn.Module):
         t = l2_normalize(self.other_encoder(batch_tensor(batch, "captions_alt"), batch_tensor(batch, "lengths_alt")))
         return v, s, t
 
-    def view_loss(self, s: Tensor, labels: Tensor) -> Tensor:
-        """(K,) L_u^{view}_i = L^e(row i) + L^e(column i), L^e = fmse − φ·logdet (UML eq. 6-10),
-        target l_i·one-hot(i): the fused `evidential_loss_from_similarity` with target_scale."""
-        rows, cols = evidential_loss_from_similarity(
-            s, evidence=self.evidence, tau=self.tau, weights={"fmse": 1.0, "logdet": -self.phi},
-            target_scale=labels.to(s.dtype), reduction="none", backend=self.backend,
+    def view_loss(self, x: Tensor, y: Tensor, labels: Tensor) -> Tensor:
+        """(K,) L_u^{view}_i = L^e(row i) + L^e(column i) of s = x·yᵀ, L^e = fmse − φ·logdet (UML
+        eq. 6-10), target l_i·one-hot(i): the fused `evidential_loss` from the embeddings (no K×K)."""
+        rows, cols = evidential_loss(
+            x, y, evidence=self.evidence, tau=self.tau, weights={"fmse": 1.0, "logdet": -self.phi},
+            target_scale=labels.to(x.dtype), reduction="none", backend=self.backend,
         )
         return rows + cols
 
@@ -154,24 +156,24 @@ class UML(nn.Module):
             return self._terms(v, s, t, epoch)
 
     def _terms(self, v: Tensor, s: Tensor, t: Tensor, epoch: float) -> UMLStep:
-        s_vt, s_vs, _ = uml_similarities(v, s, t)
-        labels_vt = uml_clean_labels(s_vt.detach(), evidence=self.evidence, tau=self.tau)
-        labels_vs = uml_clean_labels(s_vs.detach(), evidence=self.evidence, tau=self.tau)
+        # Every term from the embeddings: no K×K similarity matrix is formed (s_vt = v·tᵀ,
+        # s_vs = v·sᵀ in the notation of `reference.methods.uml_similarities`).
+        v_fixed, s_fixed, t_fixed = v.detach(), s.detach(), t.detach()
+        labels_vt = uml_clean_labels_from_embeddings(v_fixed, t_fixed, evidence=self.evidence, tau=self.tau)
+        labels_vs = uml_clean_labels_from_embeddings(v_fixed, s_fixed, evidence=self.evidence, tau=self.tau)
         sigma = uml_sigma(epoch, self.total_epochs, gamma=self.gamma, lambda_s=self.lambda_s)
         if epoch < self.warmup_epochs:
             train_vt = train_vs = torch.ones_like(labels_vt)
         else:
             train_vt, train_vs = labels_vt, labels_vs
-        uncertainty = sigma * self.view_loss(s_vs, train_vs) + (1.0 - sigma) * self.view_loss(s_vt, train_vt)
-        # From the embeddings in row strips: its softmaxes never form K×K intermediates.
+        uncertainty = sigma * self.view_loss(v, s, train_vs) + (1.0 - sigma) * self.view_loss(v, t, train_vt)
         aml = uml_aml_loss_from_embeddings(v, s, t, train_vt, aml_tau=self.aml_tau)
-        op = opinion_from_similarity(s_vt.detach(), evidence=self.evidence, tau=self.tau, backend=self.backend,
-                                     top_k=None)
+        op = opinion(v_fixed, t_fixed, evidence=self.evidence, tau=self.tau, backend=self.backend, top_k=None)
         return UMLStep(
             loss=(uncertainty + self.beta * aml).mean(), uncertainty_loss=uncertainty, aml_loss=aml,
             labels_vt=labels_vt, labels_vs=labels_vs,
             uncertainty_vt=0.5 * (op.row_uncertainty + op.col_uncertainty), sigma=sigma,
-            similarity_vt=s_vt.detach().diagonal().clone(),
+            similarity_vt=(v_fixed * t_fixed).sum(dim=1),
         )
 
     def losses(self, batch, epoch: int) -> dict[str, Tensor]:
