@@ -2,7 +2,7 @@
 
     python bench/accuracy.py [--backend cpu] [--seed 0] [--out bench/results/accuracy_cpu.md]
 
-The tests assert SPEC §5's tolerances; this prints the measured values, for the README and notes.
+The tests assert SPEC §5's tolerances; this prints the measured values, for docs/benchmarks.md and notes.
 Losses: max over lines of |got − ref| / max(|ref|, 1e-3) (per-line losses, both directions).
 Gradients: max |got − ref| / max |ref| of dx, dy under a random upstream gradient. The reference
 runs in float64 on the same (rounded) inputs, so the figures are the backend's own error.

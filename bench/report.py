@@ -1,4 +1,4 @@
-"""Turn a pytest-benchmark JSON (bench/test_bench_loss.py) into the README's markdown table.
+"""Turn a pytest-benchmark JSON (bench/test_bench_loss.py) into the markdown table of docs/benchmarks.md.
 
     python bench/report.py bench/results/cpu.json [--out bench/results/cpu.md]
 """

@@ -8,7 +8,7 @@ See docs/SPEC.md for the mathematics and README.md for the backends and methods.
 
 from . import extension, ops, reference
 from .backends import available_backends
-from . import triton_backend  # noqa: F401  registers the "triton" backend where Triton can run (README "Backends")
+from . import triton_backend  # noqa: F401  registers the "triton" backend where Triton can run (docs/backends.md)
 from .config import EVIDENCE_KINDS, TERMS
 from .extension import build_info, cpu_isa, cuda_workspace_bytes
 from .infonce import InfoNCELoss, infonce_loss

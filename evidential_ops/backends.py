@@ -1,4 +1,4 @@
-"""Backend registry: one op family, several implementations (README "Layout").
+"""Backend registry: one op family, several implementations (docs/backends.md "Layout").
 
 A backend is registered only when its kernels exist and loaded; `available_backends()` lists
 exactly those. `backend="auto"` picks the fastest registered backend for the tensors' device.

@@ -45,7 +45,7 @@ def cpu_isa(request: str = "") -> str:
 
 def cuda_workspace_bytes(budget: int | None = None) -> int:
     """The working budget of the CUDA kernels in bytes: the strips of s that one op keeps on the
-    device at a time (README "Backends"). With `budget`, set it (any positive number of bytes; a
+    device at a time (docs/backends.md "Backends"). With `budget`, set it (any positive number of bytes; a
     strip is never less than one row of s). Initially EO_CUDA_WORKSPACE_MIB MiB, default 64 MiB.
     Read at every op call; exists in every build (it only matters where the cuda backend runs)."""
     if _C is None:

@@ -13,7 +13,7 @@ once, what PyTorch needs around those kernels:
 Kernel families written in Python (Triton) reuse all of this without copies: they define the
 same schemas (`schemas()`) under a namespace of their own (a `torch.library.Library`; triton_op
 would infer a different schema from type hints), register their kernels, and
-`register_family(namespace)` registers the same fakes and autograd there (README "Layout").
+`register_family(namespace)` registers the same fakes and autograd there (docs/backends.md "Layout").
 
 Statistics layout (csrc/kernels/line_terms.h, line_finalise.h): `row_stats` (NUM_LINE_STATS, M)
 and `col_stats` (NUM_LINE_STATS, N), float64 on the inputs' device; row k of a direction's stats

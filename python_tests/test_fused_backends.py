@@ -549,7 +549,7 @@ def test_direct_op_calls_reject_edge_arguments_alike(fused, gen):
         rows, _, _, _ = ops.loss_forward_from_similarity(s, None, "relu", 0.05, w, mask, True, True)
     except ValueError as error:  # the CPU reads every line strength
         assert "too small" in str(error) and "infinite similarity" in str(error)
-    else:  # the GPU backends read no flag they cannot foresee being set (README "Backends")
+    else:  # the GPU backends read no flag they cannot foresee being set (docs/backends.md "Backends")
         assert not torch.isfinite(rows[3]) and torch.isfinite(torch.cat([rows[:3], rows[4:]])).all()
 
 

@@ -1,4 +1,4 @@
-"""scripts/uncertainty_quality.py (the source of the README's uncertainty tables) on tiny data."""
+"""scripts/uncertainty_quality.py (the source of the tables of docs/uncertainty_quality.md) on tiny data."""
 
 from __future__ import annotations
 

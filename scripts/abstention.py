@@ -115,7 +115,7 @@ def _best(part: dict, labels: dict, delta: float):
 
 
 def markdown(results: dict) -> str:
-    """The tables of the README's abstention section and the closing note, from the means."""
+    """The tables of docs/abstention.md and the closing note, from the means."""
     means, seeds = results["means"], results["seeds"]
     alpha, delta = results["alpha"], results["delta"]
     out = [f"Means over seeds {', '.join(map(str, seeds))} (`{results['command']}`, commit {results['commit']}).",

@@ -4,11 +4,11 @@ same-encoder InfoNCE baseline, and write the raw figures and their means.
     python scripts/uncertainty_quality.py --seeds 0 1 2 --out runs/quality --results bench/results
 
 trains each method of the demo (`pipelines.run_training` with the baseline, no plots) once per
-seed on the built-in data, plus the variants the README reports: UML with the exp evidence map
-(the option that frees u from [0.27, 0.73], `--evidence exp --tau T` on the CLI) and TcVSE
-without its augmentation. It writes RESULTS/uncertainty_quality.json (every seed's figures, the
-means, the command, commit and versions) and RESULTS/uncertainty_quality.md (the tables of the
-README's "Uncertainty quality" section). About 5-9 minutes per method and seed on 2 cores (24 runs for 3 seeds).
+seed on the built-in data, plus the variants docs/uncertainty_quality.md reports: UML with the
+exp evidence map (the option that frees u from [0.27, 0.73], `--evidence exp --tau T` on the
+CLI) and TcVSE without its augmentation. It writes RESULTS/uncertainty_quality.json (every seed's figures, the
+means, the command, commit and versions) and RESULTS/uncertainty_quality.md (the tables of
+docs/uncertainty_quality.md). About 5-9 minutes per method and seed on 2 cores (24 runs for 3 seeds).
 
 RESULTS defaults to the run directory (--out): the committed bench/results/ is written only when
 asked for, and only by a full run (every method and variant at the recipes' own sizes and
@@ -184,8 +184,9 @@ def summary_table(results: dict) -> list[str]:
 
 
 def markdown(results: dict) -> str:
-    """The README tables from the means (per method: retrieval beside the InfoNCE baseline, then
-    every uncertainty score beside the free baselines and the baseline's own confidence)."""
+    """The tables of docs/uncertainty_quality.md from the means (per method: retrieval beside the
+    InfoNCE baseline, then every uncertainty score beside the free baselines and the baseline's own
+    confidence)."""
     means, seeds = results["means"], results["seeds"]
     where = results.get("machine")
     out = [f"Means over seeds {', '.join(map(str, seeds))} (`{results['command']}`, commit {results['commit']}), "

@@ -1,4 +1,4 @@
-"""Data for evidential cross-modal retrieval (README "API": `evidential_ops.data`).
+"""Data for evidential cross-modal retrieval (docs/api.md "Method pieces, metrics and data").
 
 - `make_synthetic_benchmark` / `SyntheticConfig`: a deterministic synthetic benchmark exposing
   every protocol of the five papers (5 captions per image, class labels, two languages with noisy

@@ -10,7 +10,7 @@
     model = DistributedDataParallel(model)       # DDP averages gradients over the ranks:
     loss = eod.evidential_loss(*model(batch), ddp=True)   # ddp=True makes that average exact
 
-README "Multi-GPU / torch.distributed" has the design, the DDP convention and the communication
+docs/distributed.md has the design, the DDP convention and the communication
 volume; `loss.py` the algorithm, `comm.py` the collectives.
 """
 

@@ -1,4 +1,4 @@
-"""The collectives of the global-batch loss (README "Multi-GPU / torch.distributed").
+"""The collectives of the global-batch loss (docs/distributed.md).
 
 Everything here is torch.distributed (NCCL on GPUs, gloo on CPU); nothing is home-made. Three
 pieces:
@@ -327,7 +327,7 @@ def communication_volume(sizes, dim: int, *, embedding_dtype: torch.dtype, work_
     Counted as the size of the collective's buffer on this rank: the all-gather output, the
     all-reduce tensor, the reduce-scatter input (a ring moves (W − 1)/W of the all-gather and
     reduce-scatter buffers over the wire and 2(W − 1)/W of the all-reduce one). K = Σ K_r,
-    K_max = max K_r, W = len(sizes), e = element sizes. See README "Multi-GPU / torch.distributed".
+    K_max = max K_r, W = len(sizes), e = element sizes. See docs/distributed.md "Communication volume".
     """
     world, k, pad = len(sizes), sum(sizes), max(sizes)
     e_y = torch.empty((), dtype=embedding_dtype).element_size()

@@ -1,4 +1,4 @@
-"""The evidential loss of the global batch of a torch.distributed group (README "Multi-GPU").
+"""The evidential loss of the global batch of a torch.distributed group (docs/distributed.md).
 
 Rank r holds x_r, y_r (K_r, D), rows [o_r, o_r + K_r) of the global batch x, y (K, D), K = Σ K_r.
 The fused path (a backend with the strip ops `line_stats`, `line_losses`, `loss_backward`):
@@ -106,7 +106,8 @@ def evidential_loss(
 
     Every rank of `group` calls it with its own rows; the result is the loss of the concatenation
     (in rank order) of every rank's x and y, as `evidential_ops.evidential_loss` would compute it in
-    one process, without any rank holding a K_global × K_global matrix (module docstring, README).
+    one process, without any rank holding a K_global × K_global matrix (module docstring,
+    docs/distributed.md).
 
     Args:
         x, y: this rank's (K_r, D) pairs, K_r >= 0 (may differ between ranks, and be 0 on some;
@@ -382,7 +383,7 @@ def communication_volume(sizes, dim: int, *, dtype: torch.dtype = torch.float32,
                          reduction: str = "mean", target_scale: bool = False, normalize: bool = False,
                          need_dx: bool = True, need_dy: bool = True) -> dict[str, int]:
     """Bytes per rank per forward + backward of the fused path, for strips of `sizes` rows of D = dim
-    (comm.communication_volume; README "Multi-GPU / torch.distributed" has the formula)."""
+    (comm.communication_volume; docs/distributed.md has the formula)."""
     work = checks.output_dtype(dtype)
     return comm.communication_volume(
         list(sizes), dim, embedding_dtype=work if normalize else dtype, work_dtype=work,

@@ -279,7 +279,7 @@ def duq_rerank(
       exp(−γ2(u_s,i + u_s,j))·(1 + s_ij)/2: the candidate's own uncertainty varies along the
       ranking, so eq. 16 can change it.
     The default is the reading with the highest mean R@1 over seeds 0–2 on the built-in data's
-    test split (README "Uncertainty quality", bench/results/uncertainty_quality.md), where
+    test split (docs/uncertainty_quality.md, bench/results/uncertainty_quality.md), where
     "nonnegative" and "candidate" differ by a few queries either way; no reading reaches the
     R@1 of plain s there.
 

@@ -1,4 +1,4 @@
-"""Method pipelines around user-replaceable encoders (SPEC §3; README "API").
+"""Method pipelines around user-replaceable encoders (SPEC §3; docs/api.md "Pipelines").
 
 One file per method, each with `losses(batch, epoch)` (a dict of tensors: "loss" to
 backpropagate and its named parts, no optimiser step, for any trainer: docs/training.md), the

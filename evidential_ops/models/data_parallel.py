@@ -1,4 +1,4 @@
-"""Data-parallel training of the method models over torch.distributed (README "Multi-GPU").
+"""Data-parallel training of the method models over torch.distributed (docs/distributed.md "Pipelines").
 
 `enable_global_batch(model)` makes a model's `training_step` train data-parallel on the ranks of
 a process group, each rank passing its own batch:

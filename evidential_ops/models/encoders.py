@@ -1,4 +1,4 @@
-"""Small default encoders for the method pipelines (README "API": `evidential_ops.models`).
+"""Small default encoders for the method pipelines (docs/api.md "Pipelines": `evidential_ops.models`).
 
 The papers put their losses on top of large backbones (Faster R-CNN regions + Bi-GRU or BERT for
 TCL/TcVSE, CLIP + mBERT for UML, VGG + word2vec subnets for FUME, CLIP frames for DUQ). These are

@@ -81,7 +81,7 @@ class UML(nn.Module):
             α ∈ [1.37, 3.72] and the uncertainty u = N/S is confined to [0.27, 0.73] whatever τ and
             the training do: it can neither say "sure" nor "no idea", and noisy and clean pairs
             differ by hundredths in mean u. evidence="exp" (any τ) frees it; the pipelines offer
-            it as `--evidence exp --tau T` (README "Uncertainty quality" has its measured effect).
+            it as `--evidence exp --tau T` (docs/uncertainty_quality.md has its measured effect).
         phi: φ (0.01). gamma, lambda_s: σ schedule (0.2, 4).
         beta: β of eq. 20 (0.6 image-text, 0.4 video). aml_tau: AML softmax temperature (0.1).
         warmup_epochs: [choice] epochs (0-based t < warmup_epochs) in which every pair is

@@ -1,5 +1,5 @@
 """`torchrun --nproc-per-node N -m evidential_ops train --method tcl|tcvse|duq ...`: data-parallel
-training whose evidential term is the loss of the global batch (README "Multi-GPU").
+training whose evidential term is the loss of the global batch (docs/distributed.md "Pipelines").
 
 Every rank builds the same model (same seed; DDP broadcasts rank 0's weights anyway), reads its
 share of each epoch through a `DistributedSampler`, and trains with `model.training_step` after
