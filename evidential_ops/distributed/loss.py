@@ -58,6 +58,7 @@ from torch import Tensor, nn
 
 from .. import backends, checks, ops
 from ..config import DIRECTIONS, EVIDENCE_KINDS, MATMUL_PRECISIONS, REDUCTIONS, TERMS
+from ..autocast import autocast_inputs
 from ..evidence import unit_rows
 from ..losses import scaled
 from . import comm
@@ -171,6 +172,7 @@ def _check_local(x, y, values: dict, *, group, ddp, evidence, tau, logit_scale, 
                                 matmul_precision=matmul_precision)
     checks.flag(normalize, "normalize")
     # Any strip, empty included, is valid; K_global >= 2 is checked once the sizes are known.
+    x, y = autocast_inputs(x, y)  # as the single-process loss does (SPEC §5 "Mixed precision")
     x = checks.float_matrix(x, "x", False, min_rows=0)
     y = checks.float_matrix(y, "y", False, min_rows=0)
     checks.same_kind(x, y, "x", "y")
