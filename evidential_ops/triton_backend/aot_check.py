@@ -1,6 +1,6 @@
 """Ahead-of-time compile check of the Triton kernels: no GPU needed.
 
-    python -m evidential_ops.triton_backend.aot_check [--arch 90 80] [--quick]
+    python -m evidential_ops.triton_backend.aot_check [--arch 90 80] [--quick] [--sass]
 
 Compiles every kernel in every configuration of configs.SPACE (and the defaults) for
 GPUTarget("cuda", 90, 32) and ("cuda", 80, 32), each in its heaviest specialisations (all five
@@ -11,6 +11,11 @@ configurations (configs.DEFAULTS_BY_ARCH). Exits 1 if anything fails to compile 
 configuration spills (on the --strict-arch targets: both by default); exits 0 with a message where
 triton cannot compile here (not importable, or no ptxas). Run by `make triton-aot-check` (part of
 `make test`).
+
+--sass adds the static instruction counts of each kernel's machine code (nvdisasm, shipped with
+Triton, on the cubin): all instructions, and the float64 DMUL, DFMA and DADD. Float64 arithmetic
+runs at 1/64 of the float32 rate on consumer GPUs and 1/2 on the H100: per element it is what the
+float32 element math (SPEC §2 "Float32 element math") keeps out of the tile kernels.
 
 It also compiles every default-configuration kernel as torch.compile's Inductor sees it: Inductor
 does not call our kernels, it rebuilds each one's source from the global names it uses
@@ -150,6 +155,33 @@ def compile_with_log(job: Job, target) -> tuple[object, str]:
     return compiled, buffer.getvalue()
 
 
+FP64_OPCODES = ("DMUL", "DFMA", "DADD")
+
+
+def sass_counts(compiled) -> dict | None:
+    """Static instruction counts of a compiled kernel's SASS: {"total": n, opcode: n, ...} (opcodes
+    without their modifiers: DFMA.RM counts as DFMA), or None where this triton ships no nvdisasm."""
+    import collections
+    import subprocess
+    import tempfile
+
+    import triton
+
+    nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
+    if not os.path.exists(nvdisasm):
+        return None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(compiled.asm["cubin"])
+        handle.flush()
+        listing = subprocess.run([nvdisasm, "-c", handle.name], capture_output=True, text=True, check=True).stdout
+    counts = collections.Counter()
+    # "/*0a40*/  @!P0 DFMA.RM R4, R2, R6, R4 ;": address, optional predicate, opcode
+    for match in re.finditer(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", listing, re.MULTILINE):
+        counts[match.group(1)] += 1
+        counts["total"] += 1
+    return dict(counts)
+
+
 def inductor_rebuild(fn, directory: str):
     """The kernel `fn` rebuilt the way Inductor rebuilds a user-defined Triton kernel for a compiled
     graph: its transitive-closure source in a module of its own (written under `directory`), the
@@ -223,6 +255,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", type=int, nargs="+", default=[90, 80])
     parser.add_argument("--quick", action="store_true", help="default configurations only")
+    parser.add_argument("--sass", action="store_true",
+                        help="also print each kernel's SASS instruction count and its float64 DMUL/DFMA/DADD")
     parser.add_argument("--strict-arch", type=int, nargs="*", default=[90, 80],
                         help="archs on which a spill in a default configuration fails the check (default: both; "
                              "each generation is checked with its own defaults)")
@@ -239,15 +273,17 @@ def main(argv=None) -> int:
     jobs_by_arch = {arch: [j for j in jobs(arch, args.quick) if j.default or not args.quick] for arch in args.arch}
     print(f"triton-aot-check: triton {triton.__version__}, "
           + ", ".join(f"{len(j)} kernel variants for sm_{a}" for a, j in jobs_by_arch.items()))
-    print(f"{'kernel':16s} {'config':18s} {'variant':34s} {'arch':7s} {'regs':>4s} {'stack':>5s} {'spill st/ld':>11s}")
+    print(f"{'kernel':16s} {'config':18s} {'variant':34s} {'arch':7s} {'regs':>4s} {'stack':>5s} {'spill st/ld':>11s}"
+          + (f" {'instr':>6s} {'DMUL':>5s} {'DFMA':>5s} {'DADD':>5s}" if args.sass else ""))
     failures, default_spills = [], []
     start = time.time()
     for arch in args.arch:
         target = GPUTarget("cuda", arch, 32)
         for job in jobs_by_arch[arch]:
             try:
-                _compiled, log = compile_with_log(job, target)
+                compiled, log = compile_with_log(job, target)
                 res = resources(log)
+                sass = sass_counts(compiled) if args.sass else None
             except Exception as error:
                 failures.append(f"{job.kernel} {job.config} {job.variant} sm_{arch}: {type(error).__name__}: "
                                 f"{str(error).splitlines()[0] if str(error) else ''}")
@@ -255,8 +291,11 @@ def main(argv=None) -> int:
                 continue
             spills = res["spill_stores"] + res["spill_loads"]
             mark = "*" if job.default else " "
+            counts = ""
+            if sass is not None:
+                counts = f" {sass['total']:6d}" + "".join(f" {sass.get(op, 0):5d}" for op in FP64_OPCODES)
             print(f"{job.kernel:16s} {job.config + mark:18s} {job.variant:34s} {res['target']:7s} {res['registers']:4d} "
-                  f"{res['stack']:5d} {res['spill_stores']:5d}/{res['spill_loads']:<5d}")
+                  f"{res['stack']:5d} {res['spill_stores']:5d}/{res['spill_loads']:<5d}" + counts)
             if job.default and spills:
                 default_spills.append((arch in args.strict_arch, f"{job.kernel} {job.config} {job.variant} "
                                                                  f"{res['target']} ({spills} bytes)"))
