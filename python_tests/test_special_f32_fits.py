@@ -3,20 +3,24 @@
 csrc/kernels/make_special_functions_f32.py writes both csrc/kernels/special_functions_f32_fits.h and
 evidential_ops/triton_backend/special_f32_fits.py; these tests read both files as text (no compiler,
 no Triton) and require the same functions, the same Horner steps and the same float32 values, so
-that neither can be edited, or regenerated alone, without the other.
+that neither can be edited, or regenerated alone, without the other. The constants that special.py
+takes from elementary_f32.h and special_functions_f32.h are held to those headers the same way.
 """
 
 from __future__ import annotations
 
 import ast
+import math
 import pathlib
 import re
 
 import numpy as np
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 HEADER = ROOT / "csrc" / "kernels" / "special_functions_f32_fits.h"
 MODULE = ROOT / "evidential_ops" / "triton_backend" / "special_f32_fits.py"
+SPECIAL = ROOT / "evidential_ops" / "triton_backend" / "special.py"
 FLOAT = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 
 
@@ -122,3 +126,30 @@ def test_generated_module_has_the_header_coefficients():
     assert sorted(python_name(n) for n in c_consts) == sorted(constants)
     for name, bits in c_consts.items():
         assert exact_f32_bits(number(constants[python_name(name)])) == bits, name
+
+
+# special.py's constants from elementary_f32.h and special_functions_f32.h (special.py derives them
+# from their definitions; the headers hold the float32 literals).
+ELEMENTARY_CONSTANTS = {
+    "kLn2HiF": "LN2_HI_F32", "kLn2LoF": "LN2_LO_F32", "kLog2eF": "LOG2E_F32", "kRoundMagicF": "ROUND_MAGIC_F32",
+    "kMaxExpArgF": "MAX_EXP_ARG_F32", "kMinExpArgF": "MIN_EXP_ARG_F32",
+    "kHalfLog2PiF": "HALF_LOG_2PI_F32", "kHalfLog2PiMinusHalfF": "HALF_LOG_2PI_MINUS_HALF_F32",
+}
+
+
+def test_special_py_constants_are_the_headers():
+    triton_backend = pytest.importorskip("evidential_ops.triton_backend.special", reason="needs triton")
+    headers = "".join((ROOT / "csrc" / "kernels" / name).read_text(encoding="utf-8")
+                      for name in ("elementary_f32.h", "special_functions_f32.h"))
+    c_consts = c_constants(headers)
+    for c_name, py_name in ELEMENTARY_CONSTANTS.items():
+        value = getattr(triton_backend, py_name).value
+        assert exact_f32_bits(value) == c_consts[c_name], (c_name, value)
+    # literals inside the C++ functions
+    assert triton_backend.SQRT2_F32.value == float(np.float32("1.41421354"))  # log_f's mantissa split
+    assert triton_backend.FLT_MAX_F32.value == float(np.float32("3.40282347e38"))  # finite_argument
+    # exp_f's and log_f's Taylor coefficients, 1.0f / 5040.0f ...: Python's double quotient rounds to
+    # the same float32 as C++'s float quotient (no double rounding at these values)
+    for a, b in ((1, 5040), (1, 720), (1, 120), (1, 24), (1, 6), (2, 11), (2, 9), (2, 7), (2, 5), (2, 3)):
+        assert np.float32(a / b) == np.float32(a) / np.float32(b)
+    assert math.isclose(triton_backend.EXP_DOUBLE_ARG_F32.value * math.log2(math.e), 1075, abs_tol=0.5)
