@@ -60,17 +60,12 @@ from .special_f32_fits import (
 
 @triton.jit
 def pow2(e, like):
-    """2^e exactly, as the dtype of `like` (e: int32 tensor); 0 below the normal range."""
-    if like.dtype == tl.float64:
-        ec = tl.minimum(tl.maximum(e, -1022), 1023)
-        bits = (ec + 1023).to(tl.int64) << 52
-        v = bits.to(tl.float64, bitcast=True)
-        return tl.where(e < -1022, 0.0, v)
-    else:
-        ec = tl.minimum(tl.maximum(e, -126), 127)
-        bits = (ec + 127) << 23
-        v = bits.to(tl.float32, bitcast=True)
-        return tl.where(e < -126, 0.0, v)
+    """2^e exactly in float64 (e: int32 tensor, `like`: float64); 0 below the normal range (SPEC §1:
+    the scaled α = a_s·2^k of huge exp evidence)."""
+    ec = tl.minimum(tl.maximum(e, -1022), 1023)
+    bits = (ec + 1023).to(tl.int64) << 52
+    v = bits.to(tl.float64, bitcast=True)
+    return tl.where(e < -1022, 0.0, v)
 
 
 @triton.jit
@@ -93,25 +88,24 @@ def log1p_(y):
 
 @triton.jit
 def exp_scaled(x64, CT: tl.constexpr):
-    """e^x as (e_s, k) with e = e_s·2^k, e_s in CT and never overflowing: x (float64) is reduced
-    as x = n·ln2 + r (Cody-Waite, |r| <= ln2/2) in float64, so the only rounding is that of
-    exp(r) in CT (tl.exp of a small argument is accurate even where it is the fast hardware
-    approximation). k = 0 unless e >= 2^60 (float32) / 2^1000 (float64)."""
+    """e^x as (e_s, k) with e = e_s·2^k, e_s in CT = float64 and never overflowing (SPEC §1): x is
+    reduced as x = n·ln2 + r (Cody-Waite, |r| <= ln2/2), so the only rounding is that of exp(r)
+    (tl.exp of a small argument is accurate even where it is the fast hardware approximation).
+    k = 0 unless e >= 2^1000."""
     nf = tl.floor(x64 * 1.4426950408889634 + 0.5)
     nf = tl.minimum(tl.maximum(nf, -1100.0), 1100.0)
     r = (x64 - nf * 6.93147180369123816490e-01) - nf * 1.90821492927058770002e-10
     p = tl.exp(r.to(CT))
     n = nf.to(tl.int32)
-    if CT == tl.float64:  # noqa: SIM300  (Triton constexpr dtype)
-        k = tl.maximum(n - 1000, 0)
-    else:
-        k = tl.maximum(n - 60, 0)
+    k = tl.maximum(n - 1000, 0)
     return p * pow2(n - k, p), k
 
 
 @triton.jit
 def evidence_alpha(sv, inv_tau64, EVIDENCE: tl.constexpr, CT: tl.constexpr):
-    """α = g(s/τ) + 1 as (a_s, k, rho): α = a_s·2^k, rho = g'(x)/α (csrc/kernels/evidence.h).
+    """α = g(s/τ) + 1 as (a_s, k, rho): α = a_s·2^k, rho = g'(x)/α (SPEC §1; csrc/kernels/evidence.h)
+    in CT = float64: the elements of float64 inputs, and the line targets of float32 ones (whose
+    other elements take `evidence_f32`).
 
     EVIDENCE: 0 exp, 1 relu, 2 softplus, 3 exp_tanh (evidential_ops.config.EVIDENCE_KINDS).
     A NaN similarity stays NaN (a_s and rho), as in the C++ kernels."""
@@ -170,43 +164,27 @@ def scaled_argument(a_s, k):
 
 @triton.jit
 def shift_sums(x):
-    """(ln P, Σ 1/(x+k), Σ 1/(x+k)², Σ 1/(x+k)³), k < 8, P = Π (x + k), for x in [1, 8]."""
-    if x.dtype == tl.float64:
-        # Taylor-mode product (P, P', P'', P''') then its log-derivatives: one division.
-        p0 = x
-        p1 = tl.full(x.shape, 1.0, x.dtype)
-        p2 = tl.zeros(x.shape, x.dtype)
-        p3 = tl.zeros(x.shape, x.dtype)
-        for k in tl.static_range(1, 8):
-            t = x + k
-            p3 = p3 * t + 3.0 * p2
-            p2 = p2 * t + 2.0 * p1
-            p1 = p1 * t + p0
-            p0 = p0 * t
-        inv = 1.0 / p0
-        d1 = p1 * inv
-        d2 = p2 * inv
-        d3 = p3 * inv
-        log_p = tl.log(p0)
-        h1 = d1
-        h2 = d1 * d1 - d2
-        h3 = 0.5 * (d3 - 3.0 * d1 * d2 + 2.0 * d1 * d1 * d1)
-    else:
-        # float32: the sums directly (no cancellation), P only for its log.
-        inv = 1.0 / x
-        h1 = inv
-        h2 = inv * inv
-        h3 = h2 * inv
-        p0 = x
-        for k in tl.static_range(1, 8):
-            t = x + k
-            inv = 1.0 / t
-            i2 = inv * inv
-            h1 += inv
-            h2 += i2
-            h3 += i2 * inv
-            p0 = p0 * t
-        log_p = tl.log(p0)
+    """(ln P, Σ 1/(x+k), Σ 1/(x+k)², Σ 1/(x+k)³), k < 8, P = Π (x + k), for float64 x in [1, 8]
+    (special_functions.h's recurrence shift, SPEC §2 "Stable forms")."""
+    # Taylor-mode product (P, P', P'', P''') then its log-derivatives: one division.
+    p0 = x
+    p1 = tl.full(x.shape, 1.0, x.dtype)
+    p2 = tl.zeros(x.shape, x.dtype)
+    p3 = tl.zeros(x.shape, x.dtype)
+    for k in tl.static_range(1, 8):
+        t = x + k
+        p3 = p3 * t + 3.0 * p2
+        p2 = p2 * t + 2.0 * p1
+        p1 = p1 * t + p0
+        p0 = p0 * t
+    inv = 1.0 / p0
+    d1 = p1 * inv
+    d2 = p2 * inv
+    d3 = p3 * inv
+    log_p = tl.log(p0)
+    h1 = d1
+    h2 = d1 * d1 - d2
+    h3 = 0.5 * (d3 - 3.0 * d1 * d2 + 2.0 * d1 * d1 * d1)
     return log_p, h1, h2, h3
 
 
@@ -309,12 +287,9 @@ def kl_h(x, small, digamma, lgamma, log_z, u):
 
 @triton.jit
 def kl_v(x, trigamma, u):
-    """(v(x), x·v(x)) with v(x) = 1 − (x − 1)ψ1(x) ≈ 1/(2x) = −h'(x); series from 16 (float64) /
-    8 (float32). x·v is formed from the series before its last 1/x (x itself may overflow)."""
-    if x.dtype == tl.float64:
-        large = x >= 16.0
-    else:
-        large = x >= 8.0
+    """(v(x), x·v(x)) with v(x) = 1 − (x − 1)ψ1(x) ≈ 1/(2x) = −h'(x) (SPEC §2 KL), float64; series
+    from 16. x·v is formed from the series before its last 1/x (x itself may overflow)."""
+    large = x >= 16.0
     poly = 7.0 / 6 + u * 0.0
     poly = poly * u - 7.0 / 6
     poly = poly * u - 691.0 / 2730
@@ -370,11 +345,8 @@ def remainder_series_x_derivative(u):
 
 @triton.jit
 def fisher_remainder(x, trigamma, tetragamma, u):
-    """(r(x), x·r'(x)) with r(x) = 1/ψ1(x) − x + ½; series from 30 (float64) / 8 (float32)."""
-    if x.dtype == tl.float64:
-        large = x >= 30.0
-    else:
-        large = x >= 8.0
+    """(r(x), x·r'(x)) with r(x) = 1/ψ1(x) − x + ½ (SPEC §2 logdet), float64; series from 30."""
+    large = x >= 30.0
     inv_trigamma = 1.0 / trigamma
     r_prime_direct = -tetragamma * inv_trigamma * inv_trigamma - 1.0
     r = tl.where(large, remainder_series(u), inv_trigamma - x + 0.5)
