@@ -419,7 +419,8 @@ def emit_python_fit(out, name, doc, fit: Fit):
     out.append("@triton.jit")
     out.append(f"def {name}{PY_SUFFIX}(s):")
     out += python_docstring(f"{doc} Degree {len(c) - 1} in s; fit error (relative, float32 coefficients, exact "
-                            f"arithmetic) {fit.max_error:.1e}. special_functions_f32_fits.h `{name}`.")
+                            f"arithmetic) {fit.max_error:.1e}. special_functions_f32_fits.h `{name}` (SPEC §2 "
+                            '"Float32 element math").')
     out.append(f"    p = {python_literal(c[-1])}")
     for k in range(len(c) - 2, 0, -1):
         out.append(f"    p = p * s + {python_literal(c[k])}")
@@ -431,7 +432,7 @@ def emit_python_series(out, name, doc, coefficients: list[Fraction]):
     out.append("@triton.jit")
     out.append(f"def {name}{PY_SUFFIX}(u):")
     out += python_docstring(f"{doc} Terms to u^{len(coefficients) - 1}; omitted terms below 2^-30 relative at "
-                            f"x = 8. special_functions_f32_fits.h `{name}`.")
+                            f"x = 8. special_functions_f32_fits.h `{name}` (SPEC §2 \"Float32 element math\").")
     nonzero = [k for k, c in enumerate(coefficients) if c != 0]
     top = nonzero[-1]
     out.append(f"    p = {python_literal(float(coefficients[top]))}")

@@ -457,20 +457,21 @@ EXP_DOUBLE_ARG_F32 = tl.constexpr(745.0)
 
 @triton.jit
 def inf_f32(like):
-    """+inf as a float32 tensor of `like`'s shape (a float constant of inf cannot be written in a
-    kernel that Inductor rebuilds from its source)."""
+    """+inf as a float32 tensor of `like`'s shape, the overflow value of SPEC §2 "Float32 element math"
+    (a float constant of inf cannot be written in a kernel that Inductor rebuilds from its source)."""
     return tl.full(like.shape, 0x7F800000, tl.int32).to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def inf_f64(like):
-    """+inf as a float64 tensor of `like`'s shape."""
+    """+inf as a float64 tensor of `like`'s shape (α beyond DBL_MAX: SPEC §1's overflow error)."""
     return tl.full(like.shape, 0x7FF0000000000000, tl.int64).to(tl.float64, bitcast=True)
 
 
 @triton.jit
 def pow2_f32(e):
-    """2^e as float32 for int32 e in [−126, 127] (elementary_f32.h float_of((e + 127) << 23))."""
+    """2^e as float32 for int32 e in [−126, 127] (elementary_f32.h float_of((e + 127) << 23); SPEC §2
+    "Float32 element math")."""
     return ((e + 127) << 23).to(tl.float32, bitcast=True)
 
 
@@ -495,7 +496,7 @@ def exp_reduction_f32(x, upper):
 def exp_from_reduction_f32(x, e_r, n):
     """e^x in float32 from `exp_reduction_f32(x, upper)` (any upper >= MAX_EXP_ARG_F32): +inf
     above MAX_EXP_ARG_F32, 0 below MIN_EXP_ARG_F32, subnormal results rounded once (2^n applied as
-    two normal factors), elementary_f32.h exp_f."""
+    two normal factors), elementary_f32.h exp_f (SPEC §2 "Float32 element math")."""
     # n >> 1 (floor) where C++ has n / 2 (truncation): both split 2^n into two normal factors, and
     # e_r·2^half is exact either way, so the product rounds once to the same value.
     half = n >> 1
@@ -544,9 +545,10 @@ def log_f32(x):
 
 @triton.jit
 def log_and_quarter_log_f32(x):
-    """(ln x, ln(x/4)) for finite float32 x >= 2^-124: the values of log_f(x) and log_f(x·¼) in
-    elementary_f32.h, bit for bit, from one reduction (x and x/4 share their mantissa, so only the
-    exponent k differs: k − 2)."""
+    """(ln x, ln(x/4)) for finite float32 x >= 2^-124, the logarithm and the fits' variable s of SPEC
+    §2 "Float32 element math": the values of log_f(x) and log_f(x·¼) in elementary_f32.h, bit for bit,
+    from one reduction (x and x/4 share their mantissa, so only the exponent k differs: k − 2)."""
+    tl.static_assert(FIT_CENTRE_F32 == 4.0, "the fits' variable ln(x/c) is taken as ln x's reduction with k − 2")
     k, m = _log_mantissa_f32(x)
     k4 = k - 2.0
     return k * LN2_HI_F32 + (m + k * LN2_LO_F32), k4 * LN2_HI_F32 + (m + k4 * LN2_LO_F32)
@@ -554,7 +556,8 @@ def log_and_quarter_log_f32(x):
 
 @triton.jit
 def log1p_f32(y):
-    """ln(1 + y) for float32 y >= 0, the rounding of 1 + y corrected (elementary_f32.h log1p_f)."""
+    """ln(1 + y) for float32 y >= 0, the rounding of 1 + y corrected (elementary_f32.h log1p_f; SPEC
+    §1's softplus)."""
     u = 1.0 + y
     correction = tl.math.div_rn((u - 1.0) - y, u)
     return tl.where(u == 1.0, y, log_f32(u) - correction)
@@ -622,9 +625,9 @@ def ldexp_f64(v, n):
 
 @triton.jit
 def scaled_square_f64(a_m, a_k):
-    """(α·2^-511)² in float64 (line_terms.h kSquareScale) of α = a_m·2^a_k (a_m float32 >= 0.7, a_k
-    int32 >= 0 with a_m >= 1 where a_k = 0): the mantissa squared in float32 (one rounding, 2^-24
-    relative), its exponent set by the bits. NaN stays NaN."""
+    """(α·2^-511)² in float64, the MSE statistic's element (SPEC §2 mse; line_terms.h kSquareScale), of
+    α = a_m·2^a_k (a_m float32 >= 0.7, a_k int32 >= 0, a_m >= 1 where a_k = 0): the mantissa squared
+    in float32 (one rounding, 2^-24 relative), its exponent set by the bits. NaN stays NaN."""
     bits = a_m.to(tl.int32, bitcast=True)
     e = ((bits >> 23) & 0xFF) - 127
     m = ((bits & 0x007FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)  # [1, 2)
@@ -692,7 +695,7 @@ def element_polygammas_f32(x, beyond, log_x):
     beside terms of order one ((N − 1)/2 in the logdet, the logdet ratio in its gradient)."""
     series = x >= SERIES_FROM_F32
     xf = tl.where(x < inf_f32(x), x, FLT_MAX_F32)  # finite_argument: its series limits are exact
-    log_z, log_quarter = log_and_quarter_log_f32(xf)  # x/4 (1/FIT_CENTRE_F32): exact
+    log_z, log_quarter = log_and_quarter_log_f32(xf)  # x/4: exact
     s = tl.where(series, 0.0, log_quarter)
     log_z = tl.where(beyond, log_x, log_z)
     inv_z = tl.math.div_rn(1.0, x)

@@ -22,7 +22,7 @@ FIT_CENTRE_F32 = tl.constexpr(4.0)
 @triton.jit
 def x_trigamma_fit_f32(s):
     """x·ψ1(x). Degree 8 in s; fit error (relative, float32 coefficients, exact arithmetic) 1.0e-08.
-    special_functions_f32_fits.h `x_trigamma_fit`."""
+    special_functions_f32_fits.h `x_trigamma_fit` (SPEC §2 "Float32 element math")."""
     p = -2.9674831239390187e-05
     p = p * s + -5.764154775533825e-05
     p = p * s + 0.0006271593156270683
@@ -37,7 +37,7 @@ def x_trigamma_fit_f32(s):
 @triton.jit
 def x2_tetragamma_fit_f32(s):
     """x²·ψ2(x). Degree 10 in s; fit error (relative, float32 coefficients, exact arithmetic)
-    1.3e-09. special_functions_f32_fits.h `x2_tetragamma_fit`."""
+    1.3e-09. special_functions_f32_fits.h `x2_tetragamma_fit` (SPEC §2 "Float32 element math")."""
     p = -1.7367654436384328e-05
     p = p * s + -1.9520544810802676e-05
     p = p * s + 0.00010541297524468973
@@ -54,7 +54,8 @@ def x2_tetragamma_fit_f32(s):
 @triton.jit
 def digamma_fit_f32(s):
     """ψ(x) = (x − x0)·P (x0 the root of ψ). Degree 9 in s; fit error (relative, float32
-    coefficients, exact arithmetic) 1.2e-09. special_functions_f32_fits.h `digamma_fit`."""
+    coefficients, exact arithmetic) 1.2e-09. special_functions_f32_fits.h `digamma_fit` (SPEC §2
+    "Float32 element math")."""
     p = 1.5708151295257267e-06
     p = p * s + 4.387579338072101e-06
     p = p * s + -5.745619273511693e-05
@@ -70,7 +71,7 @@ def digamma_fit_f32(s):
 @triton.jit
 def lgamma_fit_f32(s):
     """lnΓ(x) = (x − 1)(x − 2)·P. Degree 8 in s; fit error (relative, float32 coefficients, exact
-    arithmetic) 2.9e-09. special_functions_f32_fits.h `lgamma_fit`."""
+    arithmetic) 2.9e-09. special_functions_f32_fits.h `lgamma_fit` (SPEC §2 "Float32 element math")."""
     p = -8.973714784588083e-07
     p = p * s + 2.1797734461870277e-06
     p = p * s + 1.4001025192555971e-05
@@ -86,7 +87,8 @@ def lgamma_fit_f32(s):
 def kl_h_plus_one_fit_f32(s):
     """h(x) + 1 = (x − 1)ψ(x) − lnΓ(x) − x + 1 = (x − 1)·P(s) (from 2 on; below,
     kl_h_plus_one_near_one_fit). Degree 9 in s; fit error (relative, float32 coefficients, exact
-    arithmetic) 4.9e-09. special_functions_f32_fits.h `kl_h_plus_one_fit`."""
+    arithmetic) 4.9e-09. special_functions_f32_fits.h `kl_h_plus_one_fit` (SPEC §2 "Float32 element
+    math")."""
     p = -3.788473122767755e-06
     p = p * s + -9.741069334268104e-06
     p = p * s + 9.742054680828005e-05
@@ -106,7 +108,7 @@ def kl_h_plus_one_near_one_fit_f32(s):
     without a bias that thousands of elements would add up: near 1 its variable is ln x itself (no
     rounding there), not ln(x/4) (≈ −1.39, rounded). Degree 6 in s; fit error (relative, float32
     coefficients, exact arithmetic) 5.3e-10. special_functions_f32_fits.h
-    `kl_h_plus_one_near_one_fit`."""
+    `kl_h_plus_one_near_one_fit` (SPEC §2 "Float32 element math")."""
     p = -0.0011404120596125722
     p = p * s + 0.00980337243527174
     p = p * s + -0.04508281126618385
@@ -119,7 +121,8 @@ def kl_h_plus_one_near_one_fit_f32(s):
 @triton.jit
 def x_kl_v_fit_f32(s):
     """x·v(x) = x(1 − (x − 1)ψ1(x)). Degree 10 in s; fit error (relative, float32 coefficients,
-    exact arithmetic) 5.8e-09. special_functions_f32_fits.h `x_kl_v_fit`."""
+    exact arithmetic) 5.8e-09. special_functions_f32_fits.h `x_kl_v_fit` (SPEC §2 "Float32 element
+    math")."""
     p = 5.261810201773187e-06
     p = p * s + 2.443110861349851e-05
     p = p * s + -2.3934979253681377e-05
@@ -136,7 +139,8 @@ def x_kl_v_fit_f32(s):
 @triton.jit
 def log_trigamma_fit_f32(s):
     """ln ψ1(x) = (x − x1)·P (x1: ψ1(x1) = 1). Degree 10 in s; fit error (relative, float32
-    coefficients, exact arithmetic) 3.9e-09. special_functions_f32_fits.h `log_trigamma_fit`."""
+    coefficients, exact arithmetic) 3.9e-09. special_functions_f32_fits.h `log_trigamma_fit` (SPEC
+    §2 "Float32 element math")."""
     p = -3.136612122034421e-06
     p = p * s + 5.588989097304875e-06
     p = p * s + 1.687839176156558e-05
@@ -153,7 +157,8 @@ def log_trigamma_fit_f32(s):
 @triton.jit
 def remainder_fit_f32(s):
     """r(x) = 1/ψ1(x) − x + ½. Degree 12 in s; fit error (relative, float32 coefficients, exact
-    arithmetic) 9.6e-09. special_functions_f32_fits.h `remainder_fit`."""
+    arithmetic) 9.6e-09. special_functions_f32_fits.h `remainder_fit` (SPEC §2 "Float32 element
+    math")."""
     p = -1.4434782542593894e-06
     p = p * s + -5.112161034048768e-06
     p = p * s + 5.117515229358105e-06
@@ -172,7 +177,8 @@ def remainder_fit_f32(s):
 @triton.jit
 def x_remainder_prime_fit_f32(s):
     """x·r'(x) = x(−ψ2/ψ1² − 1). Degree 12 in s; fit error (relative, float32 coefficients, exact
-    arithmetic) 1.1e-08. special_functions_f32_fits.h `x_remainder_prime_fit`."""
+    arithmetic) 1.1e-08. special_functions_f32_fits.h `x_remainder_prime_fit` (SPEC §2 "Float32
+    element math")."""
     p = 7.177210136433132e-06
     p = p * s + 8.648239600006491e-06
     p = p * s + -3.4639826480997726e-05
@@ -193,7 +199,8 @@ def fisher_slope_fit_f32(s):
     """f'(x) = (2x + 1)ψ1(x) + x(x + 1)ψ2(x), f = x(x + 1)ψ1, as f'(1) + (x − 1)·P: 0.127 at x = 1
     from parts of 4.9, and 6x larger at x = 2 (a polynomial whose value is a sixth of its terms'
     would lose 4 ulps in float32). Degree 11 in s; fit error (relative, float32 coefficients, exact
-    arithmetic) 3.2e-09. special_functions_f32_fits.h `fisher_slope_fit`."""
+    arithmetic) 3.2e-09. special_functions_f32_fits.h `fisher_slope_fit` (SPEC §2 "Float32 element
+    math")."""
     p = -7.8131479313015e-06
     p = p * s + 1.2988502021471504e-05
     p = p * s + -7.454185833921656e-05
@@ -211,7 +218,7 @@ def fisher_slope_fit_f32(s):
 @triton.jit
 def x_trigamma_series_f32(u):
     """x·ψ1(x) = 1 + u/2 + Σ B_2k u^2k. Terms to u^8; omitted terms below 2^-30 relative at x = 8.
-    special_functions_f32_fits.h `x_trigamma_series`."""
+    special_functions_f32_fits.h `x_trigamma_series` (SPEC §2 "Float32 element math")."""
     p = -0.03333333507180214
     p = p * u
     p = p * u + 0.02380952425301075
@@ -227,7 +234,7 @@ def x_trigamma_series_f32(u):
 @triton.jit
 def x2_tetragamma_series_f32(u):
     """x²·ψ2(x) = −1 − u − Σ (2k + 1) B_2k u^2k. Terms to u^8; omitted terms below 2^-30 relative at
-    x = 8. special_functions_f32_fits.h `x2_tetragamma_series`."""
+    x = 8. special_functions_f32_fits.h `x2_tetragamma_series` (SPEC §2 "Float32 element math")."""
     p = 0.30000001192092896
     p = p * u
     p = p * u + -0.1666666716337204
@@ -243,7 +250,7 @@ def x2_tetragamma_series_f32(u):
 @triton.jit
 def digamma_tail_series_f32(u):
     """D(u), ψ(x) = ln x − D(u). Terms to u^6; omitted terms below 2^-30 relative at x = 8.
-    special_functions_f32_fits.h `digamma_tail_series`."""
+    special_functions_f32_fits.h `digamma_tail_series` (SPEC §2 "Float32 element math")."""
     p = 0.003968254197388887
     p = p * u
     p = p * u + -0.008333333767950535
@@ -257,7 +264,8 @@ def digamma_tail_series_f32(u):
 @triton.jit
 def lgamma_tail_series_f32(u):
     """G(u), lnΓ(x) = x(ln x − 1) − ½ ln x + ½ ln 2π + G(u). Terms to u^5; omitted terms below 2^-30
-    relative at x = 8. special_functions_f32_fits.h `lgamma_tail_series`."""
+    relative at x = 8. special_functions_f32_fits.h `lgamma_tail_series` (SPEC §2 "Float32 element
+    math")."""
     p = 0.0007936508045531809
     p = p * u
     p = p * u + -0.0027777778450399637
@@ -270,7 +278,7 @@ def lgamma_tail_series_f32(u):
 @triton.jit
 def kl_h_tail_series_f32(u):
     """H(u), h(x) = −½ ln x − ½ ln 2π − ½ + H(u). Terms to u^7; omitted terms below 2^-30 relative
-    at x = 8. special_functions_f32_fits.h `kl_h_tail_series`."""
+    at x = 8. special_functions_f32_fits.h `kl_h_tail_series` (SPEC §2 "Float32 element math")."""
     p = 0.004761904943734407
     p = p * u + 0.003968254197388887
     p = p * u + -0.004761904943734407
@@ -285,7 +293,7 @@ def kl_h_tail_series_f32(u):
 @triton.jit
 def x_kl_v_series_f32(u):
     """x·v(x). Terms to u^9; omitted terms below 2^-30 relative at x = 8.
-    special_functions_f32_fits.h `x_kl_v_series`."""
+    special_functions_f32_fits.h `x_kl_v_series` (SPEC §2 "Float32 element math")."""
     p = -0.07575757801532745
     p = p * u + -0.03333333507180214
     p = p * u + 0.03333333507180214
@@ -302,7 +310,7 @@ def x_kl_v_series_f32(u):
 @triton.jit
 def log_x_trigamma_series_f32(u):
     """L(u) = ln(x·ψ1(x)), ln ψ1(x) = L(u) − ln x. Terms to u^7; omitted terms below 2^-30 relative
-    at x = 8. special_functions_f32_fits.h `log_x_trigamma_series`."""
+    at x = 8. special_functions_f32_fits.h `log_x_trigamma_series` (SPEC §2 "Float32 element math")."""
     p = -0.012756283394992352
     p = p * u + 0.019970789551734924
     p = p * u + 0.01597222313284874
@@ -317,7 +325,7 @@ def log_x_trigamma_series_f32(u):
 @triton.jit
 def remainder_series_f32(u):
     """r(x) = Σ ρ_k u^k (from 1/(xψ1)). Terms to u^11; omitted terms below 2^-30 relative at x = 8.
-    special_functions_f32_fits.h `remainder_series`."""
+    special_functions_f32_fits.h `remainder_series` (SPEC §2 "Float32 element math")."""
     p = 0.21965259313583374
     p = p * u + 0.07624606043100357
     p = p * u + -0.0604008249938488
@@ -336,7 +344,7 @@ def remainder_series_f32(u):
 @triton.jit
 def x_remainder_prime_series_f32(u):
     """x·r'(x) = −Σ k·ρ_k u^k. Terms to u^13; omitted terms below 2^-30 relative at x = 8.
-    special_functions_f32_fits.h `x_remainder_prime_series`."""
+    special_functions_f32_fits.h `x_remainder_prime_series` (SPEC §2 "Float32 element math")."""
     p = 13.74892520904541
     p = p * u + 3.0555732250213623
     p = p * u + -2.4161784648895264
@@ -357,7 +365,7 @@ def x_remainder_prime_series_f32(u):
 @triton.jit
 def fisher_slope_series_f32(u):
     """f'(x) = 1 − (2/3)u² + … (no cancellation). Terms to u^9; omitted terms below 2^-30 relative
-    at x = 8. special_functions_f32_fits.h `fisher_slope_series`."""
+    at x = 8. special_functions_f32_fits.h `fisher_slope_series` (SPEC §2 "Float32 element math")."""
     p = 0.2666666805744171
     p = p * u + 0.23333333432674408
     p = p * u + -0.1428571492433548
