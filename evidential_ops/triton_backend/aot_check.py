@@ -12,6 +12,10 @@ configuration spills (on the --strict-arch targets: both by default); exits 0 wi
 triton cannot compile here (not importable, or no ptxas). Run by `make triton-aot-check` (part of
 `make test`).
 
+Instruction counts of the compiled code (per element in the hot loop, by class, float64 DMUL/DFMA
+apart) are bench/static_profile.py's, which compiles the default configurations the same way
+(`compile_environment`).
+
 It also compiles every default-configuration kernel as torch.compile's Inductor sees it: Inductor
 does not call our kernels, it rebuilds each one's source from the global names it uses
 (`inductor_rebuild`), and a helper it cannot resolve there (a module alias, a module-level float)
@@ -252,7 +256,7 @@ def main(argv=None) -> int:
         target = GPUTarget("cuda", arch, 32)
         for job in jobs_by_arch[arch]:
             try:
-                _compiled, log = compile_with_log(job, target)
+                _, log = compile_with_log(job, target)
                 res = resources(log)
             except Exception as error:
                 failures.append(f"{job.kernel} {job.config} {job.variant} sm_{arch}: {type(error).__name__}: "

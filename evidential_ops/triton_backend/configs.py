@@ -43,13 +43,15 @@ class TileConfig:
 # (TCL, UML, DUQ) in float32 "ieee", TF32 and bfloat16 (aot_check compiles each generation's own
 # defaults and fails on a spill). The per-element special functions keep many values live; small
 # tiles with several warps keep that within 255 registers. ptxas allocates differently per
-# target: the Hopper stats tile spills 4-36 bytes on sm_80 (DUQ float32, UML TF32), a 16-deep K
-# step there does not. Larger tiles are in the autotuning space.
-# With triton 3.6 (the lent GPU machines' version) no candidate stats tile is spill-free: over the
-# 12 required stats variants the sm_90 default spills 52 bytes in all (at most 32 in one, TCL
-# float32 at 128 registers), and each of m16n16k16w4, m16n16k{16,32}w8, m16n32k32w8 spills 28-140;
-# sm_80's default 32. Measured ahead of time (aot_check under triton 3.6); whether that costs time
-# is for the GPU benchmark.
+# target: with the float32 element math (SPEC §2 "Float32 element math", triton 3.9) the stats
+# tile m16n16k32w4 is spill-free on sm_90 and sm_80, where m16n16k16w4 (sm_80's default before)
+# spills 8 bytes in UML float32, so both generations share it. Larger tiles are in the autotuning
+# space.
+# With triton 3.6 (the lent GPU machines' version), measured with the element math before the
+# float32 one, no candidate stats tile was spill-free: over the 12 required stats variants the
+# sm_90 default spilled 52 bytes in all (at most 32 in one, TCL float32 at 128 registers), and each
+# of m16n16k16w4, m16n16k{16,32}w8, m16n32k32w8 28-140; sm_80's default 32. Not measured again
+# (aot_check under triton 3.6); whether spills cost time is for the GPU benchmark.
 DEFAULTS_BY_ARCH = {
     90: {
         "stats": TileConfig(16, 16, 32, 4, 1),
@@ -57,7 +59,7 @@ DEFAULTS_BY_ARCH = {
         "grad_similarity": TileConfig(64, 32, 0, 8, 1),
     },
     80: {
-        "stats": TileConfig(16, 16, 16, 4, 1),
+        "stats": TileConfig(16, 16, 32, 4, 1),
         "grad": TileConfig(32, 32, 32, 8, 1, block_d=64),
         "grad_similarity": TileConfig(64, 32, 0, 8, 1),
     },

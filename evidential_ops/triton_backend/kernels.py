@@ -15,11 +15,16 @@ Tile kernels (one evaluation of the special functions per element, s never store
 Per-line kernels (float64, O(K)): `line_loss_kernel` and `line_gradient_kernel` port
 csrc/kernels/line_terms.h (`line_terms`, `line_gradient`).
 
-Numerics (README "Triton backend"): per-element math runs in CT = float32 for float32/float16/
-bfloat16 inputs and float64 for float64 inputs; every reduction (row and column statistics,
-across tiles and within a tile) is float64, so strips of rows sum to the square problem's column
-statistics to ~1e-16 and the statistics layout is exactly the C++ one. exp evidence beyond float32
-(τ = 0.01: e^100) is carried as α = a_s·2^k (special.exp_scaled); ln α and 1/α feed the series.
+Numerics (README "Triton backend"): float32, float16 and bfloat16 inputs take the float32 element
+math of SPEC §2 "Float32 element math" (special.py's float32 set, the C++ float32 functions' forms
+and coefficients): x = s·(1/τ), α and every per-element function in float32, widened to float64
+for the sums by conversions and exponent bits, without a float64 product per element. What stays
+float64 there: the line sums, each line's target α (from s, once per line after the sweep) and α
+of exp evidence beyond FLT_MAX (x > 88.7, exact as e_r·2^n; ln α = x feeds the series). Float64
+inputs keep the float64 forms (special.py's float64 set; α beyond float64 carried as a_s·2^k).
+Every reduction (row and column statistics, across tiles and within a tile) is float64, so strips
+of rows sum to the square problem's column statistics to ~1e-16 and the statistics layout is
+exactly the C++ one.
 """
 
 from __future__ import annotations
@@ -31,18 +36,29 @@ import triton.language as tl
 # global names it calls and copies @triton.jit functions, but not a module such as `sp`.
 from .special import (
     digamma_difference,
+    element_polygammas_f32,
     evidence_alpha,
+    evidence_f32,
     fisher_remainder,
+    fisher_remainder_f32,
+    fisher_slope_f32,
     kl_h,
+    kl_h_plus_one_f32,
     kl_v,
+    ldexp_f64,
     log_trigamma,
+    log_trigamma_f32,
     plain_argument,
     polygammas,
     polygammas_scaled,
     pow2,
     scaled_argument,
-    splat,
+    scaled_product_f32,
+    scaled_square_f64,
+    split_f64,
+    tetragamma_trigamma_ratio_f32,
     trigamma_difference,
+    x_kl_v_f32,
 )
 
 # Sizes of the LineStat layout (csrc/kernels/line_terms.h: target α, rest, kl h, squares, fisher,
@@ -83,15 +99,66 @@ def _rmw_partial(ptr, cols, cmask, values):
 
 
 @triton.jit
-def _element_kl_h(xs, small, digamma, lgamma, log_z, u):
-    """h(α) of an element as float64. float32: the direct form below 8, (x − 1)ψ(x) − lnΓ(x) − x with
-    ψ and lnΓ shifted from x + 8, cancels to ~2e-6 absolute in float32 — too much for a KL that sums
-    K of them and is itself small (SPEC: 1e-5). That branch runs in float64 (tl.where evaluates it
-    for every element: the full float64 polygammas); the series branch (α >= 8) stays in CT."""
-    h = kl_h(xs, small, digamma, lgamma, log_z, u).to(tl.float64)
-    if xs.dtype != tl.float64:
-        h = tl.where(small, _kl_h_of(xs.to(tl.float64)), h)
-    return h
+def _element_stats_f64(s, inv_tau, EVIDENCE: tl.constexpr, MSE: tl.constexpr, KL: tl.constexpr,
+                       FMSE: tl.constexpr, LOGDET: tl.constexpr):
+    """Per element of a float64 tile, in float64 (SPEC §2 "Stable forms"): (α, (α·2^-511)², h(α),
+    α(α + 1)ψ1(α), ln ψ1(α), r(α)), the contributions to the LineStats of line_terms.h (zeros for
+    the terms not enabled)."""
+    a_s, k, _rho = evidence_alpha(s, inv_tau, EVIDENCE, tl.float64)
+    scale = pow2(k, a_s)  # 2^k
+    alpha64 = a_s * scale
+    zero = tl.zeros_like(alpha64)
+    sq, kl_h_value, fisher, lt, rr = zero, zero, zero, zero, zero
+    if MSE:
+        # (α·2^-511)² (line_terms.h kSquareScale), formed without overflow
+        scaled = a_s * pow2(k - 511, alpha64)
+        sq = scaled * scaled
+    if KL or FMSE or LOGDET:
+        small, xs, zz, log_z, u = scaled_argument(a_s, k)
+        digamma, trigamma, tetragamma, lgamma, x_trigamma, x2_tetragamma = \
+            polygammas_scaled(small, xs, zz, log_z, u)
+        if KL:
+            kl_h_value = kl_h(xs, small, digamma, lgamma, log_z, u)
+        if FMSE:
+            # (α + 1)·(αψ1(α)): αψ1 → 1 while α(α + 1) alone overflows
+            fisher = (a_s + pow2(-k, a_s)) * x_trigamma * scale
+        if LOGDET:
+            lt = log_trigamma(small, trigamma, x_trigamma, log_z)
+            rr, _xrp = fisher_remainder(a_s, trigamma, tetragamma, u)
+    return alpha64, sq, kl_h_value, fisher, lt, rr
+
+
+@triton.jit
+def _element_stats_f32(s, inv_tau32, EVIDENCE: tl.constexpr, MSE: tl.constexpr, KL: tl.constexpr,
+                       FMSE: tl.constexpr, LOGDET: tl.constexpr):
+    """Per element of a float32 tile, with float32 element math (SPEC §2 "Float32 element math"):
+    x = s·(1/τ) and α in float32, the special functions of special.py's float32 set, each value
+    widened to float64 for the line sums without a float64 product: (α, (α·2^-511)², h(α) + 1,
+    α(α + 1)ψ1(α), ln ψ1(α), r(α)) (zeros for the terms not enabled). exp evidence beyond FLT_MAX
+    (x > 88.7) keeps α in float64 (e_r·2^n, exact) and enters the series as ln α = x."""
+    x = s * inv_tau32
+    alpha, _rho, e_r, n, beyond = evidence_f32(x, EVIDENCE)
+    alpha64 = tl.where(beyond, ldexp_f64(e_r.to(tl.float64), n), alpha.to(tl.float64))
+    zero = tl.zeros_like(alpha64)
+    sq, kl_h_plus_one, fisher, lt, rr = zero, zero, zero, zero, zero
+    if MSE:
+        sq = scaled_square_f64(tl.where(beyond, e_r, alpha), tl.where(beyond, n, 0))
+    if KL or FMSE or LOGDET:
+        series, s_fit, log_z, inv_z, _digamma, _lgamma, x_trigamma, _x2_tetragamma = \
+            element_polygammas_f32(alpha, beyond, x)
+        if KL:
+            kl_h_plus_one = kl_h_plus_one_f32(alpha, series, s_fit, log_z, inv_z).to(tl.float64)
+        if FMSE:
+            # (α + 1)·(αψ1(α)) in float32 at 2^-64 of its size, so that it cannot overflow (α <= FLT_MAX
+            # here; 2^-64 times α + 1 is exact and normal), then widened and rescaled by the bits. Beyond
+            # FLT_MAX it is α + 3/2 + O(1/α): α itself in float64.
+            scaled = (alpha * 5.421010862427522e-20 + 5.421010862427522e-20) * x_trigamma
+            fisher = tl.where(beyond, alpha64, ldexp_f64(scaled.to(tl.float64), tl.full(x.shape, 64, tl.int32)))
+        if LOGDET:
+            lt = log_trigamma_f32(alpha, series, s_fit, log_z, inv_z).to(tl.float64)
+            r, _x_r_prime = fisher_remainder_f32(series, s_fit, inv_z)
+            rr = r.to(tl.float64)
+    return alpha64, sq, kl_h_plus_one, fisher, lt, rr
 
 
 @triton.jit
@@ -116,6 +183,7 @@ def stats_kernel(
     """
     pid = tl.program_id(0)
     inv_tau = tl.full([], inv_tau, tl.float64)  # (float arguments: see `line_loss_kernel`)
+    inv_tau32 = inv_tau.to(tl.float32)
     CT: tl.constexpr = tl.float64 if F64 else tl.float32
     PRECISION: tl.constexpr = "tf32" if TF32 else "ieee"
     NS: tl.constexpr = 1 + MSE + KL + FMSE + 2 * LOGDET
@@ -137,71 +205,85 @@ def stats_kernel(
         acc_fi = tl.zeros((BLOCK_M,), tl.float64)
         acc_lt = tl.zeros((BLOCK_M,), tl.float64)
         acc_rr = tl.zeros((BLOCK_M,), tl.float64)
+        target_s = tl.zeros((BLOCK_M, BLOCK_N), CT)
         for c0 in range(0, n_other, BLOCK_N):
             cols = c0 + tl.arange(0, BLOCK_N)
             cmask = cols < n_other
             s = _s_tile(a_ptr, b_ptr, rows, cols, rmask, cmask, stride_ai, stride_ak, stride_bj, stride_bk, D,
                         FROM_S, PRECISION, CT, BLOCK_M, BLOCK_N, BLOCK_K)
-            a_s, k, _rho = evidence_alpha(s, inv_tau, EVIDENCE, CT)
             valid = rmask[:, None] & cmask[None, :]
             if HAS_TARGET:
                 on_target = cols[None, :] == rows[:, None] + t_off
             else:
                 on_target = cols[None, :] < 0
             off = valid & (~on_target)
-            scale = pow2(k, tl.zeros_like(s).to(tl.float64))  # 2^k
-            alpha64 = a_s.to(tl.float64) * scale
+            if F64:
+                alpha64, sq, kl_stat, fisher, lt, rr = _element_stats_f64(s, inv_tau, EVIDENCE, MSE, KL, FMSE, LOGDET)
+            else:
+                alpha64, sq, kl_stat, fisher, lt, rr = _element_stats_f32(s, inv_tau32, EVIDENCE, MSE, KL, FMSE,
+                                                                       LOGDET)
             rest_c = tl.where(off, alpha64, 0.0)
             if OWN:
                 acc_rest += tl.sum(rest_c, 1)
             if OTHER:
                 _rmw_partial(part, cols, cmask, tl.sum(rest_c, 0))
             if HAS_TARGET:
-                target_c = tl.where(valid & on_target, alpha64, 0.0)
-                if OWN:
-                    acc_target += tl.sum(target_c, 1)
-                if OTHER:
-                    # column j's target row is j − t_off: store it where that row is in this block
-                    has_target = (cols - t_off >= rb * BLOCK_M) & (cols - t_off < rb * BLOCK_M + BLOCK_M) & \
-                        (cols - t_off < n_own) & cmask
-                    tl.store(other_ptr + cols, tl.sum(target_c, 0), mask=has_target)
+                if F64:
+                    target_c = tl.where(valid & on_target, alpha64, 0.0)
+                    if OWN:
+                        acc_target += tl.sum(target_c, 1)
+                    if OTHER:
+                        # column j's target row is j − t_off: store it where that row is in this block
+                        has_target = (cols - t_off >= rb * BLOCK_M) & (cols - t_off < rb * BLOCK_M + BLOCK_M) & \
+                            (cols - t_off < n_own) & cmask
+                        tl.store(other_ptr + cols, tl.sum(target_c, 0), mask=has_target)
+                else:
+                    target_s += tl.where(valid & on_target, s, 0.0)  # one element per row in all: exact
             if MSE:
-                # Σ (α·2^-511)² (line_terms.h kSquareScale): float64, formed without overflow
-                scaled = a_s.to(tl.float64) * pow2(k - 511, alpha64)
-                sq_c = tl.where(off, scaled * scaled, 0.0)
+                sq_c = tl.where(off, sq, 0.0)
                 if OWN:
                     acc_sq += tl.sum(sq_c, 1)
                 if OTHER:
                     _rmw_partial(part + SLOT_SQ * n_other, cols, cmask, tl.sum(sq_c, 0))
-            if KL or FMSE or LOGDET:
-                small, xs, zz, log_z, u = scaled_argument(a_s, k)
-                digamma, trigamma, tetragamma, lgamma, x_trigamma, x2_tetragamma = \
-                    polygammas_scaled(small, xs, zz, log_z, u)
-                if KL:
-                    kl_c = tl.where(off, _element_kl_h(xs, small, digamma, lgamma, log_z, u), 0.0)
-                    if OWN:
-                        acc_kl += tl.sum(kl_c, 1)
-                    if OTHER:
-                        _rmw_partial(part + SLOT_KL * n_other, cols, cmask, tl.sum(kl_c, 0))
-                if FMSE:
-                    # (α + 1)·(αψ1(α)): αψ1 → 1 while α(α + 1) alone overflows
-                    fisher_s = (a_s + pow2(-k, a_s)) * x_trigamma
-                    fi_c = tl.where(off, fisher_s.to(tl.float64) * scale, 0.0)
-                    if OWN:
-                        acc_fi += tl.sum(fi_c, 1)
-                    if OTHER:
-                        _rmw_partial(part + SLOT_FI * n_other, cols, cmask, tl.sum(fi_c, 0))
-                if LOGDET:
-                    lt = log_trigamma(small, trigamma, x_trigamma, log_z)
-                    rr, _xrp = fisher_remainder(a_s, trigamma, tetragamma, u)
-                    lt_c = tl.where(valid, lt.to(tl.float64), 0.0)
-                    rr_c = tl.where(valid, rr.to(tl.float64), 0.0)
-                    if OWN:
-                        acc_lt += tl.sum(lt_c, 1)
-                        acc_rr += tl.sum(rr_c, 1)
-                    if OTHER:
-                        _rmw_partial(part + SLOT_LT * n_other, cols, cmask, tl.sum(lt_c, 0))
-                        _rmw_partial(part + (SLOT_LT + 1) * n_other, cols, cmask, tl.sum(rr_c, 0))
+            if KL:
+                kl_c = tl.where(off, kl_stat, 0.0)
+                row_kl = tl.sum(kl_c, 1)
+                col_kl = tl.sum(kl_c, 0)
+                if not F64:
+                    # Float32 elements give h + 1 (SPEC §2 "Float32 element math"): −1 per summed
+                    # element, added once per line and tile in float64.
+                    summed = off.to(tl.int32)
+                    row_kl -= tl.sum(summed, 1).to(tl.float64)
+                    col_kl -= tl.sum(summed, 0).to(tl.float64)
+                if OWN:
+                    acc_kl += row_kl
+                if OTHER:
+                    _rmw_partial(part + SLOT_KL * n_other, cols, cmask, col_kl)
+            if FMSE:
+                fi_c = tl.where(off, fisher, 0.0)
+                if OWN:
+                    acc_fi += tl.sum(fi_c, 1)
+                if OTHER:
+                    _rmw_partial(part + SLOT_FI * n_other, cols, cmask, tl.sum(fi_c, 0))
+            if LOGDET:
+                lt_c = tl.where(valid, lt, 0.0)
+                rr_c = tl.where(valid, rr, 0.0)
+                if OWN:
+                    acc_lt += tl.sum(lt_c, 1)
+                    acc_rr += tl.sum(rr_c, 1)
+                if OTHER:
+                    _rmw_partial(part + SLOT_LT * n_other, cols, cmask, tl.sum(lt_c, 0))
+                    _rmw_partial(part + (SLOT_LT + 1) * n_other, cols, cmask, tl.sum(rr_c, 0))
+        if HAS_TARGET and not F64:
+            # A line's target α enters its finalisation alone (ψ(S) − ψ(α_y) of the risk, α̃_y of the
+            # KL): float64 from s (x = s/τ in float64), as the reference has it, once per line after
+            # the sweep, where it adds nothing to the registers of the element loop.
+            target_col = rows + t_off
+            has_target = rmask & (target_col >= 0) & (target_col < n_other)
+            a_t, k_t, _rho_t = evidence_alpha(tl.sum(target_s, 1), inv_tau, EVIDENCE, tl.float64)
+            acc_target = tl.where(has_target, a_t * pow2(k_t, a_t), 0.0)
+            if OTHER:
+                tl.store(other_ptr + target_col, acc_target, mask=has_target)
         if OWN:
             tl.store(own_ptr + 1 * n_own + rows, acc_rest, mask=rmask)
             if HAS_TARGET:
@@ -284,15 +366,13 @@ def _line_share(p, off, on_target, f_kv, f_slope, f_ratio, f_xrp, c_all, c_off, 
 
 
 @triton.jit
-def _gradient_tile(s, rows, cols, valid, t_off, inv_tau, own_ptr, n_own, other_ptr, n_other, rmask, cmask,
-                   EVIDENCE: tl.constexpr, MSE: tl.constexpr, KL: tl.constexpr, FMSE: tl.constexpr,
-                   LOGDET: tl.constexpr, CT: tl.constexpr):
-    """∂L/∂s of a tile (CT; 0 outside `valid`): (α∂L/∂α of the own line + of the other line)·ρ/τ."""
-    a_s, k, rho = evidence_alpha(s, inv_tau, EVIDENCE, CT)
-    on_target = (cols[None, :] == rows[:, None] + t_off)
-    on = tl.where(on_target, 1.0, 0.0).to(CT)
-    off = 1.0 - on
-    alpha64 = a_s.to(tl.float64) * pow2(k, tl.zeros_like(s).to(tl.float64))
+def _element_backward_f64(s, inv_tau, o_inv_s, t_inv_s, EVIDENCE: tl.constexpr, KL: tl.constexpr,
+                          FMSE: tl.constexpr, LOGDET: tl.constexpr):
+    """Per element of a float64 tile (SPEC §2 "Stable forms"): ρ = g'(x)/α, the factors of
+    element_terms.h ElementBackward (α·v(α), f'(α), αψ2/ψ1, α·r'(α); zeros for the terms not
+    enabled) and p = α/S of the own and the other line."""
+    a_s, k, rho = evidence_alpha(s, inv_tau, EVIDENCE, tl.float64)
+    alpha64 = a_s * pow2(k, a_s)
     f_kv = tl.zeros_like(a_s)
     f_slope = tl.zeros_like(a_s)
     f_ratio = tl.zeros_like(a_s)
@@ -310,10 +390,64 @@ def _gradient_tile(s, rows, cols, valid, t_off, inv_tau, own_ptr, n_own, other_p
         if LOGDET:
             f_ratio = x2_tetragamma / x_trigamma
             _r, f_xrp = fisher_remainder(a_s, trigamma, tetragamma, u)
+    return rho, f_kv, f_slope, f_ratio, f_xrp, alpha64 * o_inv_s[:, None], alpha64 * t_inv_s[None, :]
+
+
+@triton.jit
+def _element_backward_f32(s, inv_tau32, o_inv_s, t_inv_s, EVIDENCE: tl.constexpr, KL: tl.constexpr,
+                          FMSE: tl.constexpr, LOGDET: tl.constexpr):
+    """`_element_backward_f64` with float32 element math (SPEC §2 "Float32 element math"): x = s·(1/τ)
+    and α in float32, element_terms.h element_backward_f32's factors, and p = α/S in float32 from
+    the float64 1/S of each line without a float64 product (exp evidence: α and 1/S as mantissa and
+    exponent, so that α beyond FLT_MAX, or 1/S below FLT_MIN, keeps p exact)."""
+    x = s * inv_tau32
+    alpha, rho, e_r, n, beyond = evidence_f32(x, EVIDENCE)
+    f_kv = tl.zeros_like(alpha)
+    f_slope = tl.zeros_like(alpha)
+    f_ratio = tl.zeros_like(alpha)
+    f_xrp = tl.zeros_like(alpha)
+    if KL or FMSE or LOGDET:
+        series, s_fit, log_z, inv_z, _digamma, _lgamma, x_trigamma, x2_tetragamma = \
+            element_polygammas_f32(alpha, beyond, x)
+        if KL:
+            f_kv = x_kl_v_f32(series, s_fit, inv_z)
+        if FMSE:
+            f_slope = fisher_slope_f32(alpha, series, s_fit, inv_z)
+        if LOGDET:
+            f_ratio = tetragamma_trigamma_ratio_f32(x_trigamma, x2_tetragamma)
+            _r, f_xrp = fisher_remainder_f32(series, s_fit, inv_z)
+    if EVIDENCE == 0:
+        a_m = tl.where(beyond, e_r, alpha)
+        a_k = tl.where(beyond, n, 0)
+        own_m, own_k = split_f64(o_inv_s)
+        other_m, other_k = split_f64(t_inv_s)
+        p_own = scaled_product_f32(a_m, a_k, own_m[:, None], own_k[:, None])
+        p_other = scaled_product_f32(a_m, a_k, other_m[None, :], other_k[None, :])
+    else:
+        # α <= FLT_MAX and S = Σα within float32's range for these maps (α <= x + 2, or e + 1)
+        p_own = alpha * o_inv_s.to(tl.float32)[:, None]
+        p_other = alpha * t_inv_s.to(tl.float32)[None, :]
+    return rho, f_kv, f_slope, f_ratio, f_xrp, p_own, p_other
+
+
+@triton.jit
+def _gradient_tile(s, rows, cols, valid, t_off, inv_tau, own_ptr, n_own, other_ptr, n_other, rmask, cmask,
+                   EVIDENCE: tl.constexpr, MSE: tl.constexpr, KL: tl.constexpr, FMSE: tl.constexpr,
+                   LOGDET: tl.constexpr, CT: tl.constexpr):
+    """∂L/∂s of a tile (CT; 0 outside `valid`): (α∂L/∂α of the own line + of the other line)·ρ/τ,
+    element_terms.h line_share with the factors of `_element_backward_f64` (CT = float64) or
+    `_element_backward_f32` (float32 element math, SPEC §2 "Float32 element math")."""
+    on_target = (cols[None, :] == rows[:, None] + t_off)
+    on = tl.where(on_target, 1.0, 0.0).to(CT)
+    off = 1.0 - on
     o_inv_s, o_all, o_off, o_sq, o_fi, o_kv, o_lr, o_lrem, o_t = _load_constants(own_ptr, rows, rmask, n_own)
     t_inv_s, t_all, t_off_c, t_sq, t_fi, t_kv, t_lr, t_lrem, t_t = _load_constants(other_ptr, cols, cmask, n_other)
-    p_own = (alpha64 * o_inv_s[:, None]).to(CT)
-    p_other = (alpha64 * t_inv_s[None, :]).to(CT)
+    if CT == tl.float64:  # noqa: SIM300  (Triton constexpr dtype)
+        rho, f_kv, f_slope, f_ratio, f_xrp, p_own, p_other = _element_backward_f64(
+            s, inv_tau, o_inv_s, t_inv_s, EVIDENCE, KL, FMSE, LOGDET)
+    else:
+        rho, f_kv, f_slope, f_ratio, f_xrp, p_own, p_other = _element_backward_f32(
+            s, inv_tau.to(tl.float32), o_inv_s, t_inv_s, EVIDENCE, KL, FMSE, LOGDET)
     share = _line_share(p_own, off, on, f_kv, f_slope, f_ratio, f_xrp,
                         o_all[:, None].to(CT), o_off[:, None].to(CT), o_sq[:, None].to(CT), o_fi[:, None].to(CT),
                         o_kv[:, None].to(CT), o_lr[:, None].to(CT), o_lrem[:, None].to(CT), o_t[:, None].to(CT),
@@ -322,7 +456,7 @@ def _gradient_tile(s, rows, cols, valid, t_off, inv_tau, own_ptr, n_own, other_p
                          t_all[None, :].to(CT), t_off_c[None, :].to(CT), t_sq[None, :].to(CT), t_fi[None, :].to(CT),
                          t_kv[None, :].to(CT), t_lr[None, :].to(CT), t_lrem[None, :].to(CT), t_t[None, :].to(CT),
                          MSE, KL, FMSE, LOGDET)
-    g = share * rho * splat(inv_tau, s, CT)
+    g = share * rho * inv_tau.to(CT)
     return tl.where(valid, g, 0.0)
 
 

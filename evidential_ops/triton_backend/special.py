@@ -1,45 +1,71 @@
 """Special functions of SPEC §2 "Stable forms" as Triton device functions, from core `tl` ops.
 
-A line-for-line port of csrc/kernels/special_functions.h, elementary.h and evidence.h: the same
-recurrence shift (x -> x + 8 below 8), the same asymptotic series, the same cancellation-free
-helpers (h, v, r, the digamma/trigamma differences). No libdevice: the Triton interpreter (how CI
-runs these) cannot execute it, and Triton has no digamma anyway.
-
-Every function is generic in the floating dtype of its arguments: float64 for the per-line
-finalisation (and float64 inputs), float32 for the per-element work of float32/float16/bfloat16
-inputs. The float32 instantiation differs from the float64 one (the C++ one) only where float32
-needs it, each marked "float32:" below:
-- the recurrence sums Σ 1/(x+k)^m are formed directly from 8 reciprocals instead of as the
-  log-derivatives of the product P(x) (whose third derivative cancels ~40× at x = 1, harmless in
-  double, 5e-6 in float32);
-- the series of v(x) and r(x) start at 8 instead of 16 and 30: their direct forms cancel (r by
-  ~10^4 at x = 30, i.e. 1e-3 in float32), and 15/12 series terms at 1/x <= 1/8 are exact to
-  1e-12, far below float32's 6e-8.
-
-Huge evidence (exp at small τ: α = e^100 exceeds float32) is handled through a *scaled* argument:
-callers pass a_s with α = a_s·2^k, ln α and 1/α (see `scaled_argument`); every function below
-reads α itself only where α < 30 (where k = 0), and ln α, 1/α on the series branches.
+Two sets, as in csrc/kernels/:
+- float64 (the per-line finalisation, and the elements of float64 inputs): a line-for-line port of
+  special_functions.h, elementary.h and evidence.h: the same recurrence shift (x -> x + 8 below 8),
+  the same asymptotic series, the same cancellation-free helpers (h, v, r, the digamma/trigamma
+  differences). Huge evidence is carried as a scaled argument α = a_s·2^k (`scaled_argument`).
+- float32 (the elements of float32, float16 and bfloat16 inputs; SPEC §2 "Float32 element math"):
+  a mirror of elementary_f32.h, special_functions_f32.h and evidence.h's float32 maps: the same
+  forms, the same fits in s = ln(x/4) below 8 and series in u = 1/x from 8 on, the same branch
+  point, h + 1 as the KL statistic, and the coefficients of special_f32_fits.py, which
+  csrc/kernels/make_special_functions_f32.py writes in the same run as the C++ header. Element α
+  beyond FLT_MAX (exp evidence with x = s/τ > 88.7) enter as ln α = x (`element_polygammas_f32`).
+No libdevice: the Triton interpreter (how CI runs these) cannot execute it, and Triton has no
+digamma anyway. The float32 logarithm and exponential are elementary_f32.h's, not tl.log and
+tl.exp, whose GPU forms are approximations (ln x near 1, the variable of the KL statistic's fit
+there, would lose its relative accuracy); divisions are IEEE (`tl.math.div_rn`), as in C++.
 """
 
 from __future__ import annotations
 
+import math
+import struct
+
 import triton
 import triton.language as tl
+
+from .special_f32_fits import (
+    DIGAMMA_ROOT_HI,
+    DIGAMMA_ROOT_LO,
+    FISHER_SLOPE_AT_ONE_HI,
+    FISHER_SLOPE_AT_ONE_LO,
+    FIT_CENTRE_F32,
+    SERIES_FROM_F32,
+    TRIGAMMA_ONE_HI,
+    TRIGAMMA_ONE_LO,
+    digamma_fit_f32,
+    digamma_tail_series_f32,
+    fisher_slope_fit_f32,
+    fisher_slope_series_f32,
+    kl_h_plus_one_fit_f32,
+    kl_h_plus_one_near_one_fit_f32,
+    kl_h_tail_series_f32,
+    lgamma_fit_f32,
+    lgamma_tail_series_f32,
+    log_trigamma_fit_f32,
+    log_x_trigamma_series_f32,
+    remainder_fit_f32,
+    remainder_series_f32,
+    x2_tetragamma_fit_f32,
+    x2_tetragamma_series_f32,
+    x_kl_v_fit_f32,
+    x_kl_v_series_f32,
+    x_remainder_prime_fit_f32,
+    x_remainder_prime_series_f32,
+    x_trigamma_fit_f32,
+    x_trigamma_series_f32,
+)
 
 
 @triton.jit
 def pow2(e, like):
-    """2^e exactly, as the dtype of `like` (e: int32 tensor); 0 below the normal range."""
-    if like.dtype == tl.float64:
-        ec = tl.minimum(tl.maximum(e, -1022), 1023)
-        bits = (ec + 1023).to(tl.int64) << 52
-        v = bits.to(tl.float64, bitcast=True)
-        return tl.where(e < -1022, 0.0, v)
-    else:
-        ec = tl.minimum(tl.maximum(e, -126), 127)
-        bits = (ec + 127) << 23
-        v = bits.to(tl.float32, bitcast=True)
-        return tl.where(e < -126, 0.0, v)
+    """2^e exactly in float64 (e: int32 tensor, `like`: float64); 0 below the normal range (SPEC §1:
+    the scaled α = a_s·2^k of huge exp evidence)."""
+    ec = tl.minimum(tl.maximum(e, -1022), 1023)
+    bits = (ec + 1023).to(tl.int64) << 52
+    v = bits.to(tl.float64, bitcast=True)
+    return tl.where(e < -1022, 0.0, v)
 
 
 @triton.jit
@@ -62,25 +88,24 @@ def log1p_(y):
 
 @triton.jit
 def exp_scaled(x64, CT: tl.constexpr):
-    """e^x as (e_s, k) with e = e_s·2^k, e_s in CT and never overflowing: x (float64) is reduced
-    as x = n·ln2 + r (Cody-Waite, |r| <= ln2/2) in float64, so the only rounding is that of
-    exp(r) in CT (tl.exp of a small argument is accurate even where it is the fast hardware
-    approximation). k = 0 unless e >= 2^60 (float32) / 2^1000 (float64)."""
+    """e^x as (e_s, k) with e = e_s·2^k, e_s in CT = float64 and never overflowing (SPEC §1): x is
+    reduced as x = n·ln2 + r (Cody-Waite, |r| <= ln2/2), so the only rounding is that of exp(r)
+    (tl.exp of a small argument is accurate even where it is the fast hardware approximation).
+    k = 0 unless e >= 2^1000."""
     nf = tl.floor(x64 * 1.4426950408889634 + 0.5)
     nf = tl.minimum(tl.maximum(nf, -1100.0), 1100.0)
     r = (x64 - nf * 6.93147180369123816490e-01) - nf * 1.90821492927058770002e-10
     p = tl.exp(r.to(CT))
     n = nf.to(tl.int32)
-    if CT == tl.float64:  # noqa: SIM300  (Triton constexpr dtype)
-        k = tl.maximum(n - 1000, 0)
-    else:
-        k = tl.maximum(n - 60, 0)
+    k = tl.maximum(n - 1000, 0)
     return p * pow2(n - k, p), k
 
 
 @triton.jit
 def evidence_alpha(sv, inv_tau64, EVIDENCE: tl.constexpr, CT: tl.constexpr):
-    """α = g(s/τ) + 1 as (a_s, k, rho): α = a_s·2^k, rho = g'(x)/α (csrc/kernels/evidence.h).
+    """α = g(s/τ) + 1 as (a_s, k, rho): α = a_s·2^k, rho = g'(x)/α (SPEC §1; csrc/kernels/evidence.h)
+    in CT = float64: the elements of float64 inputs, and the line targets of float32 ones (whose
+    other elements take `evidence_f32`).
 
     EVIDENCE: 0 exp, 1 relu, 2 softplus, 3 exp_tanh (evidential_ops.config.EVIDENCE_KINDS).
     A NaN similarity stays NaN (a_s and rho), as in the C++ kernels."""
@@ -139,43 +164,27 @@ def scaled_argument(a_s, k):
 
 @triton.jit
 def shift_sums(x):
-    """(ln P, Σ 1/(x+k), Σ 1/(x+k)², Σ 1/(x+k)³), k < 8, P = Π (x + k), for x in [1, 8]."""
-    if x.dtype == tl.float64:
-        # Taylor-mode product (P, P', P'', P''') then its log-derivatives: one division.
-        p0 = x
-        p1 = tl.full(x.shape, 1.0, x.dtype)
-        p2 = tl.zeros(x.shape, x.dtype)
-        p3 = tl.zeros(x.shape, x.dtype)
-        for k in tl.static_range(1, 8):
-            t = x + k
-            p3 = p3 * t + 3.0 * p2
-            p2 = p2 * t + 2.0 * p1
-            p1 = p1 * t + p0
-            p0 = p0 * t
-        inv = 1.0 / p0
-        d1 = p1 * inv
-        d2 = p2 * inv
-        d3 = p3 * inv
-        log_p = tl.log(p0)
-        h1 = d1
-        h2 = d1 * d1 - d2
-        h3 = 0.5 * (d3 - 3.0 * d1 * d2 + 2.0 * d1 * d1 * d1)
-    else:
-        # float32: the sums directly (no cancellation), P only for its log.
-        inv = 1.0 / x
-        h1 = inv
-        h2 = inv * inv
-        h3 = h2 * inv
-        p0 = x
-        for k in tl.static_range(1, 8):
-            t = x + k
-            inv = 1.0 / t
-            i2 = inv * inv
-            h1 += inv
-            h2 += i2
-            h3 += i2 * inv
-            p0 = p0 * t
-        log_p = tl.log(p0)
+    """(ln P, Σ 1/(x+k), Σ 1/(x+k)², Σ 1/(x+k)³), k < 8, P = Π (x + k), for float64 x in [1, 8]
+    (special_functions.h's recurrence shift, SPEC §2 "Stable forms")."""
+    # Taylor-mode product (P, P', P'', P''') then its log-derivatives: one division.
+    p0 = x
+    p1 = tl.full(x.shape, 1.0, x.dtype)
+    p2 = tl.zeros(x.shape, x.dtype)
+    p3 = tl.zeros(x.shape, x.dtype)
+    for k in tl.static_range(1, 8):
+        t = x + k
+        p3 = p3 * t + 3.0 * p2
+        p2 = p2 * t + 2.0 * p1
+        p1 = p1 * t + p0
+        p0 = p0 * t
+    inv = 1.0 / p0
+    d1 = p1 * inv
+    d2 = p2 * inv
+    d3 = p3 * inv
+    log_p = tl.log(p0)
+    h1 = d1
+    h2 = d1 * d1 - d2
+    h3 = 0.5 * (d3 - 3.0 * d1 * d2 + 2.0 * d1 * d1 * d1)
     return log_p, h1, h2, h3
 
 
@@ -278,12 +287,9 @@ def kl_h(x, small, digamma, lgamma, log_z, u):
 
 @triton.jit
 def kl_v(x, trigamma, u):
-    """(v(x), x·v(x)) with v(x) = 1 − (x − 1)ψ1(x) ≈ 1/(2x) = −h'(x); series from 16 (float64) /
-    8 (float32). x·v is formed from the series before its last 1/x (x itself may overflow)."""
-    if x.dtype == tl.float64:
-        large = x >= 16.0
-    else:
-        large = x >= 8.0
+    """(v(x), x·v(x)) with v(x) = 1 − (x − 1)ψ1(x) ≈ 1/(2x) = −h'(x) (SPEC §2 KL), float64; series
+    from 16. x·v is formed from the series before its last 1/x (x itself may overflow)."""
+    large = x >= 16.0
     poly = 7.0 / 6 + u * 0.0
     poly = poly * u - 7.0 / 6
     poly = poly * u - 691.0 / 2730
@@ -339,11 +345,8 @@ def remainder_series_x_derivative(u):
 
 @triton.jit
 def fisher_remainder(x, trigamma, tetragamma, u):
-    """(r(x), x·r'(x)) with r(x) = 1/ψ1(x) − x + ½; series from 30 (float64) / 8 (float32)."""
-    if x.dtype == tl.float64:
-        large = x >= 30.0
-    else:
-        large = x >= 8.0
+    """(r(x), x·r'(x)) with r(x) = 1/ψ1(x) − x + ½ (SPEC §2 logdet), float64; series from 30."""
+    large = x >= 30.0
     inv_trigamma = 1.0 / trigamma
     r_prime_direct = -tetragamma * inv_trigamma * inv_trigamma - 1.0
     r = tl.where(large, remainder_series(u), inv_trigamma - x + 0.5)
@@ -425,3 +428,339 @@ def trigamma_difference(a, r):
         br = b + r
         shift -= (r / br) * ((2.0 * b + r) / br) / (b * b)
     return trigamma_difference_series(tl.where(low, a + 20.0, a), r) + tl.where(low, shift, 0.0)
+
+
+# ------------------------------------------------------- float32 element math (SPEC §2 "Float32 element math")
+
+
+def _float32(value: float) -> float:
+    """`value` rounded to float32, as a Python float (exact)."""
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
+# elementary_f32.h's constants, derived as it derives them (a test compares them with the header).
+LN2_HI_F32 = tl.constexpr(355.0 / 512.0)  # 9 bits: n·LN2_HI_F32 is exact for |n| < 2^15
+LN2_LO_F32 = tl.constexpr(_float32(math.log(2.0) - 355.0 / 512.0))
+LOG2E_F32 = tl.constexpr(_float32(1.0 / math.log(2.0)))
+ROUND_MAGIC_F32 = tl.constexpr(1.5 * 2.0**23)  # x + magic rounds x to an integer
+MAX_EXP_ARG_F32 = tl.constexpr(_float32(math.log(3.4028234663852886e38)))  # exp_f: +inf above
+MIN_EXP_ARG_F32 = tl.constexpr(_float32(-150.0 * math.log(2.0)))  # below: e^x rounds to 0
+SQRT2_F32 = tl.constexpr(_float32(math.sqrt(2.0)))
+FLT_MAX_F32 = tl.constexpr(3.4028234663852886e38)
+# special_functions_f32.h's ½ ln 2π and ½ ln 2π − ½ (the constant of h + 1's series).
+HALF_LOG_2PI_F32 = tl.constexpr(_float32(0.5 * math.log(2.0 * math.pi)))
+HALF_LOG_2PI_MINUS_HALF_F32 = tl.constexpr(_float32(0.5 * math.log(2.0 * math.pi) - 0.5))
+# Exp evidence's α in float64 beyond FLT_MAX (`evidence_f32`) reduces x up to here: e^x beyond
+# DBL_MAX (x > 709.8) must come out as +inf, which 2^1075 does.
+EXP_DOUBLE_ARG_F32 = tl.constexpr(745.0)
+
+
+@triton.jit
+def inf_f32(like):
+    """+inf as a float32 tensor of `like`'s shape, the overflow value of SPEC §2 "Float32 element math"
+    (a float constant of inf cannot be written in a kernel that Inductor rebuilds from its source)."""
+    return tl.full(like.shape, 0x7F800000, tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def inf_f64(like):
+    """+inf as a float64 tensor of `like`'s shape (α beyond DBL_MAX: SPEC §1's overflow error)."""
+    return tl.full(like.shape, 0x7FF0000000000000, tl.int64).to(tl.float64, bitcast=True)
+
+
+@triton.jit
+def pow2_f32(e):
+    """2^e as float32 for int32 e in [−126, 127] (elementary_f32.h float_of((e + 127) << 23); SPEC §2
+    "Float32 element math")."""
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def exp_reduction_f32(x, upper):
+    """(e_r, n) with e^xc = e_r·2^n, xc = x clamped to [MIN_EXP_ARG_F32, upper], e_r in [0.7, 1.42]
+    float32 and n int32: elementary_f32.h exp_f's reduction (Cody-Waite, 9-bit ln 2) and Taylor
+    polynomial (truncation below 5.3e-9 relative), SPEC §2 "Float32 element math"."""
+    xc = tl.minimum(tl.maximum(x, MIN_EXP_ARG_F32), upper)
+    n = (xc * LOG2E_F32 + ROUND_MAGIC_F32) - ROUND_MAGIC_F32  # round(x / ln 2), exact
+    r = (xc - n * LN2_HI_F32) - n * LN2_LO_F32  # |r| <= 0.347
+    p = 1.0 / 5040.0
+    p = p * r + 1.0 / 720.0
+    p = p * r + 1.0 / 120.0
+    p = p * r + 1.0 / 24.0
+    p = p * r + 1.0 / 6.0
+    p = p * r + 0.5
+    return 1.0 + (r + r * r * p), n.to(tl.int32)
+
+
+@triton.jit
+def exp_from_reduction_f32(x, e_r, n):
+    """e^x in float32 from `exp_reduction_f32(x, upper)` (any upper >= MAX_EXP_ARG_F32): +inf
+    above MAX_EXP_ARG_F32, 0 below MIN_EXP_ARG_F32, subnormal results rounded once (2^n applied as
+    two normal factors), elementary_f32.h exp_f (SPEC §2 "Float32 element math")."""
+    # n >> 1 (floor) where C++ has n / 2 (truncation): both split 2^n into two normal factors, and
+    # e_r·2^half is exact either way, so the product rounds once to the same value.
+    half = n >> 1
+    result = (e_r * pow2_f32(half)) * pow2_f32(n - half)
+    result = tl.where(x > MAX_EXP_ARG_F32, inf_f32(x), result)
+    return tl.where(x < MIN_EXP_ARG_F32, 0.0, result)
+
+
+@triton.jit
+def exp_f32(x):
+    """exp(x) for float32 x (elementary_f32.h exp_f; below 1 ulp, SPEC §2 "Float32 element math")."""
+    e_r, n = exp_reduction_f32(x, MAX_EXP_ARG_F32)
+    return exp_from_reduction_f32(x, e_r, n)
+
+
+@triton.jit
+def _log_mantissa_f32(x):
+    """(k, m) with ln x = k·ln 2 + m for finite normal x > 0: elementary_f32.h log_f's reduction
+    (mantissa in [0.707, 1.414]) and its series ln(1 + f) = 2 atanh(f/(2 + f)), m = ln(1 + f)."""
+    bits = x.to(tl.int32, bitcast=True)
+    biased = bits >> 23
+    mantissa = ((bits & 0x007FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)  # [1, 2)
+    high = mantissa > SQRT2_F32
+    mantissa = tl.where(high, mantissa * 0.5, mantissa)
+    k = (biased - 127 + high.to(tl.int32)).to(tl.float32)
+    f = mantissa - 1.0  # exact
+    s = tl.math.div_rn(f, 2.0 + f)
+    z = s * s
+    big_r = 2.0 / 11.0
+    big_r = big_r * z + 2.0 / 9.0
+    big_r = big_r * z + 2.0 / 7.0
+    big_r = big_r * z + 2.0 / 5.0
+    big_r = big_r * z + 2.0 / 3.0
+    big_r = big_r * z
+    half_f_sq = 0.5 * f * f
+    return k, f - (half_f_sq - s * (half_f_sq + big_r))
+
+
+@triton.jit
+def log_f32(x):
+    """ln(x) for finite, normal float32 x > 0 (elementary_f32.h log_f; below 1 ulp)."""
+    k, m = _log_mantissa_f32(x)
+    # k·LN2_HI_F32 is exact (k has at most 8 bits, LN2_HI_F32 9); the small parts are added first.
+    return k * LN2_HI_F32 + (m + k * LN2_LO_F32)
+
+
+@triton.jit
+def log_and_quarter_log_f32(x):
+    """(ln x, ln(x/4)) for finite float32 x >= 2^-124, the logarithm and the fits' variable s of SPEC
+    §2 "Float32 element math": the values of log_f(x) and log_f(x·¼) in elementary_f32.h, bit for bit,
+    from one reduction (x and x/4 share their mantissa, so only the exponent k differs: k − 2)."""
+    tl.static_assert(FIT_CENTRE_F32 == 4.0, "the fits' variable ln(x/c) is taken as ln x's reduction with k − 2")
+    k, m = _log_mantissa_f32(x)
+    k4 = k - 2.0
+    return k * LN2_HI_F32 + (m + k * LN2_LO_F32), k4 * LN2_HI_F32 + (m + k4 * LN2_LO_F32)
+
+
+@triton.jit
+def log1p_f32(y):
+    """ln(1 + y) for float32 y >= 0, the rounding of 1 + y corrected (elementary_f32.h log1p_f; SPEC
+    §1's softplus)."""
+    u = 1.0 + y
+    correction = tl.math.div_rn((u - 1.0) - y, u)
+    return tl.where(u == 1.0, y, log_f32(u) - correction)
+
+
+@triton.jit
+def evidence_f32(x, EVIDENCE: tl.constexpr):
+    """The evidence maps of SPEC §1 in float32 at x = s·(1/τ) (a float32 product): (α, ρ, e_r, n,
+    beyond), α = g(x) + 1 and ρ = g'(x)/α as evidence.h's evidence_value<kKind>(float x).
+
+    exp evidence beyond FLT_MAX (beyond: e^x rounds to +inf, x >= 88.7228) gives α = +inf and ρ = 1,
+    as in C++; there
+    e^x = e_r·2^n (e_r float32, n int32; n > 1023 where e^x exceeds double too), from the same
+    reduction as α itself, which `ldexp_f64` turns into the float64 α exactly and ln α = x feeds the
+    series (`element_polygammas_f32`). Other kinds: beyond is false, e_r and n unused. A NaN x stays
+    NaN in α and ρ."""
+    if EVIDENCE == 0:
+        e_r, n = exp_reduction_f32(x, EXP_DOUBLE_ARG_F32)
+        e = exp_from_reduction_f32(x, e_r, n)
+        alpha = e + 1.0
+        # e^x rounds to +inf from x = MAX_EXP_ARG_F32 itself (e^x exceeds FLT_MAX from 88.7228391)
+        beyond = e == inf_f32(e)
+        rho = tl.where(beyond, 1.0, tl.math.div_rn(e, alpha))  # inf/inf would be NaN
+    else:
+        e_r = x
+        n = tl.zeros(x.shape, tl.int32)
+        beyond = tl.full(x.shape, 0, tl.int1)
+        if EVIDENCE == 1:
+            positive = x > 0.0
+            alpha = tl.where(positive, x, 0.0) + 1.0
+            rho = tl.where(positive, tl.math.div_rn(1.0, alpha), 0.0)
+        elif EVIDENCE == 2:
+            # softplus(x) = max(x, 0) + ln(1 + e^-|x|), exact for every x; g' = sigmoid(x)
+            small = exp_f32(-tl.abs(x))
+            softplus = tl.where(x > 0.0, x, 0.0) + log1p_f32(small)
+            sigmoid = tl.math.div_rn(tl.where(x > 0.0, 1.0, small), 1.0 + small)
+            alpha = softplus + 1.0
+            rho = tl.math.div_rn(sigmoid, alpha)
+        else:
+            # q = e^{-2|x|}: tanh = ±(1 − q)/(1 + q), 1 − tanh² = 4q/(1 + q)² without cancellation
+            q = exp_f32(-2.0 * tl.abs(x))
+            inv = tl.math.div_rn(1.0, 1.0 + q)
+            magnitude = (1.0 - q) * inv
+            t = tl.where(x < 0.0, -magnitude, magnitude)
+            e = exp_f32(t)
+            alpha = e + 1.0
+            rho = tl.math.div_rn(e * (4.0 * q * inv * inv), alpha)
+    alpha = tl.where(x == x, alpha, x)
+    rho = tl.where(x == x, rho, x)
+    return alpha, rho, e_r, n, beyond
+
+
+@triton.jit
+def ldexp_f64(v, n):
+    """v·2^n in float64 by the exponent bits, no multiplication (SPEC §2 "Float32 element math": no
+    float64 product per element): v > 0 normal with a normal result or one beyond DBL_MAX (then
+    +inf); a NaN v stays NaN."""
+    bits = v.to(tl.int64, bitcast=True)
+    biased = (bits >> 52) & 0x7FF
+    n64 = n.to(tl.int64)
+    out = (bits + (n64 << 52)).to(tl.float64, bitcast=True)
+    out = tl.where(biased + n64 > 2046, inf_f64(v), out)
+    return tl.where(v == v, out, v)
+
+
+@triton.jit
+def scaled_square_f64(a_m, a_k):
+    """(α·2^-511)² in float64, the MSE statistic's element (SPEC §2 mse; line_terms.h kSquareScale), of
+    α = a_m·2^a_k (a_m float32 >= 0.7, a_k int32 >= 0, a_m >= 1 where a_k = 0): the mantissa squared
+    in float32 (one rounding, 2^-24 relative), its exponent set by the bits. NaN stays NaN."""
+    bits = a_m.to(tl.int32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) - 127
+    m = ((bits & 0x007FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)  # [1, 2)
+    out = ldexp_f64((m * m).to(tl.float64), 2 * (e + a_k) - 1022)
+    return tl.where(a_m == a_m, out, a_m.to(tl.float64))
+
+
+@triton.jit
+def split_f64(v):
+    """(m, k) with v = m·2^k, m float32 in [0.5, 1] (the float64 mantissa rounded) and k int32, for a
+    finite float64 v >= 0 (SPEC §2 "Float32 element math": 1/S of a line, S up to DBL_MAX; 0 gives
+    k below −2000, so that a product with it is flushed to 0)."""
+    bits = v.to(tl.int64, bitcast=True)
+    subnormal = ((bits >> 52) & 0x7FF) == 0
+    # A subnormal v is its mantissa bits times 2^-1074: those bits as a double (an exact conversion).
+    v = tl.where(subnormal, (bits & 0xFFFFFFFFFFFFF).to(tl.float64), v)
+    bits = v.to(tl.int64, bitcast=True)
+    k = ((bits >> 52) & 0x7FF).to(tl.int32) - 1022 - tl.where(subnormal, 1074, 0)
+    m = ((bits & 0xFFFFFFFFFFFFF) | (1022 << 52)).to(tl.float64, bitcast=True).to(tl.float32)
+    return m, k
+
+
+@triton.jit
+def scaled_product_f32(a_m, a_k, b_m, b_k):
+    """(a_m·2^a_k)·(b_m·2^b_k) in float32 for a result <= 1 (a probability α/S of SPEC §2): the
+    mantissas multiplied (one rounding), the power of two applied as two normal factors. A result
+    below 2^-124 is 0: it is below any float32 quantity it is added to."""
+    e = a_k + b_k
+    ec = tl.minimum(tl.maximum(e, -252), 252)
+    half = ec >> 1
+    p = ((a_m * b_m) * pow2_f32(half)) * pow2_f32(ec - half)
+    return tl.where(e < -252, 0.0, p)
+
+
+@triton.jit
+def _fill_polygammas_f32(x, series, s, log_z, inv_z):
+    """ψ, lnΓ, xψ1, x²ψ2 of both branches from the reduction (special_functions_f32.h
+    fill_polygammas; x read only on the fitted branch)."""
+    x_fit = tl.where(series, 1.0, x)  # keeps the discarded fit lanes finite
+    u = inv_z
+    z = tl.where(series, x, SERIES_FROM_F32)
+    digamma_series = log_z - digamma_tail_series_f32(u)
+    # x(ln x − 1) first: it overflows only where lnΓ itself does.
+    lgamma_series = z * (log_z - 1.0) - 0.5 * log_z + (HALF_LOG_2PI_F32 + lgamma_tail_series_f32(u))
+    digamma_factor = (x_fit - DIGAMMA_ROOT_HI) - DIGAMMA_ROOT_LO
+    lgamma_factor = (x_fit - 1.0) * (x_fit - 2.0)
+    digamma = tl.where(series, digamma_series, digamma_factor * digamma_fit_f32(s))
+    lgamma = tl.where(series, lgamma_series, lgamma_factor * lgamma_fit_f32(s))
+    x_trigamma = tl.where(series, x_trigamma_series_f32(u), x_trigamma_fit_f32(s))
+    x2_tetragamma = tl.where(series, x2_tetragamma_series_f32(u), x2_tetragamma_fit_f32(s))
+    return digamma, lgamma, x_trigamma, x2_tetragamma
+
+
+@triton.jit
+def element_polygammas_f32(x, beyond, log_x):
+    """special_functions_f32.h polygammas(x) for float32 x >= 1 (+inf gives the x → ∞ limits of
+    every scaled function), or where `beyond`, polygammas_of_log(log_x) for α = e^log_x beyond
+    FLT_MAX (x = +inf there): SPEC §2 "Float32 element math". Returns (series, s, log_z, inv_z, ψ,
+    lnΓ, xψ1, x²ψ2): the branch (x >= 8: series in u = 1/x), s = ln(x/4) on the fitted branch,
+    ln x, 1/x, and the four functions (those a caller does not read cost nothing once compiled).
+
+    Beyond FLT_MAX, u = 1/x is 0 here where polygammas_of_log takes exp(−log_x) (below 2^-128,
+    subnormal up to log_x = 104): each series is its u → 0 limit then, which is its float32 value
+    for all but the functions that are themselves O(u) (r, x·r'), and those enter the losses only
+    beside terms of order one ((N − 1)/2 in the logdet, the logdet ratio in its gradient)."""
+    series = x >= SERIES_FROM_F32
+    xf = tl.where(x < inf_f32(x), x, FLT_MAX_F32)  # finite_argument: its series limits are exact
+    log_z, log_quarter = log_and_quarter_log_f32(xf)  # x/4: exact
+    s = tl.where(series, 0.0, log_quarter)
+    log_z = tl.where(beyond, log_x, log_z)
+    inv_z = tl.math.div_rn(1.0, x)
+    digamma, lgamma, x_trigamma, x2_tetragamma = _fill_polygammas_f32(x, series, s, log_z, inv_z)
+    return series, s, log_z, inv_z, digamma, lgamma, x_trigamma, x2_tetragamma
+
+
+@triton.jit
+def polygammas_f32(x):
+    """special_functions_f32.h polygammas(x), x >= 1 float32: `element_polygammas_f32` without the
+    log-space entry (SPEC §2 "Float32 element math")."""
+    return element_polygammas_f32(x, tl.full(x.shape, 0, tl.int1), x)
+
+
+@triton.jit
+def kl_h_plus_one_f32(x, series, s, log_z, inv_z):
+    """h(x) + 1, h(x) = (x − 1)ψ(x) − lnΓ(x) − x (SPEC §2 KL; the float32 KL statistic, SPEC §2
+    "Float32 element math"): special_functions_f32.h kl_h_plus_one, from `element_polygammas_f32`'s
+    reduction. Series: −½ ln x − (½ ln 2π − ½) + H(1/x)."""
+    series_value = (kl_h_tail_series_f32(inv_z) - HALF_LOG_2PI_MINUS_HALF_F32) - 0.5 * log_z
+    x_fit = tl.where(series, 1.0, x)
+    # Below 2 the fit's variable is ln x, exact near 1 (no bias for the KL to add up); above, ln(x/4).
+    near_one = kl_h_plus_one_near_one_fit_f32(tl.where(x_fit < 2.0, log_z, 0.0))
+    fit = (x_fit - 1.0) * tl.where(x_fit < 2.0, near_one, kl_h_plus_one_fit_f32(s))
+    return tl.where(series, series_value, fit)
+
+
+@triton.jit
+def x_kl_v_f32(series, s, inv_z):
+    """x·v(x), v(x) = 1 − (x − 1)ψ1(x) = −h'(x) ∈ (½, 1] (SPEC §2 KL gradient), float32:
+    special_functions_f32.h x_kl_v."""
+    return tl.where(series, x_kl_v_series_f32(inv_z), x_kl_v_fit_f32(s))
+
+
+@triton.jit
+def log_trigamma_f32(x, series, s, log_z, inv_z):
+    """ln ψ1(x) (SPEC §2 logdet), float32: (x − x1)·P(s) below 8, L(1/x) − ln x from 8 on
+    (special_functions_f32.h log_trigamma)."""
+    x_fit = tl.where(series, 1.0, x)
+    factor = (x_fit - TRIGAMMA_ONE_HI) - TRIGAMMA_ONE_LO
+    series_value = log_x_trigamma_series_f32(inv_z) - log_z
+    return tl.where(series, series_value, factor * log_trigamma_fit_f32(s))
+
+
+@triton.jit
+def fisher_remainder_f32(series, s, inv_z):
+    """(r(x), x·r'(x)), r(x) = 1/ψ1(x) − x + ½ ∈ (0, 0.108] and x·r' ∈ [−0.112, 0) (SPEC §2 logdet),
+    float32: special_functions_f32.h fisher_remainder."""
+    r = tl.where(series, remainder_series_f32(inv_z), remainder_fit_f32(s))
+    x_r_prime = tl.where(series, x_remainder_prime_series_f32(inv_z), x_remainder_prime_fit_f32(s))
+    return r, x_r_prime
+
+
+@triton.jit
+def fisher_slope_f32(x, series, s, inv_z):
+    """f'(x) = (2x + 1)ψ1(x) + x(x + 1)ψ2(x) ∈ [0.127, 1), the fmse slope (SPEC §2 fmse), float32:
+    special_functions_f32.h fisher_slope."""
+    # The fit is of (f'(x) − f'(1))/(x − 1): f' grows from 0.127 to 0.8 across [1, 2).
+    x_fit = tl.where(series, 1.0, x)
+    fit = ((x_fit - 1.0) * fisher_slope_fit_f32(s) + FISHER_SLOPE_AT_ONE_LO) + FISHER_SLOPE_AT_ONE_HI
+    return tl.where(series, fisher_slope_series_f32(inv_z), fit)
+
+
+@triton.jit
+def tetragamma_trigamma_ratio_f32(x_trigamma, x2_tetragamma):
+    """x·ψ2(x)/ψ1(x) = (x²ψ2)/(xψ1) ∈ [−1.462, −1], the logdet gradient's per-element ratio (SPEC §2
+    logdet), float32: special_functions_f32.h tetragamma_trigamma_ratio."""
+    return tl.math.div_rn(x2_tetragamma, x_trigamma)
