@@ -888,3 +888,18 @@ def test_cpu_autocast_mixed_towers(fused, gen):
     torch.testing.assert_close(loss, eo.evidential_loss(xb.detach().float(), y, backend=fused.name))
     with pytest.raises(TypeError, match="cast one of them"):  # outside autocast: no silent promotion
         eo.evidential_loss(xb, yf, backend=fused.name)
+
+
+def test_cuda_autocast_mixed_towers(fused, gen):
+    """Under CUDA autocast both towers go to the autocast dtype, as torch.mm casts them (SPEC §5)."""
+    if fused.device.type != "cuda":
+        pytest.skip("CUDA autocast needs a GPU (the CPU rule is test_cpu_autocast_mixed_towers)")
+    need(fused, dtype=torch.bfloat16)
+    x, y = random_pairs(24, 16, generator=gen, positive_cos=0.7)
+    xb = x.to(fused.device, torch.bfloat16).requires_grad_()
+    yf = y.to(fused.device).requires_grad_()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = eo.evidential_loss(xb, yf, backend=fused.name)
+    loss.backward()
+    assert loss.dtype == torch.float32 and xb.grad.dtype == torch.bfloat16 and yf.grad.dtype == torch.float32
+    torch.testing.assert_close(loss, eo.evidential_loss(xb.detach(), yf.detach().to(torch.bfloat16), backend=fused.name))
