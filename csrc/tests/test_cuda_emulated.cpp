@@ -1,11 +1,16 @@
 // The CUDA kernels of csrc/cuda/*.cu, unchanged, run on the CPU under the emulation of
 // csrc/tests/emulation/ (blocks one at a time, threads as user-level contexts, real barriers and
-// warp shuffles), against a direct double-precision evaluation of the same definitions. What this
-// pins down without a GPU: the launchers' grids, the kernels' indexing (strips, row groups,
-// column blocks, strides, targets and target offsets, directions switched off), the fixed-order
-// reductions, the storage conversions (float32/float64/float16/bfloat16, in place), the float16
-// scaling and the per-line kernels; and that every barrier is reached by the whole block or warp.
-// What it cannot: the device's own arithmetic (exp/log come from csrc/kernels/'s CPU code here),
+// warp shuffles), against a direct evaluation of the same definitions: the float64 element math
+// for float64 inputs, and for float32 and half inputs the float32 element math as the kernels
+// compose it (device_common.cuh: float32_evidence; the same csrc/kernels/ functions, evaluated here
+// element by element). What this pins down without a GPU: the launchers' grids and their choice of
+// element math, the kernels' indexing (strips, row groups, column blocks, strides, targets and
+// target offsets, directions switched off), the fixed-order reductions, the storage conversions
+// (float32/float64/float16/bfloat16, in place), the float16 scaling and the per-line kernels; and
+// that every barrier is reached by the whole block or warp. test_float32_accuracy then holds the
+// float32 path to the float64 reference in the hard regime, with tolerances derived from the
+// arithmetic. What it cannot: the device's own arithmetic (exp/log come from csrc/kernels/'s CPU
+// code here, and nvcc contracts multiply-adds into FMAs, which the derived tolerances allow for),
 // memory-model races, speed. Those are owed on a GPU (bench/gpu_session_cuda.md).
 //
 // Exit status: 0 if every check passed, 1 otherwise (each failure is printed).
@@ -59,13 +64,25 @@ kn::EvidenceValue evidence_any(int kind, double x) {
   }
 }
 
+kn::EvidenceValueF32 evidence_any(int kind, float x) {
+  switch (kind) {
+    case 0: return kn::evidence_value<kn::EvidenceKind::kExp>(x);
+    case 1: return kn::evidence_value<kn::EvidenceKind::kRelu>(x);
+    case 2: return kn::evidence_value<kn::EvidenceKind::kSoftplus>(x);
+    default: return kn::evidence_value<kn::EvidenceKind::kExpTanh>(x);
+  }
+}
+
 template <bool A, bool B, bool C>
 struct Both {
   static kn::ElementForward f(double a) { return kn::element_forward<A, B, C>(a); }
   static kn::ElementBackward b(double a) { return kn::element_backward<A, B, C>(a); }
+  static kn::ElementForwardF32 f(float a) { return kn::element_forward_f32<A, B, C>(a); }
+  static kn::ElementBackwardF32 b(float a) { return kn::element_backward_f32<A, B, C>(a); }
 };
 
-kn::ElementForward forward_any(ec::TermFlags t, double a) {
+template <typename T>
+auto forward_any(ec::TermFlags t, T a) {
   switch ((t.kl ? 1 : 0) | (t.fmse ? 2 : 0) | (t.logdet ? 4 : 0)) {
     case 0: return Both<false, false, false>::f(a);
     case 1: return Both<true, false, false>::f(a);
@@ -78,7 +95,8 @@ kn::ElementForward forward_any(ec::TermFlags t, double a) {
   }
 }
 
-kn::ElementBackward backward_any(ec::TermFlags t, double a) {
+template <typename T>
+auto backward_any(ec::TermFlags t, T a) {
   switch ((t.kl ? 1 : 0) | (t.fmse ? 2 : 0) | (t.logdet ? 4 : 0)) {
     case 0: return Both<false, false, false>::b(a);
     case 1: return Both<true, false, false>::b(a);
@@ -89,6 +107,51 @@ kn::ElementBackward backward_any(ec::TermFlags t, double a) {
     case 6: return Both<false, true, true>::b(a);
     default: return Both<true, true, true>::b(a);
   }
+}
+
+// ---------------------------------------------------------------- the float32 path, element by element
+
+constexpr double kFloatMax = 3.4028234663852886e38;
+
+bool float32_elements(ec::ScalarKind kind) { return kind != ec::ScalarKind::kFloat64; }
+
+// α and ρ of one element as the float32 path forms them (device_common.cuh: float32_evidence): the
+// float32 map at x = s·float(1/τ), the double map at a line's target and where that α leaves float32.
+struct PathEvidence {
+  float alpha_f, rho_f;  // the float32 functions' argument, and ρ
+  double alpha, rho;     // what the line sums and the double math see
+  bool beyond;           // α > FLT_MAX: float64 element math
+  double at() const { return beyond ? alpha : alpha_f; }  // the element functions' argument
+  double rho_at() const { return beyond ? rho : rho_f; }
+};
+
+PathEvidence float32_path(int kind, double s, double inv_tau, bool target) {
+  const float sf = static_cast<float>(s);  // a stored float32 or half value: exact
+  const kn::EvidenceValueF32 v = evidence_any(kind, sf * static_cast<float>(inv_tau));
+  PathEvidence e{v.alpha, v.rho, v.alpha, v.rho, false};
+  if (target || !(v.alpha < std::numeric_limits<float>::infinity())) {
+    const kn::EvidenceValue d = evidence_any(kind, static_cast<double>(sf) * inv_tau);
+    e = PathEvidence{static_cast<float>(d.alpha), static_cast<float>(d.rho), d.alpha, d.rho, !(d.alpha <= kFloatMax)};
+  }
+  return e;
+}
+
+// What one element adds to the statistics: α, (α·kSquareScale)² and the element functions.
+struct Contribution {
+  double alpha, square;
+  kn::ElementForward f;
+};
+
+Contribution contribution_f64(ec::TermFlags flags, double alpha) {
+  const double scaled = alpha * kn::kSquareScale;
+  return Contribution{alpha, scaled * scaled, forward_any(flags, alpha)};
+}
+
+// As the float32 path computes it.
+Contribution contribution_f32(ec::TermFlags flags, const PathEvidence& e) {
+  if (e.beyond) return contribution_f64(flags, e.alpha);
+  return Contribution{e.alpha, kn::square_statistic(e.alpha_f),
+                      kn::widen_from_float(e.alpha_f, forward_any(flags, e.alpha_f))};
 }
 
 // ------------------------------------------------------------------------- s in some storage
@@ -155,29 +218,36 @@ struct Stats {
   std::vector<double> rows, cols;  // (7, m), (7, n)
 };
 
+// How the reference evaluates an element: the float64 element math, or the float32 path as the
+// kernels run it for float32 and half inputs.
+enum class Elements { kFloat64, kAsKernels };
+
+Elements as_kernels(const Stored& s) { return float32_elements(s.kind) ? Elements::kAsKernels : Elements::kFloat64; }
+
 Stats reference_stats(const Stored& s, int evidence, double inv_tau, bool targets, std::int64_t offset,
-                      ec::TermFlags flags, bool rows, bool cols) {
+                      ec::TermFlags flags, bool rows, bool cols, Elements how) {
   Stats out{std::vector<double>(7 * s.m, 0.0), std::vector<double>(7 * s.n, 0.0)};
   for (std::int64_t i = 0; i < s.m; ++i) {
     for (std::int64_t j = 0; j < s.n; ++j) {
-      const double alpha = evidence_any(evidence, s.values[i * s.n + j] * inv_tau).alpha;
+      const double v = s.values[i * s.n + j];
       const bool target = targets && i + offset == j;
-      const kn::ElementForward f = forward_any(flags, alpha);
-      const double scaled = alpha * kn::kSquareScale;
+      const Contribution e = how == Elements::kFloat64
+                                 ? contribution_f64(flags, evidence_any(evidence, v * inv_tau).alpha)
+                                 : contribution_f32(flags, float32_path(evidence, v, inv_tau, target));
       const double c[7] = {0.0,
-                           target ? 0.0 : alpha,
-                           target || !flags.kl ? 0.0 : f.kl_h,
-                           target ? 0.0 : scaled * scaled,
-                           target || !flags.fmse ? 0.0 : f.fisher,
-                           flags.logdet ? f.log_trigamma : 0.0,
-                           flags.logdet ? f.remainder : 0.0};
+                           target ? 0.0 : e.alpha,
+                           target || !flags.kl ? 0.0 : e.f.kl_h,
+                           target ? 0.0 : e.square,
+                           target || !flags.fmse ? 0.0 : e.f.fisher,
+                           flags.logdet ? e.f.log_trigamma : 0.0,
+                           flags.logdet ? e.f.remainder : 0.0};
       for (int k = 1; k < 7; ++k) {
         if (rows) out.rows[k * s.m + i] += c[k];
         if (cols) out.cols[k * s.n + j] += c[k];
       }
       if (target) {
-        if (rows) out.rows[i] = alpha;
-        if (cols) out.cols[j] = alpha;
+        if (rows) out.rows[i] = e.alpha;
+        if (cols) out.cols[j] = e.alpha;
       }
     }
   }
@@ -266,8 +336,8 @@ void test_forward(std::mt19937_64& rng) {
       std::int64_t strips = 0;
       const Stats got = kernel_stats(s, evidence, kInverseTau[evidence], shape.targets, shape.offset, flags,
                                      shape.rows, shape.cols, shape.budget, &strips);
-      const Stats want =
-          reference_stats(s, evidence, kInverseTau[evidence], shape.targets, shape.offset, flags, shape.rows, shape.cols);
+      const Stats want = reference_stats(s, evidence, kInverseTau[evidence], shape.targets, shape.offset, flags,
+                                         shape.rows, shape.cols, as_kernels(s));
       const std::string what = std::string(shape.name) + " (" + std::to_string(strips) + " strips, kind " +
                                std::to_string(kind_index) + ", evidence " + std::to_string(evidence) + ", flags " +
                                std::to_string(flags.kl) + std::to_string(flags.fmse) + std::to_string(flags.logdet) +
@@ -290,7 +360,7 @@ void test_line_kernels(std::mt19937_64& rng) {
   const std::int64_t m = 50, n = 300, offset = 120;
   for (const ec::TermFlags& flags : kAllFlags) {
     const Stored s = make_similarity(m, n, offset, ec::ScalarKind::kFloat64, false, 0, rng);
-    Stats st = reference_stats(s, 0, 20.0, true, offset, flags, true, true);
+    Stats st = reference_stats(s, 0, 20.0, true, offset, flags, true, true, Elements::kFloat64);
     st.rows[kn::kRest * m + 7] = std::numeric_limits<double>::infinity();  // an overflowed line
     std::vector<double> scale(n);
     for (double& c : scale) c = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
@@ -337,15 +407,43 @@ Lines gradient_constants(const Stats& st, std::int64_t m, std::int64_t n, std::i
   return out;
 }
 
+// ∂L/∂s in float64 from α, ρ and both lines' constants (the float64 path's expression).
+double gradient_f64(ec::TermFlags flags, double alpha, double rho, bool on, const kn::LineGradient& row,
+                    const kn::LineGradient& col, double inv_tau) {
+  const double on_target = on ? 1.0 : 0.0;
+  const kn::ElementBackward f = backward_any(flags, alpha);
+  return (kn::line_share(alpha, 1.0 - on_target, on_target, f, row) +
+          kn::line_share(alpha, 1.0 - on_target, on_target, f, col)) *
+         rho * inv_tau;
+}
+
+// ∂L/∂s as the float32 path computes it: in float from the narrowed constants, or in double from the
+// same α and ρ where α exceeds FLT_MAX or the float value is not finite; then rounded to float.
+float gradient_f32(ec::TermFlags flags, const PathEvidence& e, bool on, const kn::LineGradient& row,
+                   const kn::LineGradient& col, double inv_tau) {
+  if (!e.beyond) {
+    const float on_target = on ? 1.0f : 0.0f;
+    const kn::ElementBackwardF32 f = backward_any(flags, e.alpha_f);
+    const float g = (kn::line_share(e.alpha_f, 1.0f - on_target, on_target, f, kn::narrow_line_gradient(row)) +
+                     kn::line_share(e.alpha_f, 1.0f - on_target, on_target, f, kn::narrow_line_gradient(col))) *
+                    e.rho_f * static_cast<float>(inv_tau);
+    if (std::fabs(g) <= std::numeric_limits<float>::max()) return g;
+  }
+  return static_cast<float>(gradient_f64(flags, e.at(), e.rho_at(), on, row, col, inv_tau));
+}
+
+kn::LineGradient line_of(const std::vector<double>& constants, std::int64_t n, std::int64_t i) {
+  return kn::load_line_gradient(kn::gradient_arrays(constants.data(), n), i);
+}
+
 double reference_gradient(const Stored& s, std::int64_t i, std::int64_t j, int evidence, double inv_tau,
-                          std::int64_t offset, ec::TermFlags flags, const Lines& lines) {
-  const kn::EvidenceValue v = evidence_any(evidence, s.values[i * s.n + j] * inv_tau);
-  const double on = i + offset == j ? 1.0 : 0.0;
-  const kn::ElementBackward f = backward_any(flags, v.alpha);
-  const kn::LineGradient row = kn::load_line_gradient(kn::gradient_arrays(lines.rows.data(), s.m), i);
-  const kn::LineGradient col = kn::load_line_gradient(kn::gradient_arrays(lines.cols.data(), s.n), j);
-  return (kn::line_share(v.alpha, 1.0 - on, on, f, row) + kn::line_share(v.alpha, 1.0 - on, on, f, col)) * v.rho *
-         inv_tau;
+                          std::int64_t offset, ec::TermFlags flags, const Lines& lines, Elements how) {
+  const double v = s.values[i * s.n + j];
+  const bool on = i + offset == j;
+  const kn::LineGradient row = line_of(lines.rows, s.m, i), col = line_of(lines.cols, s.n, j);
+  if (how == Elements::kAsKernels) return gradient_f32(flags, float32_path(evidence, v, inv_tau, on), on, row, col, inv_tau);
+  const kn::EvidenceValue e = evidence_any(evidence, v * inv_tau);
+  return gradient_f64(flags, e.alpha, e.rho, on, row, col, inv_tau);
 }
 
 void test_gradient(std::mt19937_64& rng) {
@@ -359,7 +457,8 @@ void test_gradient(std::mt19937_64& rng) {
       ++variant;
       Stored s = make_similarity(m, n, offset, in_kind, transposed, 0, rng);
       const bool rows = variant % 5 != 0, cols = variant % 7 != 0;
-      const Stats st = reference_stats(s, evidence, kInverseTau[evidence], true, offset, flags, true, true);
+      const Stats st =
+          reference_stats(s, evidence, kInverseTau[evidence], true, offset, flags, true, true, Elements::kFloat64);
       const Lines lines = gradient_constants(st, m, n, offset, flags, rows, cols, rng);
       const ec::ScalarKind out = out_kind == 4 ? ec::ScalarKind::kFloat32 : kKinds[out_kind];
       std::vector<double> separate(m * n + 8, std::numeric_limits<double>::quiet_NaN());
@@ -389,7 +488,8 @@ void test_gradient(std::mt19937_64& rng) {
       bool exact = true;
       for (std::int64_t i = 0; i < m && exact; ++i) {
         for (std::int64_t j = 0; j < n && exact; ++j) {
-          const double g = reference_gradient(s, i, j, evidence, kInverseTau[evidence], offset, flags, lines);
+          const double g =
+              reference_gradient(s, i, j, evidence, kInverseTau[evidence], offset, flags, lines, as_kernels(s));
           largest = std::max(largest, std::fabs(static_cast<float>(g)));
           std::vector<double> one(1);
           const double want = store_one(reinterpret_cast<char*>(one.data()), out, 0, g);
