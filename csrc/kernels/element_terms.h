@@ -175,12 +175,23 @@ EO_HOST_DEVICE double line_share(double alpha, double off, double on_target, con
 
 // LineGradient narrowed to float once per line, so that the GPU's float32 path forms the gradient
 // coefficient with no FP64 multiply per element (SPEC §2 "Float32 element math" derives what it
-// costs). A constant beyond FLT_MAX becomes ±inf and makes the float coefficient non-finite, which
-// the caller redoes in double; one below 2^-126 keeps an absolute error of at most 2^-150.
+// costs). Two constants are kept scaled by 2^64/S instead, so that every member stays in float's
+// range wherever the per-element products do:
+// - 1/S, as 2^64/S: 1/S is subnormal in float from S = 2^126 on (exp evidence beyond x = 87),
+//   where p = α/S of an α near FLT_MAX came out up to 2^-22 off, 4e-5 of the largest |∂L/∂s| at
+//   τ = 0.01; 2^64/S is normal up to S = 2^190, and beyond, p < 2^-62 is off by less than 2^-86;
+// - off, as 2^64·off/S (p·off = (α·2^-64)·(2^64·off/S)): the KL's part of off grows as S/S̃,
+//   beyond FLT_MAX where a line's target dominates it (1e158 at τ = 0.002), while p·off does not.
+// Another constant beyond FLT_MAX (an upstream gradient near it) becomes ±inf and makes the float
+// coefficient non-finite, which the caller redoes in double; one below 2^-126 keeps an absolute
+// error of at most 2^-150.
+constexpr double kInvStrengthScale = 0x1p64;
+constexpr float kInvStrengthUnscale = 0x1p-64f;
+
 struct LineGradientF32 {
-  float inv_strength;
+  float scaled_inv_strength;  // 2^64/S
   float all;
-  float off;
+  float scaled_off;  // 2^64·off/S
   float square;
   float fisher;
   float kl_v;
@@ -190,19 +201,22 @@ struct LineGradientF32 {
 };
 
 EO_HOST_DEVICE LineGradientF32 narrow_line_gradient(const LineGradient& g) {
-  return LineGradientF32{static_cast<float>(g.inv_strength), static_cast<float>(g.all),
-                         static_cast<float>(g.off),          static_cast<float>(g.square),
+  const double scale = g.inv_strength * kInvStrengthScale;
+  return LineGradientF32{static_cast<float>(scale),          static_cast<float>(g.all),
+                         static_cast<float>(g.off * scale),  static_cast<float>(g.square),
                          static_cast<float>(g.fisher),       static_cast<float>(g.kl_v),
                          static_cast<float>(g.logdet_ratio), static_cast<float>(g.logdet_remainder),
                          static_cast<float>(g.target)};
 }
 
-// line_share in float: the same expression, from the float32 element factors and a narrowed line.
+// line_share in float, from the float32 element factors and a narrowed line: the same terms, with
+// p·off formed as (α·2^-64)·(2^64·off/S) (α >= 1, so α·2^-64 is exact).
 EO_HOST_DEVICE float line_share(float alpha, float off, float on_target, const ElementBackwardF32& f,
                                 const LineGradientF32& line) {
-  const float p = alpha * line.inv_strength;
-  return p * (line.all + off * (line.off + line.square * p + line.fisher * f.fisher_slope)) +
-         off * line.kl_v * f.kl_v + line.logdet_ratio * f.logdet_ratio +
+  const float scaled_alpha = alpha * kInvStrengthUnscale;
+  const float p = scaled_alpha * line.scaled_inv_strength;
+  return p * (line.all + off * (line.square * p + line.fisher * f.fisher_slope)) +
+         off * (scaled_alpha * line.scaled_off + line.kl_v * f.kl_v) + line.logdet_ratio * f.logdet_ratio +
          line.logdet_remainder * f.logdet_r_prime + on_target * line.target;
 }
 
