@@ -2,9 +2,13 @@
 //
 // gradient_kernel: thread = column j (its LineGradient constants held in registers), walking the
 // rows of its row group. Per element: evidence α and ρ = g'(x)/α, the per-element factors of the
-// gradient (element_backward), then ∂L/∂s = (row share + column share)·ρ/τ, exactly the CPU
-// kernels' double-precision expression, stored in the output's type. Nothing is reduced except,
-// for float16 operands, max |∂L/∂s| (an integer atomicMax on float bits: exact in any order).
+// gradient, then ∂L/∂s = (row share + column share)·ρ/τ, stored in the output's type. Float64
+// views: element_backward and line_share in double, exactly the CPU kernels' expression. Float32
+// and half views: the float32 element math, and the line constants narrowed to float once per line
+// (the column's in registers, the rows' staged in shared memory a chunk at a time), so no FP64
+// multiply remains per element; an element whose α exceeds FLT_MAX, or whose float coefficient is
+// not finite (a line constant beyond FLT_MAX), is redone in double. Nothing is reduced except, for
+// float16 operands, max |∂L/∂s| (an integer atomicMax on float bits: exact in any order).
 #include "device_common.cuh"
 
 namespace evidential_ops {
@@ -18,28 +22,83 @@ __device__ __forceinline__ kn::LineGradient zero_line_gradient() {
   return g;
 }
 
+constexpr int kRowChunk = 32;  // rows whose narrowed constants are staged in shared memory at a time
+
+// ∂L/∂s of one element of the float32 path in double, for its rare elements (α beyond FLT_MAX, a
+// non-finite float coefficient): the float64 path's expression, both lines' constants read from
+// memory. Out of line, so that the per-element loop does not hold registers for it.
 template <bool kKl, bool kFmse, bool kLogdet>
-__global__ void __launch_bounds__(kThreads) gradient_kernel(const BackwardArgs a) {
+__device__ EO_OUT_OF_LINE double element_gradient_f64(const double* row_constants, std::int64_t n_rows,
+                                                      const double* col_constants, std::int64_t n_cols,
+                                                      std::int64_t line, std::int64_t j, double alpha, double rho,
+                                                      bool on, double inv_tau) {
+  const double on_target = on ? 1.0 : 0.0;
+  const double off = 1.0 - on_target;
+  const kn::ElementBackward f = kn::element_backward<kKl, kFmse, kLogdet>(alpha);
+  const kn::LineGradient row = kn::load_line_gradient(kn::gradient_arrays(row_constants, n_rows), line);
+  const kn::LineGradient column = kn::load_line_gradient(kn::gradient_arrays(col_constants, n_cols), j);
+  const double coefficient =
+      kn::line_share(alpha, off, on_target, f, row) + kn::line_share(alpha, off, on_target, f, column);
+  return coefficient * rho * inv_tau;
+}
+
+template <bool kFloat32, bool kKl, bool kFmse, bool kLogdet>
+__global__ void __launch_bounds__(kThreads, element_min_blocks(kFloat32)) gradient_kernel(const BackwardArgs a) {
   const std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const bool active = j < a.s.cols;
   const RowRange range = group_rows(a.s.rows);
   const kn::LineGradientArrays rows = kn::gradient_arrays(a.row_constants, a.n_rows);
-  const kn::LineGradient column =
-      active ? kn::load_line_gradient(kn::gradient_arrays(a.col_constants, a.n_cols), j) : zero_line_gradient();
   float largest = 0.0f;
-  if (active) {
-    for (std::int64_t i = range.begin; i < range.end; ++i) {
-      const std::int64_t line = a.s.row0 + i;
-      const kn::EvidenceValue v = evidence_of(a.evidence, load_similarity(a.s, i, j) * a.inv_tau);
-      const double on_target = line + a.target_offset == j ? 1.0 : 0.0;
-      const double off = 1.0 - on_target;
-      const kn::ElementBackward f = kn::element_backward<kKl, kFmse, kLogdet>(v.alpha);
-      const kn::LineGradient row = kn::load_line_gradient(rows, line);
-      const double coefficient =
-          kn::line_share(v.alpha, off, on_target, f, row) + kn::line_share(v.alpha, off, on_target, f, column);
-      const double g = coefficient * v.rho * a.inv_tau;  // ∂L/∂s = (α∂L/∂α)·(g'(x)/α)·(1/τ)
-      store_gradient(a.grad, a.grad_kind, i * a.grad_ld + j, g);
-      largest = fmaxf(largest, fabsf(static_cast<float>(g)));  // fmaxf drops NaN: NaN propagates anyway
+  if constexpr (kFloat32) {
+    __shared__ kn::LineGradientF32 row_lines[kRowChunk];
+    const kn::LineGradientF32 column = kn::narrow_line_gradient(
+        active ? kn::load_line_gradient(kn::gradient_arrays(a.col_constants, a.n_cols), j) : zero_line_gradient());
+    const float inv_tau_f = static_cast<float>(a.inv_tau);
+    for (std::int64_t chunk = range.begin; chunk < range.end; chunk += kRowChunk) {
+      const int n = static_cast<int>(range.end - chunk < kRowChunk ? range.end - chunk : kRowChunk);
+      if (static_cast<int>(threadIdx.x) < n) {
+        row_lines[threadIdx.x] = kn::narrow_line_gradient(kn::load_line_gradient(rows, a.s.row0 + chunk + threadIdx.x));
+      }
+      __syncthreads();
+      for (int r = 0; active && r < n; ++r) {
+        const std::int64_t i = chunk + r;
+        const std::int64_t line = a.s.row0 + i;
+        const bool on = line + a.target_offset == j;
+        const ElementEvidence e =
+            float32_evidence(a.evidence, load_similarity<float>(a.s, i, j), inv_tau_f, a.inv_tau, on);
+        const float on_target = on ? 1.0f : 0.0f;
+        const float off = 1.0f - on_target;
+        const kn::ElementBackwardF32 f = kn::element_backward_f32<kKl, kFmse, kLogdet>(e.alpha_f);
+        const float coefficient = kn::line_share(e.alpha_f, off, on_target, f, row_lines[r]) +
+                                  kn::line_share(e.alpha_f, off, on_target, f, column);
+        float g = coefficient * e.rho_f * inv_tau_f;  // ∂L/∂s = (α∂L/∂α)·(g'(x)/α)·(1/τ)
+        if (e.beyond || !(fabsf(g) <= kFloatMaxF)) {  // the same α and ρ, in double
+          g = static_cast<float>(element_gradient_f64<kKl, kFmse, kLogdet>(
+              a.row_constants, a.n_rows, a.col_constants, a.n_cols, line, j, e.beyond ? e.alpha : e.alpha_f,
+              e.beyond ? e.rho : e.rho_f, on, a.inv_tau));
+        }
+        store_gradient(a.grad, a.grad_kind, i * a.grad_ld + j, g);
+        largest = fmaxf(largest, fabsf(g));  // fmaxf drops NaN: NaN propagates anyway
+      }
+      __syncthreads();
+    }
+  } else {
+    const kn::LineGradient column =
+        active ? kn::load_line_gradient(kn::gradient_arrays(a.col_constants, a.n_cols), j) : zero_line_gradient();
+    if (active) {
+      for (std::int64_t i = range.begin; i < range.end; ++i) {
+        const std::int64_t line = a.s.row0 + i;
+        const kn::EvidenceValue v = evidence_of(a.evidence, load_similarity<double>(a.s, i, j) * a.inv_tau);
+        const double on_target = line + a.target_offset == j ? 1.0 : 0.0;
+        const double off = 1.0 - on_target;
+        const kn::ElementBackward f = kn::element_backward<kKl, kFmse, kLogdet>(v.alpha);
+        const kn::LineGradient row = kn::load_line_gradient(rows, line);
+        const double coefficient =
+            kn::line_share(v.alpha, off, on_target, f, row) + kn::line_share(v.alpha, off, on_target, f, column);
+        const double g = coefficient * v.rho * a.inv_tau;  // ∂L/∂s = (α∂L/∂α)·(g'(x)/α)·(1/τ)
+        store_gradient(a.grad, a.grad_kind, i * a.grad_ld + j, g);
+        largest = fmaxf(largest, fabsf(static_cast<float>(g)));  // fmaxf drops NaN: NaN propagates anyway
+      }
     }
   }
   if (a.max_bits != nullptr) {  // uniform over the launch
@@ -77,9 +136,23 @@ __global__ void scale_to_half_kernel(const float* g, __half* out, std::int64_t c
   }
 }
 
-template <bool kKl, bool kFmse, bool kLogdet>
+template <bool kFloat32, bool kKl, bool kFmse, bool kLogdet>
 void launch_gradient_kernel(const BackwardArgs& a, dim3 grid, cudaStream_t stream) {
-  EO_LAUNCH(grid, kThreads, stream, gradient_kernel<kKl, kFmse, kLogdet>)(a);
+  EO_LAUNCH(grid, kThreads, stream, gradient_kernel<kFloat32, kKl, kFmse, kLogdet>)(a);
+}
+
+template <bool kFloat32>
+void launch_gradient_kernel(const BackwardArgs& a, dim3 grid, cudaStream_t stream) {
+  switch ((a.terms.kl ? 1 : 0) | (a.terms.fmse ? 2 : 0) | (a.terms.logdet ? 4 : 0)) {
+    case 0: launch_gradient_kernel<kFloat32, false, false, false>(a, grid, stream); break;
+    case 1: launch_gradient_kernel<kFloat32, true, false, false>(a, grid, stream); break;
+    case 2: launch_gradient_kernel<kFloat32, false, true, false>(a, grid, stream); break;
+    case 3: launch_gradient_kernel<kFloat32, true, true, false>(a, grid, stream); break;
+    case 4: launch_gradient_kernel<kFloat32, false, false, true>(a, grid, stream); break;
+    case 5: launch_gradient_kernel<kFloat32, true, false, true>(a, grid, stream); break;
+    case 6: launch_gradient_kernel<kFloat32, false, true, true>(a, grid, stream); break;
+    default: launch_gradient_kernel<kFloat32, true, true, true>(a, grid, stream); break;
+  }
 }
 
 }  // namespace
@@ -87,15 +160,10 @@ void launch_gradient_kernel(const BackwardArgs& a, dim3 grid, cudaStream_t strea
 cudaError_t launch_gradient(const BackwardArgs& a, cudaStream_t stream) {
   if (a.s.rows <= 0 || a.s.cols <= 0) return cudaSuccess;
   const dim3 grid = element_grid(a.s.rows, a.s.cols);
-  switch ((a.terms.kl ? 1 : 0) | (a.terms.fmse ? 2 : 0) | (a.terms.logdet ? 4 : 0)) {
-    case 0: launch_gradient_kernel<false, false, false>(a, grid, stream); break;
-    case 1: launch_gradient_kernel<true, false, false>(a, grid, stream); break;
-    case 2: launch_gradient_kernel<false, true, false>(a, grid, stream); break;
-    case 3: launch_gradient_kernel<true, true, false>(a, grid, stream); break;
-    case 4: launch_gradient_kernel<false, false, true>(a, grid, stream); break;
-    case 5: launch_gradient_kernel<true, false, true>(a, grid, stream); break;
-    case 6: launch_gradient_kernel<false, true, true>(a, grid, stream); break;
-    default: launch_gradient_kernel<true, true, true>(a, grid, stream); break;
+  if (float32_elements(a.s, a.inv_tau)) {
+    launch_gradient_kernel<true>(a, grid, stream);
+  } else {
+    launch_gradient_kernel<false>(a, grid, stream);
   }
   return cudaGetLastError();
 }

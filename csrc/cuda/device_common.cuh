@@ -25,28 +25,32 @@ namespace kn = evidential_ops::generic;
 
 constexpr int kWarps = kThreads / 32;
 
-// s(i, j) of a view, in double (float16/bfloat16 -> float -> double is exact, as on the CPU,
-// which widens half inputs to float32 first). The kind is the same for the whole launch: the
-// switch is a uniform branch.
-__device__ __forceinline__ double load_similarity(const SimilarityView& s, std::int64_t i, std::int64_t j) {
+// s(i, j) of a view as T: double for the float64 element math, float for the float32 one (float16
+// and bfloat16 -> float is exact, as on the CPU, which widens half inputs to float32 first; the
+// launchers send float64 views to the double path only). The kind is the same for the whole launch:
+// the switch is a uniform branch.
+template <typename T>
+__device__ __forceinline__ T load_similarity(const SimilarityView& s, std::int64_t i, std::int64_t j) {
   const std::int64_t at = i * s.row_stride + j * s.col_stride;
   switch (s.kind) {
     case ScalarKind::kFloat32:
-      return static_cast<double>(static_cast<const float*>(s.data)[at]);
+      return static_cast<T>(static_cast<const float*>(s.data)[at]);
     case ScalarKind::kFloat64:
-      return static_cast<const double*>(s.data)[at];
+      return static_cast<T>(static_cast<const double*>(s.data)[at]);
     case ScalarKind::kFloat16:
-      return static_cast<double>(__half2float(static_cast<const __half*>(s.data)[at]));
+      return static_cast<T>(__half2float(static_cast<const __half*>(s.data)[at]));
     default:
-      return static_cast<double>(__bfloat162float(static_cast<const __nv_bfloat16*>(s.data)[at]));
+      return static_cast<T>(__bfloat162float(static_cast<const __nv_bfloat16*>(s.data)[at]));
   }
 }
 
-// ∂L/∂s into a buffer of the given kind: double -> float (-> half), the CPU kernels' roundings.
-__device__ __forceinline__ void store_gradient(void* out, ScalarKind kind, std::int64_t at, double g) {
+// ∂L/∂s into a buffer of the given kind: double -> float (-> half), the CPU kernels' roundings;
+// a float value goes to half directly.
+template <typename T>
+__device__ __forceinline__ void store_gradient(void* out, ScalarKind kind, std::int64_t at, T g) {
   switch (kind) {
     case ScalarKind::kFloat64:
-      static_cast<double*>(out)[at] = g;
+      static_cast<double*>(out)[at] = static_cast<double>(g);
       break;
     case ScalarKind::kFloat32:
       static_cast<float*>(out)[at] = static_cast<float>(g);
@@ -60,8 +64,9 @@ __device__ __forceinline__ void store_gradient(void* out, ScalarKind kind, std::
   }
 }
 
-// The evidence map of a run-time kind (uniform over a launch).
-__device__ __forceinline__ kn::EvidenceValue evidence_of(int kind, double x) {
+// The evidence map of a run-time kind (uniform over a launch), in the precision of x.
+template <typename T>
+__device__ __forceinline__ auto evidence_of(int kind, T x) {
   switch (kind) {
     case 0:
       return kn::evidence_value<kn::EvidenceKind::kExp>(x);
@@ -72,6 +77,65 @@ __device__ __forceinline__ kn::EvidenceValue evidence_of(int kind, double x) {
     default:
       return kn::evidence_value<kn::EvidenceKind::kExpTanh>(x);
   }
+}
+
+// The float32 element math (SPEC §2 "Float32 element math") for float32, float16 and bfloat16
+// views, selected at compile time (the kFloat32 parameter of the element kernels); float64 views
+// keep the float64 math. Per element: x = s·(1/τ) as a float32 product, α and ρ from the float32
+// map, the float32 element functions, no FP64 multiply or FMA; line sums stay float64.
+constexpr float kInfinityF = __builtin_inff();
+constexpr float kFloatMaxF = 3.40282347e38f;         // FLT_MAX
+constexpr double kFloatMax = 3.4028234663852886e38;  // FLT_MAX, as a double
+
+// The float32 path's rare elements call their double math out of line: the per-element loop then
+// holds no registers for it, and its instructions stay out of the loop's code (the CPU emulation
+// inlines as it likes).
+#ifndef EO_OUT_OF_LINE
+#if defined(__CUDACC__)
+#define EO_OUT_OF_LINE __noinline__
+#else
+#define EO_OUT_OF_LINE
+#endif
+#endif
+
+// Minimum blocks per multiprocessor for the element kernels' __launch_bounds__: 2 for the float32
+// ones (left to itself, ptxas squeezes some of them to 64 or 80 registers with a few bytes
+// spilled), 0 ("none") for the float64 ones, whose allocation stays as it was.
+__host__ __device__ constexpr int element_min_blocks(bool float32) { return float32 ? 2 : 0; }
+
+// The launchers' choice: 1/τ beyond FLT_MAX (τ < 2.9e-39) would make x infinite in float.
+inline bool float32_elements(const SimilarityView& s, double inv_tau) {
+  return s.kind != ScalarKind::kFloat64 && inv_tau <= kFloatMax;
+}
+
+// The double evidence map of the float32 path's rare elements, at x = s/τ formed in double.
+__device__ EO_OUT_OF_LINE inline kn::EvidenceValue evidence_in_double(int kind, float s, double inv_tau) {
+  return evidence_of(kind, static_cast<double>(s) * inv_tau);
+}
+
+// α and ρ of one element on the float32 path. The float32 map, except where its α leaves float32
+// (exp evidence beyond x = 88.7) or at a line's target, whose α enters ψ(α_y) and the strength
+// (the CPU keeps every α in double): there the double map, a branch one lane per row takes.
+// `beyond`: α > FLT_MAX, so the element's functions are the double ones too.
+struct ElementEvidence {
+  float alpha_f, rho_f;  // what the float32 functions and coefficient see
+  double alpha, rho;     // what the line sums and the double math see
+  bool beyond;
+};
+
+__device__ __forceinline__ ElementEvidence float32_evidence(int kind, float s, float inv_tau_f, double inv_tau,
+                                                            bool target) {
+  const kn::EvidenceValueF32 v = evidence_of(kind, s * inv_tau_f);
+  ElementEvidence e{v.alpha, v.rho, v.alpha, v.rho, false};
+  if (target || !(v.alpha < kInfinityF)) {  // NaN too: it comes out NaN either way
+    const kn::EvidenceValue d = evidence_in_double(kind, s, inv_tau);
+    e.alpha = d.alpha;
+    e.rho = d.rho;
+    e.alpha_f = static_cast<float>(d.alpha);
+    e.rho_f = static_cast<float>(d.rho);
+    e.beyond = !(d.alpha <= kFloatMax);
+  }
+  return e;
 }
 
 // Sum over the 32 lanes of a warp by a fixed butterfly; lane 0's result is the one used, and it

@@ -12,7 +12,10 @@
 // "tf32" (CUBLAS_COMPUTE_32F_FAST_TF32): the forward's and the backward's products alike, whatever
 // torch's global TF32 switch says. float16/bfloat16 inputs go to the tensor cores with float32
 // accumulation (s in float32; in the backward ∂L/∂s is rounded to the input's type, float16 after
-// an exact power-of-two scaling chosen on the device). float64 inputs use CUBLAS_COMPUTE_64F. Element math is double precision everywhere, as on the CPU.
+// an exact power-of-two scaling chosen on the device). float64 inputs use CUBLAS_COMPUTE_64F.
+// Element math: float32 for float32 and half inputs (SPEC §2 "Float32 element math"; the kernels
+// choose it from each view's kind, the product's type from embeddings), float64 for float64 inputs;
+// line statistics and per-line work in float64.
 //
 // Synchronisation: none in the hot path, except the τ overflow check (SPEC §1): where Σα could
 // overflow double for the given evidence, dtype and τ (always for "exp"), the forward ops read

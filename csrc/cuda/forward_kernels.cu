@@ -2,12 +2,13 @@
 //
 // Three launches per strip:
 //   1. forward_stats_kernel: thread = column j, walking the rows of its row group. Per element:
-//      evidence α, then what α contributes to the line statistics (element_forward, the CPU
-//      kernels' double-precision math). The column's sums stay in registers and end up in
-//      col_partial[group]; each row's sum over the block's 256 columns is a warp butterfly plus a
-//      fixed-order sum over the 8 warps, into row_partial[column block]. The target element of a
-//      row (column row0 + i + target_offset) is stored, not summed, as α_target of its row and of
-//      its column (a unique writer for each).
+//      evidence α, then what α contributes to the line statistics: element_forward (the CPU
+//      kernels' double-precision math) for float64 views, the float32 element math for float32 and
+//      half views (device_common.cuh: float32_evidence). The column's sums (float64) stay in
+//      registers and end up in col_partial[group]; each row's sum over the block's 256 columns is a
+//      warp butterfly plus a fixed-order sum over the 8 warps, into row_partial[column block]. The
+//      target element of a row (column row0 + i + target_offset) is stored, not summed, as
+//      α_target of its row and of its column (a unique writer for each).
 //   2. reduce_row_partials: row i's statistics = Σ over column blocks, in block order.
 //   3. reduce_col_partials: column j's statistics += Σ over row groups, in group order.
 #include "device_common.cuh"
@@ -30,8 +31,59 @@ inline int slot_mask(const TermFlags& t) {
   return mask;
 }
 
+// α of one element, (α·kSquareScale)² and its special functions.
+struct ElementStats {
+  double alpha;
+  double square;
+  kn::ElementForward f;
+};
+
 template <bool kKl, bool kFmse, bool kLogdet>
-__global__ void __launch_bounds__(kThreads) forward_stats_kernel(const ForwardArgs a) {
+__device__ __forceinline__ ElementStats element_stats_f64(double alpha) {
+  const double scaled = alpha * kn::kSquareScale;
+  return ElementStats{alpha, scaled * scaled, kn::element_forward<kKl, kFmse, kLogdet>(alpha)};
+}
+
+// The float32 path's elements whose α exceeds FLT_MAX.
+template <bool kKl, bool kFmse, bool kLogdet>
+__device__ EO_OUT_OF_LINE ElementStats element_stats_beyond_float(double alpha) {
+  return element_stats_f64<kKl, kFmse, kLogdet>(alpha);
+}
+
+// The float32 path's α of one element (device_common.cuh: float32_evidence) and its statistics.
+template <bool kKl, bool kFmse, bool kLogdet>
+__device__ __forceinline__ ElementStats element_stats_f32(const ForwardArgs& a, std::int64_t i, std::int64_t j,
+                                                          bool target, float inv_tau_f) {
+  const ElementEvidence e =
+      float32_evidence(a.evidence, load_similarity<float>(a.s, i, j), inv_tau_f, a.inv_tau, target);
+  if (e.beyond) return element_stats_beyond_float<kKl, kFmse, kLogdet>(e.alpha);
+  return ElementStats{e.alpha, kn::square_statistic(e.alpha_f),
+                      kn::widen_from_float(e.alpha_f, kn::element_forward_f32<kKl, kFmse, kLogdet>(e.alpha_f))};
+}
+
+// Element (line, j)'s contributions c[k] to the statistic slots; a target's α is stored instead.
+template <bool kKl, bool kFmse, bool kLogdet>
+__device__ __forceinline__ void add_element(const ForwardArgs& a, std::int64_t line, std::int64_t j, bool target,
+                                            double alpha, double square, const kn::ElementForward& f,
+                                            double c[kStatSlots]) {
+  // Selects, not 0/1 masks: 0·∞ would turn an overflowed target into NaN and hide the overflow
+  // the host reports.
+  c[0] = target ? 0.0 : alpha;
+  c[2] = target ? 0.0 : square;
+  if (kKl) c[1] = target ? 0.0 : f.kl_h;
+  if (kFmse) c[3] = target ? 0.0 : f.fisher;
+  if (kLogdet) {
+    c[4] = f.log_trigamma;
+    c[5] = f.remainder;
+  }
+  if (target) {
+    if (a.row_stats != nullptr) a.row_stats[kn::kTargetAlpha * a.row_stride + line] = alpha;
+    if (a.col_stats != nullptr) a.col_stats[kn::kTargetAlpha * a.col_stride + j] = alpha;
+  }
+}
+
+template <bool kFloat32, bool kKl, bool kFmse, bool kLogdet>
+__global__ void __launch_bounds__(kThreads, element_min_blocks(kFloat32)) forward_stats_kernel(const ForwardArgs a) {
   __shared__ double warp_sums[kRowChunk][kStatSlots][kWarps];
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
@@ -39,6 +91,7 @@ __global__ void __launch_bounds__(kThreads) forward_stats_kernel(const ForwardAr
   const bool active = j < a.s.cols;
   const bool want_rows = a.row_partial != nullptr;  // uniform over the launch
   const RowRange range = group_rows(a.s.rows);
+  const float inv_tau_f = static_cast<float>(a.inv_tau);  // narrowed once (float32 path only)
 
   double column[kStatSlots];
 #pragma unroll
@@ -52,24 +105,18 @@ __global__ void __launch_bounds__(kThreads) forward_stats_kernel(const ForwardAr
 #pragma unroll
       for (int k = 0; k < kStatSlots; ++k) c[k] = 0.0;
       if (active) {
-        const double alpha = evidence_of(a.evidence, load_similarity(a.s, i, j) * a.inv_tau).alpha;
-        const std::int64_t line = a.s.row0 + i;
-        const bool target = a.has_targets && line + a.target_offset == j;
-        const kn::ElementForward f = kn::element_forward<kKl, kFmse, kLogdet>(alpha);
-        const double scaled = alpha * kn::kSquareScale;
-        // Selects, not 0/1 masks: 0·∞ would turn an overflowed target into NaN and hide the
-        // overflow the host reports.
-        c[0] = target ? 0.0 : alpha;
-        c[2] = target ? 0.0 : scaled * scaled;
-        if (kKl) c[1] = target ? 0.0 : f.kl_h;
-        if (kFmse) c[3] = target ? 0.0 : f.fisher;
-        if (kLogdet) {
-          c[4] = f.log_trigamma;
-          c[5] = f.remainder;
-        }
-        if (target) {
-          if (a.row_stats != nullptr) a.row_stats[kn::kTargetAlpha * a.row_stride + line] = alpha;
-          if (a.col_stats != nullptr) a.col_stats[kn::kTargetAlpha * a.col_stride + j] = alpha;
+        if constexpr (kFloat32) {
+          const std::int64_t line = a.s.row0 + i;
+          const bool target = a.has_targets && line + a.target_offset == j;
+          const ElementStats e = element_stats_f32<kKl, kFmse, kLogdet>(a, i, j, target, inv_tau_f);
+          add_element<kKl, kFmse, kLogdet>(a, line, j, target, e.alpha, e.square, e.f, c);
+        } else {
+          const double alpha = evidence_of(a.evidence, load_similarity<double>(a.s, i, j) * a.inv_tau).alpha;
+          const std::int64_t line = a.s.row0 + i;
+          const bool target = a.has_targets && line + a.target_offset == j;
+          const kn::ElementForward f = kn::element_forward<kKl, kFmse, kLogdet>(alpha);
+          const double scaled = alpha * kn::kSquareScale;
+          add_element<kKl, kFmse, kLogdet>(a, line, j, target, alpha, scaled * scaled, f, c);
         }
 #pragma unroll
         for (int k = 0; k < kStatSlots; ++k) column[k] += c[k];
@@ -130,9 +177,23 @@ __global__ void reduce_col_partials(const ForwardArgs a, std::int64_t groups, in
   }
 }
 
-template <bool kKl, bool kFmse, bool kLogdet>
+template <bool kFloat32, bool kKl, bool kFmse, bool kLogdet>
 void launch_stats_kernel(const ForwardArgs& a, dim3 grid, cudaStream_t stream) {
-  EO_LAUNCH(grid, kThreads, stream, forward_stats_kernel<kKl, kFmse, kLogdet>)(a);
+  EO_LAUNCH(grid, kThreads, stream, forward_stats_kernel<kFloat32, kKl, kFmse, kLogdet>)(a);
+}
+
+template <bool kFloat32>
+void launch_stats_kernel(const ForwardArgs& a, dim3 grid, cudaStream_t stream) {
+  switch ((a.terms.kl ? 1 : 0) | (a.terms.fmse ? 2 : 0) | (a.terms.logdet ? 4 : 0)) {
+    case 0: launch_stats_kernel<kFloat32, false, false, false>(a, grid, stream); break;
+    case 1: launch_stats_kernel<kFloat32, true, false, false>(a, grid, stream); break;
+    case 2: launch_stats_kernel<kFloat32, false, true, false>(a, grid, stream); break;
+    case 3: launch_stats_kernel<kFloat32, true, true, false>(a, grid, stream); break;
+    case 4: launch_stats_kernel<kFloat32, false, false, true>(a, grid, stream); break;
+    case 5: launch_stats_kernel<kFloat32, true, false, true>(a, grid, stream); break;
+    case 6: launch_stats_kernel<kFloat32, false, true, true>(a, grid, stream); break;
+    default: launch_stats_kernel<kFloat32, true, true, true>(a, grid, stream); break;
+  }
 }
 
 }  // namespace
@@ -144,15 +205,10 @@ cudaError_t launch_forward_stats(const ForwardArgs& a, cudaStream_t stream) {
   if (args.row_stats == nullptr) args.row_partial = nullptr;
   if (args.col_stats == nullptr) args.col_partial = nullptr;
   const dim3 grid = element_grid(args.s.rows, args.s.cols, args.max_row_groups);
-  switch ((args.terms.kl ? 1 : 0) | (args.terms.fmse ? 2 : 0) | (args.terms.logdet ? 4 : 0)) {
-    case 0: launch_stats_kernel<false, false, false>(args, grid, stream); break;
-    case 1: launch_stats_kernel<true, false, false>(args, grid, stream); break;
-    case 2: launch_stats_kernel<false, true, false>(args, grid, stream); break;
-    case 3: launch_stats_kernel<true, true, false>(args, grid, stream); break;
-    case 4: launch_stats_kernel<false, false, true>(args, grid, stream); break;
-    case 5: launch_stats_kernel<true, false, true>(args, grid, stream); break;
-    case 6: launch_stats_kernel<false, true, true>(args, grid, stream); break;
-    default: launch_stats_kernel<true, true, true>(args, grid, stream); break;
+  if (float32_elements(args.s, args.inv_tau)) {
+    launch_stats_kernel<true>(args, grid, stream);
+  } else {
+    launch_stats_kernel<false>(args, grid, stream);
   }
   cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess) return status;

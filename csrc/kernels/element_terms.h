@@ -105,6 +105,31 @@ EO_HOST_DEVICE ElementForward widen(double alpha, const ElementForwardF32& f) {
   return out;
 }
 
+// The same from the float α, with no FP64 multiply (the GPU's float32 path, where FP64 multiplies
+// are the scarce unit): α(α + 1)ψ1 as α·(αψ1) + αψ1 in float, two roundings (one where contracted
+// to an FMA). It cannot overflow: αψ1 = 1 + 1/(2α) + … rounds to 1 long before α reaches FLT_MAX.
+EO_HOST_DEVICE ElementForward widen_from_float(float alpha, const ElementForwardF32& f) {
+  ElementForward out;
+  out.kl_h = static_cast<double>(f.kl_h_plus_one) - 1.0;
+  out.fisher = static_cast<double>(alpha * f.x_trigamma + f.x_trigamma);
+  out.log_trigamma = f.log_trigamma;
+  out.remainder = f.remainder;
+  return out;
+}
+
+// (α·kSquareScale)² of the mse statistic from a float α >= 1, with no FP64 multiply: α² spans 256
+// binades, more than float's 254 normal ones, so α >= 2^62 is scaled by 2^-66 before squaring, and
+// the remaining power of two (2^-1022, or 2^(132 − 1022) after that scaling) is subtracted from the
+// double's exponent field, exact because every result is normal (>= 2^-1022, and >= 2^-898). One
+// float rounding: relative error <= 2^-24. +inf and NaN come back unchanged.
+EO_HOST_DEVICE double square_statistic(float alpha) {
+  const bool big = alpha >= 0x1p62f;
+  const float t = select(big, alpha * 0x1p-66f, alpha);
+  const double square = static_cast<double>(t * t);
+  const std::uint64_t shift = select(big, std::uint64_t{1022 - 132}, std::uint64_t{1022});
+  return select(square < __builtin_inf(), double_of(bits_of(square) - (shift << 52)), square);
+}
+
 struct ElementBackwardF32 {
   float kl_v;            // α·v(α)
   float fisher_slope;    // f'(α)
@@ -158,6 +183,53 @@ EO_HOST_DEVICE double line_share(double alpha, double off, double on_target, con
   const double p = alpha * line.inv_strength;
   return p * (line.all + off * (line.off + line.square * p + line.fisher * f.fisher_slope)) +
          off * line.kl_v * f.kl_v + line.logdet_ratio * f.logdet_ratio +
+         line.logdet_remainder * f.logdet_r_prime + on_target * line.target;
+}
+
+// LineGradient narrowed to float once per line, so that the GPU's float32 path forms the gradient
+// coefficient with no FP64 multiply per element (SPEC §2 "Float32 element math" derives what it
+// costs). Two constants are kept scaled by 2^64/S instead, so that every member stays in float's
+// range wherever the per-element products do:
+// - 1/S, as 2^64/S: 1/S is subnormal in float from S = 2^126 on (exp evidence beyond x = 87),
+//   where p = α/S of an α near FLT_MAX came out up to 2^-22 off, 4e-5 of the largest |∂L/∂s| at
+//   τ = 0.01; 2^64/S is normal up to S = 2^190, and beyond, p < 2^-62 is off by less than 2^-86;
+// - off, as 2^64·off/S (p·off = (α·2^-64)·(2^64·off/S)): the KL's part of off grows as S/S̃,
+//   beyond FLT_MAX where a line's target dominates it (1e158 at τ = 0.002), while p·off does not.
+// Another constant beyond FLT_MAX (an upstream gradient near it) becomes ±inf and makes the float
+// coefficient non-finite, which the caller redoes in double; one below 2^-126 keeps an absolute
+// error of at most 2^-150.
+constexpr double kInvStrengthScale = 0x1p64;
+constexpr float kInvStrengthUnscale = 0x1p-64f;
+
+struct LineGradientF32 {
+  float scaled_inv_strength;  // 2^64/S
+  float all;
+  float scaled_off;  // 2^64·off/S
+  float square;
+  float fisher;
+  float kl_v;
+  float logdet_ratio;
+  float logdet_remainder;
+  float target;
+};
+
+EO_HOST_DEVICE LineGradientF32 narrow_line_gradient(const LineGradient& g) {
+  const double scale = g.inv_strength * kInvStrengthScale;
+  return LineGradientF32{static_cast<float>(scale),          static_cast<float>(g.all),
+                         static_cast<float>(g.off * scale),  static_cast<float>(g.square),
+                         static_cast<float>(g.fisher),       static_cast<float>(g.kl_v),
+                         static_cast<float>(g.logdet_ratio), static_cast<float>(g.logdet_remainder),
+                         static_cast<float>(g.target)};
+}
+
+// line_share in float, from the float32 element factors and a narrowed line: the same terms, with
+// p·off formed as (α·2^-64)·(2^64·off/S) (α >= 1, so α·2^-64 is exact).
+EO_HOST_DEVICE float line_share(float alpha, float off, float on_target, const ElementBackwardF32& f,
+                                const LineGradientF32& line) {
+  const float scaled_alpha = alpha * kInvStrengthUnscale;
+  const float p = scaled_alpha * line.scaled_inv_strength;
+  return p * (line.all + off * (line.square * p + line.fisher * f.fisher_slope)) +
+         off * (scaled_alpha * line.scaled_off + line.kl_v * f.kl_v) + line.logdet_ratio * f.logdet_ratio +
          line.logdet_remainder * f.logdet_r_prime + on_target * line.target;
 }
 
