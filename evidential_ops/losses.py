@@ -14,6 +14,19 @@ from .evidence import unit_rows
 LossOutput = Tensor | tuple[Tensor, Tensor]
 
 
+def _run_scaled(run, inv_tau: Tensor | None):
+    """run(), whose kernels saw s·(1/τ) at τ = 1 when τ is a tensor: their overflow message then
+    names tau=1, so it is re-raised with the tensor's value (eager mode only: under torch.compile
+    reading it would break the graph)."""
+    try:
+        return run()
+    except ValueError as error:
+        if inv_tau is None or torch.compiler.is_compiling() or not str(error).startswith("tau=1"):
+            raise
+        raise ValueError(f"tau (a tensor) = {1.0 / float(inv_tau.detach()):.6g}: the kernels ran at tau = 1 on "
+                         f"x/tau, and report: {error}") from error
+
+
 def scaled(t: Tensor, inv_tau: Tensor) -> Tensor:
     """t·(1/τ) rounded once to t's dtype: the product in float32 at least (a bf16 1/τ would be
     off by up to 2^-9 before it multiplies anything)."""
@@ -83,7 +96,7 @@ def evidential_loss(
         x, y = unit_rows(x, y)
     if inv_tau is not None:
         x = scaled(x, inv_tau)
-    rows, cols = impl.losses(x, y, c, config)
+    rows, cols = _run_scaled(lambda: impl.losses(x, y, c, config), inv_tau)
     return config.reduce(rows, cols)
 
 
@@ -113,7 +126,7 @@ def evidential_loss_from_similarity(
     impl = backends.resolve(backend, s.device)
     if inv_tau is not None:
         s = scaled(s, inv_tau)
-    rows, cols = impl.losses_from_similarity(s, c, config)
+    rows, cols = _run_scaled(lambda: impl.losses_from_similarity(s, c, config), inv_tau)
     return config.reduce(rows, cols)
 
 

@@ -303,3 +303,11 @@ def test_clip_criterion_and_module_validate_temperature(xy):
         eo.EvidentialClipLoss()(x, y, torch.tensor(2.0), output_dict="yes")
     with raises(ValueError, "logit_scale is on meta"):
         eo.EvidentialClipLoss()(x, y, torch.tensor(2.0, device="meta"))
+
+
+def test_overflow_with_a_tensor_tau_names_its_value():
+    """With a tensor τ the kernels run at τ = 1 on x/τ: the overflow error still gives τ's value."""
+    x = torch.randn(8, 4) * 100
+    for backend in cpu_backends():
+        with raises(ValueError, "tau (a tensor) = 0.01"):
+            eo.evidential_loss(x, x, tau=torch.tensor(0.01), backend=backend)
