@@ -528,25 +528,32 @@ PATH_WRAPPER = """\
 #include "cuda/device_common.cuh"
 namespace evidential_ops {{
 namespace cuda {{
-__device__ __forceinline__ kn::EvidenceValue path_evidence(double x) {{ return evidence_of({evidence}, x); }}
-__device__ __forceinline__ double path_load(SimilarityView s, std::int64_t i, std::int64_t j) {{
+template <typename T>
+__device__ __forceinline__ auto path_evidence(int, T x) {{ return evidence_of({evidence}, x); }}
+template <typename T>
+__device__ __forceinline__ T path_load(SimilarityView s, std::int64_t i, std::int64_t j) {{
   s.kind = ScalarKind::kFloat32;
-  return load_similarity(s, i, j);
+  return load_similarity<T>(s, i, j);
 }}
-__device__ __forceinline__ void path_store(void* out, ScalarKind, std::int64_t at, double g) {{
+template <typename T>
+__device__ __forceinline__ void path_store(void* out, ScalarKind, std::int64_t at, T g) {{
   store_gradient(out, ScalarKind::kFloat32, at, g);
 }}
 }}  // namespace cuda
 }}  // namespace evidential_ops
-#define evidence_of(kind, x) path_evidence(x)
-#define load_similarity(s, i, j) path_load(s, i, j)
-#define store_gradient(out, kind, at, g) path_store(out, kind, at, g)
+#define evidence_of path_evidence
+#define load_similarity path_load
+#define store_gradient path_store
 #include "cuda/{file}"
 """
 
+# The element kernels' template flags: <kFloat32, kKl, kFmse, kLogdet>. The profile reads the
+# float32 instantiation, the one float32, float16 and bfloat16 inputs run.
+PROFILED_FLOAT32 = 1
+
 
 def _cuda_symbol(functions: dict, kernel: str, flags) -> str | None:
-    pattern = re.compile(rf"{kernel}ILb{flags[0]}ELb{flags[1]}ELb{flags[2]}EE")
+    pattern = re.compile(rf"{kernel}ILb{PROFILED_FLOAT32}ELb{flags[0]}ELb{flags[1]}ELb{flags[2]}EE")
     return next((name for name in functions if pattern.search(name)), None)
 
 
@@ -580,7 +587,7 @@ def profile_cuda(nvcc: str, nvdisasm: str, methods, directions, builds, workdir:
         functions = disassemble(nvdisasm, cubin)
         if build == "cuda" and direction != "line":
             for symbol, fn in functions.items():
-                flags = re.search(rf"{CUDA_KERNELS[direction]}ILb(\d)ELb(\d)ELb(\d)EE", symbol)
+                flags = re.search(rf"{CUDA_KERNELS[direction]}ILb{PROFILED_FLOAT32}ELb(\d)ELb(\d)ELb(\d)EE", symbol)
                 if flags:
                     counts = analyse(fn)["counts"]
                     used = [m for m in METHODS if METHODS[m]["flags"] == tuple(map(int, flags.groups()))]
