@@ -177,11 +177,17 @@ def weights_as_tensor(values, device: torch.device | None = None) -> Tensor:
 DEFAULT_TAU = 0.05
 
 
-def _scalar_tensor(value: Tensor, name: str, like: Tensor) -> Tensor:
+def _temperature_tensor(value: Tensor, name: str) -> Tensor:
+    """A tensor tau or logit_scale: 0-d and floating."""
     if value.dim() != 0:
         raise ValueError(f"{name} must be a 0-d tensor (one temperature for the batch), got shape {tuple(value.shape)}")
     if not value.is_floating_point():
         raise TypeError(f"{name} must be a floating tensor, got {value.dtype}")
+    return value
+
+
+def _scalar_tensor(value: Tensor, name: str, like: Tensor) -> Tensor:
+    _temperature_tensor(value, name)
     if value.device != like.device:
         raise ValueError(f"{name} is on {value.device} but the inputs are on {like.device}")
     return value
@@ -194,11 +200,7 @@ def temperature_arguments(tau, logit_scale) -> None:
         raise ValueError("pass tau or logit_scale, not both (logit_scale = −ln tau)")
     for value, name in ((tau, "tau"), (logit_scale, "logit_scale")):
         if isinstance(value, Tensor):
-            if value.dim() != 0:
-                raise ValueError(f"{name} must be a 0-d tensor (one temperature for the batch), got shape "
-                                 f"{tuple(value.shape)}")
-            if not value.is_floating_point():
-                raise TypeError(f"{name} must be a floating tensor, got {value.dtype}")
+            _temperature_tensor(value, name)
     if tau is not None and not isinstance(tau, Tensor):
         tau_value(tau)
     if logit_scale is not None and not isinstance(logit_scale, Tensor):
