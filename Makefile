@@ -62,9 +62,9 @@ static-profile:
 	env -u TRITON_INTERPRET $(PYTHON) bench/static_profile.py --out bench/results/static_profile.md
 
 # The Triton kernels in Triton's interpreter on CPU tensors (float32): the backend-parametrised
-# suite's triton cases and the Triton-specific tests.
+# suites' triton cases (evidential losses and InfoNCE) and the Triton-specific tests.
 triton-test:
-	TRITON_INTERPRET=1 $(PYTHON) -m pytest python_tests/test_fused_backends.py python_tests/test_triton_backend.py \
+	TRITON_INTERPRET=1 $(PYTHON) -m pytest python_tests/test_fused_backends.py python_tests/test_fused_infonce.py python_tests/test_triton_backend.py \
 		-q -k triton $(PYTEST_ARGS)
 
 clean:
