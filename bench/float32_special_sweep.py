@@ -37,7 +37,6 @@ import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 
-import mpmath
 import numpy as np
 from mpmath import mp, mpf
 
@@ -382,7 +381,7 @@ def ctest_table(report: dict, workers: int) -> str:
                    ", ".join("-1e300" if lo == -math.inf else repr(lo) for _, lo, _ in intervals) + "};")
         out.append(f"constexpr double k_{domain}_interval_hi[] = {{" +
                    ", ".join("1e300" if hi == math.inf else repr(hi) for _, _, hi in intervals) + "};")
-        out.append(f"// bound[function][interval] in ulps")
+        out.append("// bound[function][interval] in ulps")
         out.append(f"constexpr double k_{domain}_bound[][{len(intervals)}] = {{")
         for fn in fns:
             row = [math.ceil(bounds.get((domain, fn, label), 0.0) * 100) / 100 for label, _, _ in intervals]
