@@ -11,7 +11,6 @@ Each number is the fastest of 400 runs of an `omp simd` loop over 4096 elements 
 from __future__ import annotations
 
 import os
-import platform
 import subprocess
 import sys
 
@@ -20,18 +19,10 @@ sys.path.insert(0, HERE)
 
 import float32_special_sweep as sweep  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(HERE))
+from evidential_ops.benchmark import cpu_model  # noqa: E402
+
 RESULTS = os.path.join(HERE, "results", "float32_element_cost.md")
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def main() -> int:

@@ -63,18 +63,23 @@ def make_inputs(k: int, d: int, *, seed: int = 0, dtype: torch.dtype = torch.flo
     return x.to(device=device, dtype=dtype).requires_grad_(), y.to(device=device, dtype=dtype).requires_grad_()
 
 
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), or what the platform module knows of it."""
+    brand = platform.processor() or platform.machine() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            brand = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), brand)
+    except OSError:
+        pass
+    return brand
+
+
 def device_name(device) -> str:
     """The GPU's name, or the CPU's model and core count."""
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    brand = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            brand = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), brand)
-    except OSError:
-        pass
-    return f"{brand} ({torch.get_num_threads()} threads)"
+    return f"{cpu_model()} ({torch.get_num_threads()} threads)"
 
 
 def plain_pytorch_loss(x: torch.Tensor, y: torch.Tensor, case: LossCase) -> torch.Tensor:
