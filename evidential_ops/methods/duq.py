@@ -154,6 +154,27 @@ def duq_probabilistic_embeddings(
     return mu.unsqueeze(1) + torch.exp(log_sigma).unsqueeze(1) * noise
 
 
+def sample_pair(z_text, z_video, diagonal_min, check_finite: bool) -> tuple[Tensor, Tensor, bool]:
+    """The checked arguments of a distance matrix (`duq_distance_matrix` and its strip form):
+    z_text (B_t, K_p, D) and z_video (B_v, K_p', D) of one floating dtype and device, with B_t = B_v
+    when diagonal_min; ValueError/TypeError naming the argument otherwise."""
+    z_text = _common.float_tensor(z_text, "z_text", dim=3, check_finite=check_finite)
+    z_video = _common.float_tensor(z_video, "z_video", dim=3, check_finite=check_finite)
+    checks.same_kind(z_text, z_video, "z_text", "z_video")
+    if z_text.shape[2] != z_video.shape[2]:
+        raise ValueError(
+            f"z_text and z_video must have the same embedding size D, got {tuple(z_text.shape)} "
+            f"and {tuple(z_video.shape)}"
+        )
+    diagonal_min = checks.flag(diagonal_min, "diagonal_min")
+    if diagonal_min and z_text.shape[0] != z_video.shape[0]:
+        raise ValueError(
+            f"diagonal_min=True needs paired batches (B_t = B_v), got z_text {tuple(z_text.shape)} "
+            f"and z_video {tuple(z_video.shape)}"
+        )
+    return z_text, z_video, diagonal_min
+
+
 def duq_distance_matrix(
     z_text: Tensor, z_video: Tensor, *, diagonal_min: bool = True, check_finite: bool = True
 ) -> Tensor:
@@ -172,20 +193,7 @@ def duq_distance_matrix(
     Returns:
         (B_t, B_v) distances in [0, 2], in the input dtype.
     """
-    z_text = _common.float_tensor(z_text, "z_text", dim=3, check_finite=check_finite)
-    z_video = _common.float_tensor(z_video, "z_video", dim=3, check_finite=check_finite)
-    checks.same_kind(z_text, z_video, "z_text", "z_video")
-    if z_text.shape[2] != z_video.shape[2]:
-        raise ValueError(
-            f"z_text and z_video must have the same embedding size D, got {tuple(z_text.shape)} "
-            f"and {tuple(z_video.shape)}"
-        )
-    diagonal_min = checks.flag(diagonal_min, "diagonal_min")
-    if diagonal_min and z_text.shape[0] != z_video.shape[0]:
-        raise ValueError(
-            f"diagonal_min=True needs paired batches (B_t = B_v), got z_text {tuple(z_text.shape)} "
-            f"and z_video {tuple(z_video.shape)}"
-        )
+    z_text, z_video, diagonal_min = sample_pair(z_text, z_video, diagonal_min, check_finite)
     text = F.normalize(z_text, dim=2, eps=NORMALIZE_EPS)
     video = F.normalize(z_video, dim=2, eps=NORMALIZE_EPS)
     distance = 1.0 - torch.einsum("imd,jnd->ijmn", text, video)

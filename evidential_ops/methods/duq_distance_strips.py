@@ -22,7 +22,7 @@ from torch import Tensor
 
 from .. import checks
 from ..config import NORMALIZE_EPS
-from . import _common
+from .duq import sample_pair
 
 __all__ = ["duq_distance_matrix_strips"]
 
@@ -83,16 +83,7 @@ def duq_distance_matrix_strips(
     Returns:
         (B_t, B_v) distances in [0, 2], in the input dtype.
     """
-    z_text = _common.float_tensor(z_text, "z_text", dim=3, check_finite=check_finite)
-    z_video = _common.float_tensor(z_video, "z_video", dim=3, check_finite=check_finite)
-    checks.same_kind(z_text, z_video, "z_text", "z_video")
-    if z_text.shape[2] != z_video.shape[2]:
-        raise ValueError(f"z_text and z_video must have the same embedding size D, got {tuple(z_text.shape)} "
-                         f"and {tuple(z_video.shape)}")
-    diagonal_min = checks.flag(diagonal_min, "diagonal_min")
-    if diagonal_min and z_text.shape[0] != z_video.shape[0]:
-        raise ValueError(f"diagonal_min=True needs paired batches (B_t = B_v), got z_text {tuple(z_text.shape)} "
-                         f"and z_video {tuple(z_video.shape)}")
+    z_text, z_video, diagonal_min = sample_pair(z_text, z_video, diagonal_min, check_finite)
     pairs = z_text.shape[1] * z_video.shape[1]
     if pairs > torch.iinfo(torch.int16).max:
         raise ValueError(f"K_p·K_p' = {pairs} sample pairs exceed the int16 pair index")

@@ -37,6 +37,19 @@ DEFAULT_AML_TAU = 0.1  # SPEC §3 [choice]: the paper does not give the softmax 
 _LN2 = math.log(2.0)
 
 
+def triplet_embeddings(v, s, t, *, check_finite: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """v, s, t (K, D) of one UML batch, checked: floating, the same shape, K >= 2 (ValueError or
+    TypeError naming the argument)."""
+    v = _common.float_tensor(v, "v", dim=2, check_finite=check_finite)
+    s = _common.float_tensor(s, "s", dim=2, check_finite=check_finite)
+    t = _common.float_tensor(t, "t", dim=2, check_finite=check_finite)
+    _common.same_shape(v, s, "v", "s")
+    _common.same_shape(v, t, "v", "t")
+    if v.shape[0] < 2:
+        raise ValueError(f"v needs K >= 2 triplets, got K = {v.shape[0]}")
+    return v, s, t
+
+
 def uml_similarities(
     v: Tensor, s: Tensor, t: Tensor, *, normalize: bool = False
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -50,13 +63,7 @@ def uml_similarities(
         (s_vt, s_vs, s_st), each (K, K): s_vt[i, j] = <v_i, t_j>, s_vs[i, j] = <v_i, s_j>,
         s_st[i, j] = <s_i, t_j>.
     """
-    v = _common.float_tensor(v, "v", dim=2, check_finite=False)
-    s = _common.float_tensor(s, "s", dim=2, check_finite=False)
-    t = _common.float_tensor(t, "t", dim=2, check_finite=False)
-    _common.same_shape(v, s, "v", "s")
-    _common.same_shape(v, t, "v", "t")
-    if v.shape[0] < 2:
-        raise ValueError(f"v needs K >= 2 triplets, got K = {v.shape[0]}")
+    v, s, t = triplet_embeddings(v, s, t, check_finite=False)
     normalize = checks.flag(normalize, "normalize")
     if normalize:
         v, s, t = (F.normalize(x, dim=1, eps=NORMALIZE_EPS) for x in (v, s, t))

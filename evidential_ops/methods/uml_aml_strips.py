@@ -17,8 +17,7 @@ import torch
 from torch import Tensor
 
 from .. import checks
-from . import _common
-from .uml import DEFAULT_AML_TAU, _js_rows, _kl_rows, named_labels
+from .uml import DEFAULT_AML_TAU, _js_rows, _kl_rows, named_labels, triplet_embeddings
 
 __all__ = ["uml_aml_loss_from_embeddings"]
 
@@ -58,13 +57,7 @@ def uml_aml_loss_from_embeddings(
     Returns:
         (K,) in the input dtype, differentiable in v, s and t.
     """
-    v = _common.float_tensor(v, "v", dim=2, check_finite=check_finite)
-    s = _common.float_tensor(s, "s", dim=2, check_finite=check_finite)
-    t = _common.float_tensor(t, "t", dim=2, check_finite=check_finite)
-    _common.same_shape(v, s, "v", "s")
-    _common.same_shape(v, t, "v", "t")
-    if v.shape[0] < 2:
-        raise ValueError(f"v needs K >= 2 triplets, got K = {v.shape[0]}")
+    v, s, t = triplet_embeddings(v, s, t, check_finite=check_finite)
     clean = named_labels(labels_vt, "labels_vt", v).to(v.dtype)
     aml_tau = checks.positive_number(aml_tau, "aml_tau")
     strip_elements = checks.integer(strip_elements, "strip_elements", minimum=1)
