@@ -55,3 +55,12 @@ def fused_cases() -> list[FusedCase]:
     """Every registered fused backend that can run on this machine."""
     cases = [_case(name) for name in eo.available_backends() if name != "reference"]
     return [case for case in cases if case is not None]
+
+
+def run(fn, inputs, upstream):
+    """Per-line losses and the gradient of Σ upstream·losses w.r.t. each input."""
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    rows, cols = fn(*leaves)
+    total = sum((part * w.to(part)).sum() for part, w in zip((rows, cols), upstream) if part.numel())
+    grads = torch.autograd.grad(total, leaves)
+    return rows.detach(), cols.detach(), grads

@@ -17,7 +17,7 @@ import torch
 
 import evidential_ops as eo
 from conftest import hard_pairs, on_exact_grid, random_pairs, reordered_sum_bound, unit_roundoff
-from fused_backends import fused_cases
+from fused_backends import fused_cases, run
 
 CASES = fused_cases()
 pytestmark = pytest.mark.skipif(not CASES, reason="no fused backend built")
@@ -55,15 +55,6 @@ def rel_error(got: torch.Tensor, ref: torch.Tensor, term: str) -> float:
 def grad_error(got: torch.Tensor, ref: torch.Tensor) -> float:
     got, ref = got.double().cpu(), ref.double().cpu()
     return float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
-
-
-def run(fn, inputs, upstream):
-    """Per-line losses and the gradient of Σ upstream·losses w.r.t. each input."""
-    leaves = [t.detach().clone().requires_grad_() for t in inputs]
-    rows, cols = fn(*leaves)
-    total = sum((part * w.to(part)).sum() for part, w in zip((rows, cols), upstream) if part.numel())
-    grads = torch.autograd.grad(total, leaves)
-    return rows.detach(), cols.detach(), grads
 
 
 def compare(fused, inputs, kwargs, upstream, *, from_similarity, loss_tol, grad_tol, terms, two_x_rule=False):

@@ -18,7 +18,7 @@ import torch
 
 import evidential_ops as eo
 from conftest import hard_pairs, random_pairs
-from fused_backends import fused_cases
+from fused_backends import fused_cases, run
 
 CASES = fused_cases()
 pytestmark = pytest.mark.skipif(not CASES, reason="no fused backend built")
@@ -36,15 +36,6 @@ def logit_error(d: int, tau: float, dtype: torch.dtype = torch.float32) -> float
     """Bound on a logit's error from the tile GEMM in `dtype` (SPEC §5: 8·√D·u/τ, u = 2⁻²⁴ for
     float32)."""
     return 8 * math.sqrt(d) * (torch.finfo(dtype).eps / 2) / tau
-
-
-def run(fn, inputs, upstream):
-    """Per-line losses and the gradient of Σ upstream·losses w.r.t. each input."""
-    leaves = [t.detach().clone().requires_grad_() for t in inputs]
-    rows, cols = fn(*leaves)
-    total = sum((part * w.to(part)).sum() for part, w in zip((rows, cols), upstream) if part.numel())
-    grads = torch.autograd.grad(total, leaves)
-    return rows.detach(), cols.detach(), grads
 
 
 def compare(fused, x, y, upstream=None, **kwargs):
