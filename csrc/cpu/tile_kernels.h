@@ -17,6 +17,8 @@
 // other element's value unchanged. Float64 inputs keep the float64 element math throughout.
 #pragma once
 
+#include <type_traits>
+
 #include "../kernels/element_terms.h"
 #include "../kernels/evidence.h"
 #include "../kernels/line_finalise.h"
@@ -116,6 +118,24 @@ EO_HOST_DEVICE PolygammasF32 polygammas_for(float a) {
   }
 }
 
+// Calls fn(class, first column, count) for each chunk of a row: a full chunk whose α share an
+// argument class gets that class as a compile-time constant (std::integral_constant), the others
+// (mixed, or the row's short tail) -1, which evaluates both forms per lane.
+template <typename Fn>
+void for_each_chunk(const float* alpha, std::int64_t cols, const Fn& fn) {
+  for (std::int64_t c = 0; c < cols; c += kChunk) {
+    const std::int64_t n = cols - c < kChunk ? cols - c : kChunk;
+    const int cls = chunk_class(alpha + c, n);
+    if (n == kChunk && cls == 0) {
+      fn(std::integral_constant<int, 0>{}, c, kChunk);
+    } else if (n == kChunk && cls == kSeriesClass) {
+      fn(std::integral_constant<int, kSeriesClass>{}, c, kChunk);
+    } else {
+      fn(std::integral_constant<int, -1>{}, c, n);
+    }
+  }
+}
+
 // Loop 2, forward: the ElementForwardF32 fields of n <= kChunk columns into four float columns
 // (kl_h_plus_one, x_trigamma, log_trigamma, remainder; each `stride` long).
 template <bool kKl, bool kFmse, bool kLogdet, int kClass>
@@ -134,17 +154,9 @@ void forward_values_f32(const float* alpha, std::int64_t n, float* values, std::
 
 template <bool kKl, bool kFmse, bool kLogdet>
 void forward_values_row_f32(const float* alpha, std::int64_t cols, float* values) {
-  for (std::int64_t c = 0; c < cols; c += kChunk) {
-    const std::int64_t n = cols - c < kChunk ? cols - c : kChunk;
-    const int cls = chunk_class(alpha + c, n);
-    if (n == kChunk && cls == 0) {
-      forward_values_f32<kKl, kFmse, kLogdet, 0>(alpha + c, kChunk, values + c, cols);
-    } else if (n == kChunk && cls == kSeriesClass) {
-      forward_values_f32<kKl, kFmse, kLogdet, kSeriesClass>(alpha + c, kChunk, values + c, cols);
-    } else {
-      forward_values_f32<kKl, kFmse, kLogdet, -1>(alpha + c, n, values + c, cols);
-    }
-  }
+  for_each_chunk(alpha, cols, [&](auto cls, std::int64_t c, std::int64_t n) {
+    forward_values_f32<kKl, kFmse, kLogdet, decltype(cls)::value>(alpha + c, n, values + c, cols);
+  });
 }
 
 // Loop 2, backward: the ElementBackwardF32 fields (kl_v, fisher_slope, logdet_ratio,
@@ -165,17 +177,9 @@ void backward_values_f32(const float* alpha, std::int64_t n, float* values, std:
 
 template <bool kKl, bool kFmse, bool kLogdet>
 void backward_values_row_f32(const float* alpha, std::int64_t cols, float* values) {
-  for (std::int64_t c = 0; c < cols; c += kChunk) {
-    const std::int64_t n = cols - c < kChunk ? cols - c : kChunk;
-    const int cls = chunk_class(alpha + c, n);
-    if (n == kChunk && cls == 0) {
-      backward_values_f32<kKl, kFmse, kLogdet, 0>(alpha + c, kChunk, values + c, cols);
-    } else if (n == kChunk && cls == kSeriesClass) {
-      backward_values_f32<kKl, kFmse, kLogdet, kSeriesClass>(alpha + c, kChunk, values + c, cols);
-    } else {
-      backward_values_f32<kKl, kFmse, kLogdet, -1>(alpha + c, n, values + c, cols);
-    }
-  }
+  for_each_chunk(alpha, cols, [&](auto cls, std::int64_t c, std::int64_t n) {
+    backward_values_f32<kKl, kFmse, kLogdet, decltype(cls)::value>(alpha + c, n, values + c, cols);
+  });
 }
 
 // The float64 element values of one element from its float32 ones (α widened).
