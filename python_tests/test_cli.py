@@ -267,3 +267,21 @@ def test_training_uses_the_fused_backend(method, monkeypatch):
     languages = ("en", "alt") if method == "uml" else ("en",)
     model.training_step(tiny_batch(bench, languages=languages), 1, torch.optim.SGD(model.parameters(), lr=0.0))
     assert used and set(used) == {"cpu"}, used
+
+
+def test_encoder_chunk_option_reaches_the_recipe_and_the_model(tmp_path):
+    from evidential_ops.pipelines import get_recipe
+    from evidential_ops.pipelines.recipes import AUTO_CHUNK_ABOVE, AUTO_ENCODER_CHUNK
+
+    assert main(["train", "--method", "fume", "--out", str(tmp_path), "--encoder-chunk", "7", *TINY]) == 0
+    assert json.loads((tmp_path / "metrics.json").read_text())["recipe"]["encoder_chunk"] == 7
+    assert get_recipe("tcl").encoder_chunk_size() is None  # batch 128: auto leaves it off
+    large = get_recipe("tcl").with_overrides(batch_size=AUTO_CHUNK_ABOVE + 1)
+    assert large.encoder_chunk_size() == AUTO_ENCODER_CHUNK
+    assert large.with_overrides(encoder_chunk=3).encoder_chunk_size() == 3
+    from dataclasses import replace
+    assert replace(large, encoder_chunk=None).encoder_chunk_size() is None
+    with pytest.raises(ValueError, match="encoder_chunk"):
+        replace(large, encoder_chunk=0)
+    with pytest.raises(SystemExit):
+        main(["train", "--method", "fume", "--out", str(tmp_path), "--encoder-chunk", "-2", *TINY])

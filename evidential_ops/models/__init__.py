@@ -21,6 +21,7 @@ Every K×K evidential term (TCL's L_u, UML's L^e, DUQ's ISUM) goes through the f
 """
 
 from .data_parallel import enable_global_batch
+from .chunking import set_chunk_size
 from .dual_encoder import DualEncoder, embed_split
 from .duq import DUQ, DUQForward, DUQOutput
 from .encoders import AttentionPoolEncoder, BagOfWordsEncoder, GRUTextEncoder, MaxPoolEncoder, MLPEncoder
@@ -53,4 +54,5 @@ __all__ = [
     "default_vse_encoder",
     "enable_global_batch",
     "embed_split",
+    "set_chunk_size",
 ]

@@ -5,6 +5,7 @@ Every method model is built from one or more `DualEncoder`s. The batch format is
 "lengths" (B,) int64, optionally "captions_alt"/"lengths_alt" (second language), "labels" (B,),
 "noisy" (B,). `embed_split` encodes a whole `CrossModalSplit` in the (N, N·c) layout of
 `metrics.retrieval_metrics`.
+
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torch import Tensor, nn
 from .. import checks
 from ..data.torch_data import eval_batches
 from ..data.types import CrossModalSplit
+from .chunking import ChunkedEncoding
 from .encoders import l2_normalize
 
 __all__ = ["DualEncoder", "batch_tensor", "embed_split"]
@@ -44,15 +46,22 @@ def _check_batch_size(batch_size: int, *tensors: tuple[str, Tensor]) -> int:
     return k
 
 
-class DualEncoder(nn.Module):
+class DualEncoder(ChunkedEncoding, nn.Module):
     """Image (or video) encoder + text encoder; both outputs L2-normalised (B, D).
 
     Args:
         image_encoder: `images -> (B, D)` (see `models.encoders`).
         text_encoder: `(tokens, lengths) -> (B, D)`, the same D.
+        chunk_size: None (default), or encode batches of more than this many samples in chunks
+            of it under activation checkpointing while gradients are recorded
+            (`models.chunking`). Needs encoders of the form `norm(features(...))` with a per-sample
+            `features`, as the built-in ones are; the result and the gradients are those of the
+            unchunked batch up to the rounding of the chunks' own GEMMs.
     """
 
-    def __init__(self, image_encoder: nn.Module, text_encoder: nn.Module):
+    _CHUNKED_ENCODERS = ("image_encoder", "text_encoder")
+
+    def __init__(self, image_encoder: nn.Module, text_encoder: nn.Module, *, chunk_size: int | None = None):
         super().__init__()
         if not isinstance(image_encoder, nn.Module):
             raise TypeError(f"image_encoder must be an nn.Module, got {type(image_encoder).__name__}")
@@ -60,14 +69,15 @@ class DualEncoder(nn.Module):
             raise TypeError(f"text_encoder must be an nn.Module, got {type(text_encoder).__name__}")
         self.image_encoder = image_encoder
         self.text_encoder = text_encoder
+        self.chunk_size = chunk_size
 
     def encode_images(self, images: Tensor) -> Tensor:
         """(B, R, F) or (B, F) → (B, D) unit rows."""
-        return _embedding(self.image_encoder(images), "image_encoder", images.shape[0])
+        return _embedding(self._encode(self.image_encoder, images), "image_encoder", images.shape[0])
 
     def encode_texts(self, tokens: Tensor, lengths: Tensor) -> Tensor:
         """(B, L), (B,) → (B, D) unit rows."""
-        return _embedding(self.text_encoder(tokens, lengths), "text_encoder", tokens.shape[0])
+        return _embedding(self._encode(self.text_encoder, tokens, lengths), "text_encoder", tokens.shape[0])
 
     def forward(self, batch, *, language: str = "en") -> tuple[Tensor, Tensor]:
         """Embeddings (x, y) of a batch's images and captions ("en") or second-language captions

@@ -12,6 +12,12 @@ the small, CPU-trainable stand-ins the built-in data is sized for; every method 
 
 Outputs are not normalised here: the method models L2-normalise them (cosine similarity, as in
 all five papers), so a user encoder need not.
+
+Each encoder is `norm(features(...))`: `features` treats every sample on its own, and `norm`
+(BatchNorm1d over the embedding, or identity) is the one step that mixes the batch. That split
+is what lets `DualEncoder(chunk_size=...)` run `features` in chunks under activation
+checkpointing, exactly, at contrastive batch sizes; a user encoder that has the same two members
+gets it too.
 """
 
 from __future__ import annotations
@@ -116,11 +122,15 @@ class MLPEncoder(nn.Module):
         self.net = _mlp(self.in_dim, _dim(hidden_dim, "hidden_dim"), self.out_dim, num_layers, dropout)
         self.norm = _output_norm(self.out_dim, batch_norm)
 
-    def forward(self, images: Tensor) -> Tensor:
+    def features(self, images: Tensor) -> Tensor:
+        """(B, F) or (B, R, F) -> (B, D) before the output norm: per sample (module docstring)."""
         images = _check_visual(images, self.in_dim)
         if images.dim() == 3:
             images = images.mean(dim=1)
-        return self.norm(self.net(images))
+        return self.net(images)
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.norm(self.features(images))
 
 
 class MaxPoolEncoder(nn.Module):
@@ -143,9 +153,13 @@ class MaxPoolEncoder(nn.Module):
                         _dim(num_layers, "num_layers"), 0.0)
         self.norm = _output_norm(self.out_dim, batch_norm)
 
-    def forward(self, images: Tensor) -> Tensor:
+    def features(self, images: Tensor) -> Tensor:
+        """(B, R, F) -> (B, D) before the output norm: per sample (module docstring)."""
         images = _check_visual(images, self.in_dim, regions=True)
-        return self.norm(self.net(images).amax(dim=1))
+        return self.net(images).amax(dim=1)
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.norm(self.features(images))
 
 
 class AttentionPoolEncoder(nn.Module):
@@ -176,12 +190,16 @@ class AttentionPoolEncoder(nn.Module):
         self.fuse = nn.Linear(2 * self.out_dim, self.out_dim)
         self.norm = _output_norm(self.out_dim, batch_norm)
 
-    def forward(self, images: Tensor) -> Tensor:
+    def features(self, images: Tensor) -> Tensor:
+        """(B, R, F) -> (B, D) before the output norm: per sample (module docstring)."""
         images = _check_visual(images, self.in_dim, regions=True)
         local = self.local(images)  # (B, R, D)
         queries = self.queries.unsqueeze(0).expand(local.shape[0], -1, -1)
         pooled, _ = self.attention(queries, local, local, need_weights=False)
-        return self.norm(self.fuse(torch.cat([pooled.mean(dim=1), local.mean(dim=1)], dim=1)))
+        return self.fuse(torch.cat([pooled.mean(dim=1), local.mean(dim=1)], dim=1))
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.norm(self.features(images))
 
 
 class GRUTextEncoder(nn.Module):
@@ -213,7 +231,8 @@ class GRUTextEncoder(nn.Module):
         self.project = nn.Linear(hidden_dim, self.out_dim) if hidden_dim != self.out_dim else nn.Identity()
         self.norm = _output_norm(self.out_dim, batch_norm)
 
-    def forward(self, tokens: Tensor, lengths: Tensor) -> Tensor:
+    def features(self, tokens: Tensor, lengths: Tensor) -> Tensor:
+        """(B, L), (B,) -> (B, D) before the output norm: per sample (module docstring)."""
         tokens, lengths = _check_tokens(tokens, lengths)
         if int(tokens.max()) >= self.vocab_size:
             raise ValueError(f"tokens holds ids >= vocab_size ({self.vocab_size})")
@@ -221,7 +240,7 @@ class GRUTextEncoder(nn.Module):
         out, last = self.gru(packed)
         if self.pooling == "last":
             # last: (directions, B, H); averaging the directions as for the per-token outputs.
-            return self.norm(self.project(last.mean(dim=0)))
+            return self.project(last.mean(dim=0))
         out, _ = pad_packed_sequence(out, batch_first=True, total_length=tokens.shape[1])
         if self.bidirectional:
             out = out.view(out.shape[0], out.shape[1], 2, -1).mean(dim=2)
@@ -230,7 +249,10 @@ class GRUTextEncoder(nn.Module):
             pooled = out.masked_fill(~mask, float("-inf")).amax(dim=1)
         else:
             pooled = (out * mask).sum(dim=1) / lengths.to(out.device, out.dtype).unsqueeze(1)
-        return self.norm(self.project(pooled))
+        return self.project(pooled)
+
+    def forward(self, tokens: Tensor, lengths: Tensor) -> Tensor:
+        return self.norm(self.features(tokens, lengths))
 
 
 class BagOfWordsEncoder(nn.Module):
@@ -256,13 +278,17 @@ class BagOfWordsEncoder(nn.Module):
                         dropout)
         self.norm = _output_norm(self.out_dim, batch_norm)
 
-    def forward(self, tokens: Tensor, lengths: Tensor) -> Tensor:
+    def features(self, tokens: Tensor, lengths: Tensor) -> Tensor:
+        """(B, L), (B,) -> (B, D) before the output norm: per sample (module docstring)."""
         tokens, lengths = _check_tokens(tokens, lengths)
         if int(tokens.max()) >= self.vocab_size:
             raise ValueError(f"tokens holds ids >= vocab_size ({self.vocab_size})")
         mask = _valid_mask(lengths, tokens.shape[1]).unsqueeze(2)
         words = self.embed(tokens) * mask
-        return self.norm(self.net(words.sum(dim=1) / lengths.to(words.dtype).unsqueeze(1)))
+        return self.net(words.sum(dim=1) / lengths.to(words.dtype).unsqueeze(1))
+
+    def forward(self, tokens: Tensor, lengths: Tensor) -> Tensor:
+        return self.norm(self.features(tokens, lengths))
 
 
 def l2_normalize(x: Tensor) -> Tensor:

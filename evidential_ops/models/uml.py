@@ -42,6 +42,7 @@ from ..methods.uml import (
     DEFAULT_TAU,
 )
 from ._steps import apply_update, check_grad_clip, check_optimizer, full_precision, module_device, move_batch
+from .chunking import ChunkedEncoding
 from .dual_encoder import batch_tensor, embed_split
 from .encoders import AttentionPoolEncoder, GRUTextEncoder, l2_normalize
 
@@ -70,7 +71,7 @@ class UMLStep:
     similarity_vt: Tensor | None = None
 
 
-class UML(nn.Module):
+class UML(ChunkedEncoding, nn.Module):
     """UML around three encoders (SPEC §3 "UML"; UML paper).
 
     Args:
@@ -91,13 +92,17 @@ class UML(nn.Module):
             pairs noisy at initialisation, get all-zero targets and never learn (the standard
             warm-up of noisy-correspondence learning, e.g. NCR). 0 = the paper as written.
         grad_clip: max gradient norm or None. backend: fused-op backend ("auto").
+        chunk_size: None, or encode batches in checkpointed chunks of this many samples while
+            training (`models.chunking`; encoders of the form norm(features(...))).
     """
+
+    _CHUNKED_ENCODERS = ("visual_encoder", "english_encoder", "other_encoder")
 
     def __init__(self, visual_encoder: nn.Module, english_encoder: nn.Module, other_encoder: nn.Module, *,
                  total_epochs: int, evidence: str = DEFAULT_EVIDENCE, tau: float = DEFAULT_TAU,
                  phi: float = DEFAULT_PHI, gamma: float = DEFAULT_GAMMA, lambda_s: float = DEFAULT_LAMBDA_S,
                  beta: float = DEFAULT_BETA, aml_tau: float = DEFAULT_AML_TAU, warmup_epochs: int = 0,
-                 grad_clip: float | None = 2.0, backend: str = "auto"):
+                 grad_clip: float | None = 2.0, backend: str = "auto", chunk_size: int | None = None):
         super().__init__()
         for name, m in (("visual_encoder", visual_encoder), ("english_encoder", english_encoder),
                         ("other_encoder", other_encoder)):
@@ -117,6 +122,7 @@ class UML(nn.Module):
         self.warmup_epochs = checks.integer(warmup_epochs, "warmup_epochs", minimum=0)
         self.grad_clip = check_grad_clip(grad_clip)
         self.backend = check_name(backend)
+        self.chunk_size = chunk_size
 
     @classmethod
     def default(cls, feat_dim: int, vocab_size: int, alt_vocab_size: int, *, total_epochs: int,
@@ -133,9 +139,11 @@ class UML(nn.Module):
     def embed(self, batch) -> tuple[Tensor, Tensor, Tensor]:
         """Unit-norm (K, D) embeddings (v, s, t) of a batch with captions and captions_alt."""
         images = batch_tensor(batch, "images")
-        v = l2_normalize(self.visual_encoder(images))
-        s = l2_normalize(self.english_encoder(batch_tensor(batch, "captions"), batch_tensor(batch, "lengths")))
-        t = l2_normalize(self.other_encoder(batch_tensor(batch, "captions_alt"), batch_tensor(batch, "lengths_alt")))
+        v = l2_normalize(self._encode(self.visual_encoder, images))
+        s = l2_normalize(self._encode(self.english_encoder, batch_tensor(batch, "captions"),
+                                      batch_tensor(batch, "lengths")))
+        t = l2_normalize(self._encode(self.other_encoder, batch_tensor(batch, "captions_alt"),
+                                      batch_tensor(batch, "lengths_alt")))
         return v, s, t
 
     def view_loss(self, x: Tensor, y: Tensor, labels: Tensor) -> Tensor:
@@ -282,13 +290,13 @@ class UML(nn.Module):
         return v @ t.T
 
     def _images(self, images: Tensor) -> Tensor:
-        return l2_normalize(self.visual_encoder(images))
+        return l2_normalize(self._encode(self.visual_encoder, images))
 
     def _english(self, tokens: Tensor, lengths: Tensor) -> Tensor:
-        return l2_normalize(self.english_encoder(tokens, lengths))
+        return l2_normalize(self._encode(self.english_encoder, tokens, lengths))
 
     def _other(self, tokens: Tensor, lengths: Tensor) -> Tensor:
-        return l2_normalize(self.other_encoder(tokens, lengths))
+        return l2_normalize(self._encode(self.other_encoder, tokens, lengths))
 
 
 def split_statistics(labels_vt: Tensor, noisy: Tensor, uncertainty: Tensor) -> dict:

@@ -7,7 +7,7 @@ import argparse
 import inspect
 import json
 import os
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 from ..config import EVIDENCE_KINDS
@@ -15,7 +15,7 @@ from ..data import SyntheticConfig
 from ..models import TCL, UML, TcVSE
 from .analysis import jsonable
 from .distributed import launched_by_torchrun, refuse_torchrun, run_training_distributed
-from .recipes import EVIDENTIAL_OPINION_METHODS, METHODS, get_recipe
+from .recipes import AUTO_CHUNK_ABOVE, AUTO_ENCODER_CHUNK, EVIDENTIAL_OPINION_METHODS, METHODS, get_recipe
 from .runner import (
     PLOTS_HINT,
     DataSource,
@@ -94,6 +94,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _encoder_chunk(text: str) -> int | str:
+    """--encoder-chunk: "auto", 0 (never) or a positive chunk size."""
+    if text == "auto":
+        return text
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be auto, 0 or a positive size, got {value}")
+    return value
+
+
 def _positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
@@ -135,6 +145,11 @@ def _training_options(p: argparse.ArgumentParser, *, allow_all: bool) -> None:
                         f"u from [0.27, 0.73]) (default: {_opinion_defaults('evidence')})")
     p.add_argument("--tau", type=_positive_float, default=None,
                    help=f"τ of the evidence map (tcl, tcvse, uml) (default: {_opinion_defaults('tau')})")
+    p.add_argument("--encoder-chunk", type=_encoder_chunk, default=None, metavar="N|auto|0",
+                   help="encode a batch in checkpointed chunks of N samples: the encoders' activation memory "
+                        "is that of N samples instead of the batch's, for one more encoder forward per update "
+                        f"(0: never; default auto: chunks of {AUTO_ENCODER_CHUNK} above batch size "
+                        f"{AUTO_CHUNK_ABOVE})")
     p.add_argument("--device", default="cpu", help="torch device of the model")
     p.add_argument("--quiet", action="store_true",
                    help="no progress output (bars on a terminal, one line per epoch otherwise)")
@@ -151,6 +166,8 @@ def _source(args, recipe, seed: int) -> DataSource:
 def _recipe(args, method: str):
     recipe = get_recipe(method).with_overrides(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                                                embed_dim=args.embed_dim)
+    if args.encoder_chunk is not None:
+        recipe = replace(recipe, encoder_chunk=None if args.encoder_chunk == 0 else args.encoder_chunk)
     opinion = {k: v for k, v in (("evidence", args.evidence), ("tau", args.tau)) if v is not None}
     if opinion:
         if method not in EVIDENTIAL_OPINION_METHODS:

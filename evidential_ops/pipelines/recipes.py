@@ -12,12 +12,17 @@ from dataclasses import dataclass, field, replace
 
 from torch import nn
 
+from .. import checks
 from ..data.types import CrossModalBenchmark
-from ..models import DUQ, FUME, TCL, UML, TcVSE
+from ..models import DUQ, FUME, TCL, UML, TcVSE, set_chunk_size
 
 __all__ = ["EVIDENTIAL_OPINION_METHODS", "METHODS", "RECIPES", "Recipe", "get_recipe"]
 
 METHODS = ("tcl", "tcvse", "uml", "fume", "duq")
+# Recipe.encoder_chunk="auto": below 2048 pairs the default encoders' activations are a few hundred
+# MiB at most; above, chunks of 1024 keep them at that level (bench/results/train_memory_cpu.md).
+AUTO_CHUNK_ABOVE = 2048
+AUTO_ENCODER_CHUNK = 1024
 # Methods whose opinions take an evidence kind and τ from the recipe (`Recipe.with_model_options`).
 EVIDENTIAL_OPINION_METHODS = ("tcl", "tcvse", "uml")
 
@@ -30,6 +35,10 @@ class Recipe:
     data. epochs, batch_size, lr: Adam training. embed_dim: joint-space size (FUME: the number of
     classes instead). languages: caption languages a batch carries ("en", "alt").
     model: extra keyword arguments of the method's constructor.
+    encoder_chunk: samples per checkpointed encoder chunk (`models.set_chunk_size`), None for
+        none, or "auto": AUTO_ENCODER_CHUNK for batches above AUTO_CHUNK_ABOVE, else none. It
+        bounds the encoders' activation memory (linear in the batch otherwise) for one more
+        encoder forward per update, and changes the result only by rounding.
     """
 
     method: str
@@ -40,6 +49,11 @@ class Recipe:
     languages: tuple[str, ...] = ("en",)
     data: dict = field(default_factory=dict)
     model: dict = field(default_factory=dict)
+    encoder_chunk: int | str | None = "auto"
+
+    def __post_init__(self):
+        if self.encoder_chunk not in ("auto", None):
+            checks.integer(self.encoder_chunk, "encoder_chunk", minimum=1)
 
     def with_overrides(self, **changes) -> Recipe:
         """A copy with the non-None keyword arguments replaced."""
@@ -50,9 +64,22 @@ class Recipe:
         `get_recipe("uml").with_model_options(evidence="exp", tau=0.1)`."""
         return replace(self, model={**self.model, **{k: v for k, v in options.items() if v is not None}})
 
+    def encoder_chunk_size(self) -> int | None:
+        """`encoder_chunk` resolved for this recipe's batch size (None: no chunks)."""
+        if self.encoder_chunk == "auto":
+            return AUTO_ENCODER_CHUNK if self.batch_size > AUTO_CHUNK_ABOVE else None
+        if self.encoder_chunk is None:
+            return None
+        return checks.integer(self.encoder_chunk, "encoder_chunk", minimum=1)
+
     def build(self, bench: CrossModalBenchmark) -> nn.Module:
         """The method's model with default encoders sized for `bench` (feature size, vocabularies,
-        classes)."""
+        classes), with `encoder_chunk_size()` set on its encoders."""
+        model = self._build_model(bench)
+        set_chunk_size(model, self.encoder_chunk_size())
+        return model
+
+    def _build_model(self, bench: CrossModalBenchmark) -> nn.Module:
         train = bench.train
         feat_dim = train.images.shape[-1]
         vocab = len(bench.vocab)
