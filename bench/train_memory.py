@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """Peak memory and time of full training runs at contrastive batch sizes, on the CPU.
 
-    python bench/train_memory.py [--cases tcl:4096,tcl:8192,...] [--out bench/results/train_memory_cpu.md]
+    python bench/train_memory.py [--cases tcl:4096,tcl:8192:0,...] [--out bench/results/train_memory_cpu.md]
 
-Each case runs `python -m evidential_ops train --method M --batch-size K --n-train K --epochs 2
---quiet` in a fresh process (one thread: OMP_NUM_THREADS=1, so runs on a shared machine do not
-fight over cores) and records its peak resident memory (the child's ru_maxrss) and wall time.
+Each case M:K (or M:K:C) runs `python -m evidential_ops train --method M --batch-size K --n-train
+K --epochs 2 --quiet` (with `--encoder-chunk C`; without, the CLI's default, auto) in a fresh
+process (one thread: OMP_NUM_THREADS=1, so runs on a shared machine do not fight over cores) and
+records its peak resident memory (the child's ru_maxrss), its wall time, and the time of its
+second epoch, which is one full training step at batch K (TCL: its 1 + T_max updates).
 The same data trained one epoch at batch size 256 gives the process's floor at that K
 (interpreter, torch, the data, the models, the evaluation), so the difference is what the large
 batch itself adds. A benchmark,
@@ -15,6 +17,7 @@ not a test: the figures depend on the machine.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -25,15 +28,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from evidential_ops.benchmark import cpu_model  # noqa: E402
-DEFAULT_CASES = "tcl:4096,tcl:8192,uml:4096,uml:8192,fume:4096,fume:8192,duq:4096"
+DEFAULT_CASES = ("tcl:4096,tcl:8192:0,tcl:8192,tcl:16384,uml:4096,uml:8192:0,uml:8192,uml:16384,"
+                 "fume:4096,fume:8192,fume:16384,duq:4096,duq:16384")
 FLOOR_BATCH = 256
 
 
-def run_case(method: str, k: int, batch: int, epochs: int) -> tuple[float, float]:
-    """(peak RSS in MiB, seconds) of one training run on K samples in a fresh child process."""
+def run_case(method: str, k: int, batch: int, epochs: int, chunk: str | None = None) -> tuple[float, float, float]:
+    """(peak RSS in MiB, seconds, seconds of the last epoch) of one training run on K samples in
+    a fresh child process."""
     with tempfile.TemporaryDirectory() as out:
         command = [sys.executable, "-m", "evidential_ops", "train", "--method", method, "--batch-size", str(batch),
                    "--n-train", str(k), "--epochs", str(epochs), "--quiet", "--out", out]
+        if chunk is not None:
+            command += ["--encoder-chunk", chunk]
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
         start = time.perf_counter()
         # A wrapper child per run: ru_maxrss of RUSAGE_CHILDREN is the maximum over all children
@@ -44,7 +51,8 @@ def run_case(method: str, k: int, batch: int, epochs: int) -> tuple[float, float
         seconds = time.perf_counter() - start
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(command)} failed:\n{done.stderr[-2000:]}")
-        return int(done.stdout.strip().splitlines()[-1]) / 1024, seconds
+        history = json.loads((Path(out) / "metrics.json").read_text())["train"]["history"]
+        return int(done.stdout.strip().splitlines()[-1]) / 1024, seconds, history[-1]["seconds"]
 
 
 def main(argv=None) -> int:
@@ -54,12 +62,13 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     rows = []
     for case in args.cases.split(","):
-        method, k = case.split(":")
-        floor_mib, _ = run_case(method, int(k), FLOOR_BATCH, 1)
-        peak_mib, seconds = run_case(method, int(k), int(k), 2)
-        rows.append((method, int(k), peak_mib, floor_mib, seconds))
-        print(f"{method} K={k}: peak {peak_mib:.0f} MiB (batch {FLOOR_BATCH}: {floor_mib:.0f} MiB), {seconds:.0f} s",
-              flush=True)
+        method, k, *chunk = case.split(":")
+        chunk = chunk[0] if chunk else None
+        floor_mib, _, _ = run_case(method, int(k), FLOOR_BATCH, 1)
+        peak_mib, seconds, step = run_case(method, int(k), int(k), 2, chunk)
+        rows.append((method, int(k), "auto" if chunk is None else chunk, peak_mib, floor_mib, step, seconds))
+        print(f"{method} K={k} chunk {rows[-1][2]}: peak {peak_mib:.0f} MiB (batch {FLOOR_BATCH}: {floor_mib:.0f} "
+              f"MiB), step {step:.1f} s, run {seconds:.0f} s", flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     lines = [
         "# Full training runs on the CPU: peak memory",
@@ -69,10 +78,14 @@ def main(argv=None) -> int:
         f"peak RSS of the run, and of one epoch on the same data at batch size {FLOOR_BATCH} (interpreter, torch, "
         f"data, models, evaluation). CPU: {cpu_model()}; load average at the end {os.getloadavg()[0]:.1f}.",
         "",
-        f"| method | K | peak MiB | batch {FLOOR_BATCH} MiB | batch K adds MiB | wall s |",
-        "|---|---:|---:|---:|---:|---:|",
+        "--encoder-chunk: auto chunks the encoders by 1024 samples above batch 2048 (models.chunking), "
+        "0 never; step s: the second epoch, one full training step at batch K.",
+        "",
+        f"| method | K | encoder chunk | peak MiB | batch {FLOOR_BATCH} MiB | batch K adds MiB | step s | run s |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
     ]
-    lines += [f"| {m} | {k} | {p:.0f} | {f:.0f} | {p - f:.0f} | {s:.0f} |" for m, k, p, f, s in rows]
+    lines += [f"| {m} | {k} | {c} | {p:.0f} | {f:.0f} | {p - f:.0f} | {t:.1f} | {s:.0f} |"
+              for m, k, c, p, f, t, s in rows]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
