@@ -25,8 +25,10 @@ def _model(**kwargs):
 def test_isum_by_the_fused_op_is_the_reference():
     model, bench = _model()
     out = model(tiny_batch(bench))
-    fused = model.isum_loss(out.s)
-    assert fused.item() == pytest.approx(duq_isum_loss(out.s.detach().double()).item(), rel=1e-5)
+    want = duq_isum_loss(out.s.detach().double()).item()
+    assert model.isum_loss(out.s).item() == pytest.approx(want, rel=1e-5)
+    # The training term: the same loss from the embeddings, s never formed.
+    assert model.isum_loss_from_embeddings(out.z_text, out.z_video).item() == pytest.approx(want, rel=1e-5)
 
 
 def test_total_loss_is_the_reference_total_loss():

@@ -58,7 +58,7 @@ from ._steps import (
     module_device,
     move_batch,
 )
-from .data_parallel import global_batch, run_synced
+from .data_parallel import loss_function, run_synced
 from .dual_encoder import DualEncoder, embed_split
 from .encoders import AttentionPoolEncoder, GRUTextEncoder
 
@@ -70,19 +70,25 @@ INITIAL_LOGIT_SCALE = 1.0 / 0.07  # CLIP's initial temperature
 
 @dataclass(frozen=True)
 class DUQForward:
-    """One batch through DUQ. s, d: (B, B) text × video similarities and distances; mu_text,
-    log_sigma_text, mu_video, log_sigma_video: (B, D_p) Gaussian parameters; logit_scale: 0-D λ;
-    z_text, z_video: (B, D) the embeddings of s (the global-batch ISUM needs them)."""
+    """One batch through DUQ. d: (B, B) text × video distances; mu_text, log_sigma_text,
+    mu_video, log_sigma_video: (B, D_p) Gaussian parameters; logit_scale: 0-D λ; z_text,
+    z_video: (B, D) the unit embeddings. The similarities s = z_text·z_videoᵀ are not stored: the
+    training terms on s (L_S, L_S^U) run fused from the embeddings, and `s` forms the matrix on
+    request."""
 
-    s: Tensor
     d: Tensor
     mu_text: Tensor
     log_sigma_text: Tensor
     mu_video: Tensor
     log_sigma_video: Tensor
     logit_scale: Tensor
-    z_text: Tensor | None = None
-    z_video: Tensor | None = None
+    z_text: Tensor
+    z_video: Tensor
+
+    @property
+    def s(self) -> Tensor:
+        """(B, B) s = z_text·z_videoᵀ, formed at each access (differentiable)."""
+        return self.z_text @ self.z_video.T
 
 
 @dataclass(frozen=True)
@@ -189,21 +195,22 @@ class DUQ(nn.Module):
         samples_t = duq_probabilistic_embeddings(mu_t, ls_t, num_samples=self.num_samples, generator=generator)
         samples_v = duq_probabilistic_embeddings(mu_v, ls_v, num_samples=self.num_samples, generator=generator)
         # D from row strips of the sample cosines: never the (B, B, K_p, K_p) tensor.
-        return DUQForward(s=z_text @ z_video.T, d=duq_distance_matrix_strips(samples_t, samples_v),
+        return DUQForward(d=duq_distance_matrix_strips(samples_t, samples_v),
                           mu_text=mu_t, log_sigma_text=ls_t, mu_video=mu_v, log_sigma_video=ls_v,
                           logit_scale=self.logit_scale, z_text=z_text, z_video=z_video)
 
     def isum_loss(self, s: Tensor) -> Tensor:
-        """L_S^U (eq. 7) by the fused op: mse of relu evidence (τ = 1), rows + columns, summed / B."""
+        """L_S^U (eq. 7) of a (B, B) similarity matrix by the fused op: mse of relu evidence
+        (τ = 1), rows + columns, summed / B (`isum_loss_from_embeddings` never forms s)."""
         total = evidential_loss_from_similarity(s, evidence="relu", tau=1.0, weights={"mse": 1.0},
                                                 reduction="sum", backend=self.backend)
         return total / s.shape[0]
 
-    def global_isum_loss(self, z_text: Tensor, z_video: Tensor) -> Tensor:
-        """L_S^U of the global batch of every rank (after `models.enable_global_batch`): the same
-        loss from the embeddings, (1/B)(Σ rows + Σ columns) = mean(rows) + mean(cols), B = K_global."""
-        return global_batch(self).evidential_loss(z_text, z_video, evidence="relu", tau=1.0, weights={"mse": 1.0},
-                                                  backend=self.backend)
+    def isum_loss_from_embeddings(self, z_text: Tensor, z_video: Tensor) -> Tensor:
+        """L_S^U (eq. 7) of s = z_text·z_videoᵀ, (B, D) each, without forming s: the fused op from
+        the embeddings, (1/B)(Σ rows + Σ columns) = mean(rows) + mean(cols). After
+        `models.enable_global_batch`, that of the global batch of every rank (B = K_global)."""
+        return loss_function(self)(z_text, z_video, evidence="relu", tau=1.0, weights={"mse": 1.0}, backend=self.backend)
 
     def loss_terms(self, out: DUQForward) -> dict:
         """Every term of eq. 15 (differentiable scalars) of a forward and their weighted sum
@@ -216,8 +223,7 @@ class DUQ(nn.Module):
         parts = {
             "loss_s": duq_similarity_loss_from_embeddings(out.z_text, out.z_video, logit_scale=out.logit_scale,
                                                           backend=self.backend),
-            "loss_s_u": (self.isum_loss(out.s) if global_batch(self) is None
-                         else self.global_isum_loss(out.z_text, out.z_video)),
+            "loss_s_u": self.isum_loss_from_embeddings(out.z_text, out.z_video),
             "loss_d": duq_distance_loss(out.d, logit_scale=out.logit_scale),
             "loss_d_u": duq_distance_uncertainty_loss(out.d),
             "loss_kl": duq_gaussian_kl(out.mu_text, out.log_sigma_text) + duq_gaussian_kl(out.mu_video, out.log_sigma_video),
