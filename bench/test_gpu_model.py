@@ -5,6 +5,7 @@ compiler needed: fast)."""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import shutil
 import subprocess
@@ -157,6 +158,21 @@ def test_ceilings_file_overrides_the_datasheet(tmp_path):
     assert gm.DEVICES["h100-sxm"]["hbm_tbs"] == 3.35  # the table itself untouched
     floor = gm.step_time(gm.floor_step("bf16", 4096, 512), c, "bf16")
     assert floor["gemm"] == pytest.approx(3 * 2 * 4096**2 * 512 / 100e12)
+
+
+def test_profile_is_reused_only_when_newer_than_the_sources(tmp_path, monkeypatch):
+    path = tmp_path / "static_profile.json"
+    path.write_text(json.dumps(fake_profile()))
+    calls = []
+    monkeypatch.setattr(gm.static_profile, "main", lambda argv: calls.append(argv) or 0)
+    newer = gm._source_mtime() + 100
+    os.utime(path, (newer, newer))
+    assert gm.load_profile(refresh_to=str(path))["header"]["nvcc"] == "test" and not calls
+    older = gm._source_mtime() - 100
+    os.utime(path, (older, older))
+    # stale: profiled again; the stub writes nothing, so there is no profile (as without a compiler)
+    assert gm.load_profile(refresh_to=str(path)) is None
+    assert calls == [["--out", str(tmp_path / "static_profile.md")]]
 
 
 def test_triton_forward_pass_count_follows_the_partial_budget():
