@@ -11,7 +11,7 @@ OUT ?=
 METHOD ?= tcl
 PYTEST_ARGS ?=
 
-.PHONY: install demo test bench ctest nvcc-check triton-aot-check static-profile triton-test clean
+.PHONY: install demo test bench ctest nvcc-check triton-aot-check static-profile gpu-model triton-test clean
 
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || { \
@@ -27,7 +27,7 @@ install:
 demo: install
 	$(PYTHON) -m evidential_ops demo --method $(METHOD) $(if $(OUT),--out $(OUT))
 
-test: install ctest nvcc-check triton-aot-check static-profile
+test: install ctest nvcc-check triton-aot-check static-profile gpu-model
 	$(PYTHON) -m pytest python_tests -q $(PYTEST_ARGS)
 	$(MAKE) triton-test PYTHON="$(PYTHON)"
 	$(PYTHON) -m pytest bench -q --benchmark-disable
@@ -60,6 +60,15 @@ triton-aot-check:
 # triton is missing. About 20 s on 2 cores.
 static-profile:
 	env -u TRITON_INTERPRET $(PYTHON) bench/static_profile.py --out bench/results/static_profile.md
+
+# GPU performance model (bench/gpu_model.py): per backend, loss, precision, K and D, what a step does
+# (GEMMs, bytes per pass, element instructions from the static profile, launches, host syncs) and
+# its predicted time on an H100 SXM, H200 and A100 beside the three-GEMM floor, with its terms, and
+# the peak extra device memory, into bench/results/gpu_model.md and .json (tracked: regenerate and
+# commit after a kernel or launch change). Reuses static-profile's JSON when it is newer than the
+# sources (else profiles again, ~30 s); needs no GPU; skips, saying so, without nvcc or triton.
+gpu-model:
+	env -u TRITON_INTERPRET $(PYTHON) bench/gpu_model.py --out bench/results/gpu_model.md
 
 # The Triton kernels in Triton's interpreter on CPU tensors (float32): the backend-parametrised
 # suites' triton cases (evidential losses and InfoNCE) and the Triton-specific tests.

@@ -6,6 +6,7 @@
 #   bash bench/gpu_session.sh bench4k bench16k           # call 3
 #   bash bench/gpu_session.sh bench64k autotune          # call 4
 #   bash bench/gpu_session.sh demo distributed           # call 5
+#   bash bench/gpu_session.sh ceilings model             # after the bench calls: calibrate the model
 #
 # Stages (each builds first if the installed package has no CUDA kernels):
 #   env         GPU, driver, torch, triton, nvcc
@@ -23,6 +24,12 @@
 #   autotune    the triton rows again with EO_TRITON_AUTOTUNE=1 (K = 16384)
 #   demo        `python -m evidential_ops demo --method tcl --device cuda`, then on the CPU
 #   distributed bench/distributed_check.py over NCCL (one process per GPU)
+#   ceilings    this GPU's real ceilings for the performance model (bench/gpu_model.py
+#               --measure-ceilings: a 4 GiB device copy, an L2-resident copy, an 8192³ torch GEMM
+#               per precision, an empty launch, a host read) into ceilings.json
+#   model       the model (predicted, from the code and its static SASS profile) with those
+#               ceilings, printed beside what bench4k/bench16k/bench64k measured, row by row:
+#               gpu_model_compare.md; the first lent GPU calibrates the model with it
 # Results and logs land in $OUT (the device tool brings them back): copy the cuda_*.json/.md table
 # to bench/results/ and commit it with the device named. The summary is printed last.
 set -uo pipefail
@@ -139,6 +146,30 @@ stage_distributed() {
   in_out torchrun --standalone --nproc-per-node "$gpus" "$ROOT/bench/distributed_check.py" --device cuda \
     --out "$OUT/nccl_check.json" >"$OUT/distributed.log" 2>&1
   note "distributed ($gpus GPU): exit $? ($(tail -n 1 "$OUT/distributed.log"))"
+}
+
+stage_ceilings() {
+  in_out "$PY" "$ROOT/bench/gpu_model.py" --measure-ceilings "$OUT/ceilings.json" >"$OUT/ceilings.log" 2>&1
+  note "ceilings: exit $? ($(tail -n 1 "$OUT/ceilings.log"))"
+}
+
+stage_model() {
+  local name device=h100-sxm ceilings=() bench=() profile=()
+  name=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+  case "$name" in
+    *H200*) device=h200 ;;
+    *A100*) device=a100-sxm ;;
+  esac
+  [[ -f $OUT/ceilings.json ]] && ceilings=(--ceilings "$OUT/ceilings.json")
+  for f in "$OUT"/cuda_*.json; do [[ -f $f ]] && bench+=("$f"); done
+  [[ ${#bench[@]} -gt 0 ]] && bench=(--compare "${bench[@]}")
+  # The static profile of this checkout's kernels first (nvcc, triton): the model reads it.
+  env -u TRITON_INTERPRET "$PY" "$ROOT/bench/static_profile.py" --out "$OUT/static_profile.md" >"$OUT/model.log" 2>&1
+  [[ -f $OUT/static_profile.json ]] && profile=(--profile "$OUT/static_profile.json")
+  "$PY" "$ROOT/bench/gpu_model.py" "${profile[@]}" --device "$device" --d 1024 --out "$OUT/gpu_model.md" \
+    "${ceilings[@]}" "${bench[@]}" >"$OUT/gpu_model_compare.md" 2>>"$OUT/model.log"
+  note "model ($device, ${ceilings[*]:-datasheet ceilings}): exit $? ($(grep -c '^| ' "$OUT/gpu_model_compare.md") table lines in gpu_model_compare.md)"
+  cat "$OUT/gpu_model_compare.md"
 }
 
 stages=("$@")

@@ -1,0 +1,220 @@
+"""bench/gpu_model.py: the floor and term arithmetic against hand-computed values, the strip-plan
+port against the header compiled, ceilings files, and the CLI on a synthetic static profile (no
+compiler needed: fast)."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import gpu_model as gm  # noqa: E402
+import static_profile as sp  # noqa: E402
+
+H100 = gm.load_ceilings("h100-sxm")
+
+
+def fake_profile() -> dict:
+    """A static profile with every row the model reads: 100 instructions per element, 40 of them
+    FP32 and 8 MUFU (cuda-path forward: 256 so that the issue pipe binds at 2 cycles)."""
+    rows = []
+    for backend, per_iteration in (("cuda-path", 1), ("triton", 2.0)):
+        for method in sp.METHODS:
+            for direction in ("fwd", "bwd"):
+                total = 256 if (backend, direction) == ("cuda-path", "fwd") else 100
+                own = dict(total=total, fp64=0, fp32=40, mufu=8, int=20, conv=0, mem=4, tensor=0, control=10,
+                           other=total - 82, dmul_dfma=0)
+                rows.append(dict(backend=backend, method=method, direction=direction,
+                                 elements_per_iteration=per_iteration,
+                                 hot=dict(own={k: v * per_iteration for k, v in own.items()}),
+                                 resources=dict(registers=64)))
+    return dict(header=dict(nvcc="test", triton="test", arch="sm_90", commit="test"), rows=rows)
+
+
+def test_floor_matches_hand_computation():
+    # bf16, K = 4096, D = 512 on the H100 datasheet: each product 2·4096²·512 = 17.18 GFLOP at
+    # 989.4 TFLOP/s = 17.365 µs; its bytes (s = x·yᵀ: 2·4096·512·2 + 4096²·2 = 41.94 MB at
+    # 3.35 TB/s = 12.52 µs) are hidden; 3 launches × 3 µs.
+    t = gm.step_time(gm.floor_step("bf16", 4096, 512), H100, "bf16")
+    assert t["gemm"] == pytest.approx(3 * 2 * 4096**2 * 512 / 989.4e12)
+    assert t["gemm"] == pytest.approx(52.09e-6, rel=1e-3)
+    assert t["dram"] == pytest.approx((2 * 4096 * 512 * 2 + 4096**2 * 2 + 2 * (4096**2 * 2 + 4096 * 512 * 2
+                                       + 4096 * 512 * 2)) / 3.35e12)
+    assert t["total"] == pytest.approx(52.09e-6 + 9e-6, rel=1e-3)
+    assert t["largest"] == "gemm"
+    # ieee runs on the FP32 pipes: 67 TFLOP/s
+    assert gm.step_time(gm.floor_step("ieee", 4096, 512), H100, "ieee")["gemm"] == \
+        pytest.approx(3 * 2 * 4096**2 * 512 / 67e12)
+
+
+def test_kernel_terms_and_binding():
+    k = gm.Kernel("forward", "k", launches=2, flops=989.4e9, elements=132 * 1.98e9, cycles_per_element=1.0,
+                  dram={"a": 3.35e9}, l2={"b": 7.0e12 * 5}, fill=0.5, syncs=1)
+    t = k.terms(H100, "bf16")
+    assert t["gemm"] == pytest.approx(1e-3)
+    assert t["element"] == pytest.approx(1.0)
+    assert t["dram"] == pytest.approx(2e-3)        # half the SMs: half the bandwidth
+    assert t["l2"] == pytest.approx(10.0)
+    assert t["total"] == pytest.approx(10.0 + 6e-6 + 20e-6)
+    assert t["bound"] == "l2"
+
+
+def test_step_terms_add_up():
+    profile = fake_profile()
+    for backend in ("cuda", "triton"):
+        row = gm.predict(backend, "tcl", "bf16", 4096, 512, H100, profile)
+        assert row["predicted_s"] == pytest.approx(sum(k["seconds"]["total"] for k in row["kernels"]))
+        for term in gm.TERM_NAMES:
+            assert row["terms_s"][term] == pytest.approx(sum(k["seconds"][term] for k in row["kernels"]))
+        for k in row["kernels"]:
+            s = k["seconds"]
+            assert s["total"] == pytest.approx(max(s["gemm"] + s["element"], s["dram"], s["l2"]) + s["launch"]
+                                               + s["sync"])
+        assert row["largest"] == max(gm.TERM_NAMES, key=lambda n: row["terms_s"][n])
+        assert row["ratio"] == pytest.approx(row["predicted_s"] / row["floor_s"])
+
+
+def test_pipe_cycles():
+    cycles, pipe, every = gm.pipe_cycles(dict(total=256, fp32=40, mufu=8, int=20, mem=4), H100["rates"])
+    assert (cycles, pipe) == (2.0, "issue")
+    cycles, pipe, _ = gm.pipe_cycles(dict(total=100, fp32=10, mufu=48), H100["rates"])
+    assert (cycles, pipe) == (3.0, "mufu")
+    assert every["fp32"] == pytest.approx(40 / 128) and every["int"] == pytest.approx(20 / 64)
+
+
+def test_cuda_step_counts_what_the_host_code_does():
+    profile = fake_profile()
+    row = gm.predict("cuda", "tcl", "bf16", 16384, 1024, H100, profile)
+    plan = row["plans"]["backward"]
+    names = [k["name"] for k in row["kernels"]]
+    gemms = sum(k["flops"] for k in row["kernels"])
+    assert gemms == pytest.approx(8 * 16384**2 * 1024)  # s twice (the backward recomputes it), dx, dy
+    dy = next(k for k in row["kernels"] if k["name"].startswith("dy GEMM"))
+    assert dy["dram_bytes"]["dy accumulator read-modify-write per strip (float32)"] == \
+        plan["strips"] * 16384 * 1024 * 4 * 2
+    assert "dy cast float32 → input dtype" in names
+    assert row["syncs"] == 1  # exp evidence: the overflow check reads the device
+    assert gm.predict("cuda", "uml", "bf16", 16384, 1024, H100, profile)["syncs"] == 0
+    # at K = 65536 the forward's strips are too short to fill the GPU with reduce_row_partials
+    big = gm.predict("cuda", "tcl", "ieee", 65536, 1024, H100, profile)
+    reduce = next(k for k in big["kernels"] if k["name"].startswith("reduce_row_partials"))
+    assert reduce["fill"] == pytest.approx(1 / 132)
+    assert reduce["launches"] == big["plans"]["forward"]["strips"] > 100
+
+
+def test_memory_targets_follow_the_buffers():
+    profile = fake_profile()
+    ieee = gm.predict("cuda", "tcl", "ieee", 65536, 1024, H100, profile)["memory"]
+    bf16 = gm.predict("cuda", "tcl", "bf16", 65536, 1024, H100, profile)["memory"]
+    # bfloat16: dy in float32 (256 MiB) and its cast (128 MiB) beside dx (128 MiB), less 2 × 128 MiB of gradients
+    assert bf16["beyond_grads_mib"] - ieee["beyond_grads_mib"] == pytest.approx(256, abs=0.5)
+    assert ieee["beyond_grads_mib"] < 128
+
+
+def test_strip_constants_are_read_from_the_header():
+    k = gm.strip_constants()
+    assert k["kThreads"] == 256 and k["kStatSlots"] == 6 and k["kDefaultWorkspaceMiB"] == 64
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")
+def test_plan_strips_port_matches_the_header(tmp_path):
+    cases = [(16384, 16384, 4, 0, 1, 0, 64 << 20), (65536, 65536, 4, 0, 1, 0, 64 << 20),
+             (65536, 65536, 4, 2, 0, 0, 64 << 20), (4096, 4096, 8, 0, 1, 0, 1 << 20), (1000, 3000, 4, 2, 0, 1, 12345),
+             (7, 5, 0, 0, 1, 0, 64 << 20)]
+    flag = {0: "false", 1: "true"}
+    body = "\n".join(f"  show({m}, {n}, sp::StripNeeds{{{t}, {h}, {flag[p]}, {flag[s]}}}, {b});"
+                     for m, n, t, h, p, s, b in cases)
+    source = tmp_path / "plan.cpp"
+    source.write_text('#include <cstdio>\n#include "cuda/strip_plan.h"\nnamespace sp = evidential_ops::cuda;\n'
+                      "void show(long m, long n, sp::StripNeeds needs, long budget) {\n"
+                      "  auto p = sp::plan_strips(m, n, needs, budget);\n"
+                      '  std::printf("%lld %lld %lld %lld %lld\\n", (long long)p.strip_rows, (long long)p.strips, '
+                      "(long long)p.col_blocks, (long long)p.row_groups, (long long)p.total_bytes);\n}\n"
+                      f"int main() {{\n{body}\n}}\n")
+    binary = tmp_path / "plan"
+    subprocess.run(["g++", "-std=c++17", f"-I{gm.ROOT}/csrc", str(source), "-o", str(binary)], check=True)
+    printed = subprocess.run([str(binary)], check=True, capture_output=True, text=True).stdout.split("\n")
+    for (m, n, t, h, p, s, b), line in zip(cases, printed):
+        plan = gm.plan_strips(m, n, t, h, bool(p), bool(s), b)
+        assert [plan[k] for k in ("strip_rows", "strips", "col_blocks", "row_groups", "total_bytes")] == \
+            [int(v) for v in line.split()], (m, n, t, h, p, s, b)
+
+
+def test_ceilings_file_overrides_the_datasheet(tmp_path):
+    path = tmp_path / "ceilings.json"
+    path.write_text(json.dumps(dict(device="test GPU", hbm_tbs=1.0, gemm_tflops=dict(bf16=100.0), launch_us=1.0)))
+    c = gm.load_ceilings("h100-sxm", str(path))
+    assert c["hbm_tbs"] == 1.0 and c["gemm_tflops"]["bf16"] == 100.0 and c["launch_us"] == 1.0
+    assert c["gemm_tflops"]["tf32"] == gm.DEVICES["h100-sxm"]["gemm_tflops"]["tf32"]  # not measured: datasheet
+    assert set(c["measured"]) == {"hbm_tbs", "gemm_tflops.bf16", "launch_us"}
+    assert gm.DEVICES["h100-sxm"]["hbm_tbs"] == 3.35  # the table itself untouched
+    floor = gm.step_time(gm.floor_step("bf16", 4096, 512), c, "bf16")
+    assert floor["gemm"] == pytest.approx(3 * 2 * 4096**2 * 512 / 100e12)
+
+
+def test_profile_is_reused_only_when_newer_than_the_sources(tmp_path, monkeypatch):
+    path = tmp_path / "static_profile.json"
+    path.write_text(json.dumps(fake_profile()))
+    calls = []
+    monkeypatch.setattr(gm.static_profile, "main", lambda argv: calls.append(argv) or 0)
+    newer = gm._source_mtime() + 100
+    os.utime(path, (newer, newer))
+    assert gm.load_profile(refresh_to=str(path))["header"]["nvcc"] == "test" and not calls
+    older = gm._source_mtime() - 100
+    os.utime(path, (older, older))
+    # stale: profiled again; the stub writes nothing, so there is no profile (as without a compiler)
+    assert gm.load_profile(refresh_to=str(path)) is None
+    assert calls == [["--out", str(tmp_path / "static_profile.md")]]
+
+
+def test_triton_forward_pass_count_follows_the_partial_budget():
+    pytest.importorskip("triton")
+    profile = fake_profile()
+    small = gm.predict("triton", "tcl", "ieee", 16384, 1024, H100, profile)
+    large = gm.predict("triton", "tcl", "ieee", 65536, 1024, H100, profile)
+    assert small["plans"]["forward"]["one_pass"] and not large["plans"]["forward"]["one_pass"]
+    assert large["gemm_flops"] == pytest.approx(12 * 65536**2 * 1024)  # s twice forward, twice per grad pass
+    assert small["gemm_flops"] == pytest.approx(10 * 16384**2 * 1024)
+    grad = next(k for k in small["kernels"] if k["name"].startswith("grad_kernel for dx"))
+    # D = 1024 > MAX_REGISTER_D: the accumulator goes through memory once per column tile (L2 or DRAM: the
+    # working set of the resident programs decides)
+    rmw = {**grad["l2_bytes"], **grad["dram_bytes"]}["dx accumulator read-modify-write per column tile"]
+    assert rmw == (16384 // 32) * 16384 * 1024 * 4 * 2
+
+
+def test_cli_writes_markdown_and_json(tmp_path, capsys):
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(fake_profile()))
+    out = tmp_path / "model.md"
+    bench = tmp_path / "cuda_test.json"
+    bench.write_text(json.dumps(dict(records=[
+        dict(impl="cuda", case="tcl", precision="bf16", k=16384, d=1024, median_s=0.0123, beyond_gradients_mib=77.0),
+        dict(impl="floor", case="tcl", precision="bf16", k=16384, d=1024, median_s=0.002)])))
+    backends = ["cuda", "triton"] if _has_triton() else ["cuda"]
+    assert gm.main(["--out", str(out), "--profile", str(profile), "--device", "h100-sxm", "a100-sxm",
+                    "--backend", *backends, "--loss", "tcl", "--precision", "bf16", "--k", "16384", "--d", "1024",
+                    "--compare", str(bench)]) == 0
+    report = json.loads(out.with_suffix(".json").read_text())
+    assert len(report["rows"]) == 2 * len(backends)
+    text = out.read_text()
+    assert "# GPU performance model (predicted, not measured)" in text
+    assert "Where the time goes" in text and "NVIDIA A100 SXM4 80 GB" in text
+    assert "≤ 3" in text  # the CUDA target beside the K = 16384, D = 1024 row
+    printed = capsys.readouterr().out
+    assert "| 12.30 |" in printed and "| 6.15 |" in printed  # measured ms and measured × floor
+
+
+def _has_triton() -> bool:
+    try:
+        gm._triton_modules()
+    except Exception:
+        return False
+    return True
