@@ -417,3 +417,82 @@ def test_strip_distance_matrix_bad_input():
         duq_distance_matrix_strips(z, z.double())
     with pytest.raises(ValueError, match="strip_elements"):
         duq_distance_matrix_strips(z, z, strip_elements=0)
+
+
+def _distances(b: int, seed: int) -> torch.Tensor:
+    """D in [0, 2] like the max/min rule's, with exact zeros (relu's kink) on a few entries."""
+    d = 2.0 * torch.rand(b, b, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    d[::5, ::3] = 0.0
+    return d
+
+
+@pytest.mark.parametrize("b", [2, 7, 113])
+@pytest.mark.parametrize("strip_elements", [1, 3 * 113, 1 << 22])
+def test_distance_losses_in_strips_equal_the_matrix_forms(b, strip_elements):
+    """L_D and L_D^U in row strips of D (methods.duq_distance_losses) against the matrix forms, in
+    float64, values and ∂/∂D (and ∂L_D/∂λ for a learned λ), strips of one row, three rows and all.
+    Tolerances from the arithmetic, u = 2^-53:
+    - L_D: each log-sum-exp sums B exponentials (reordered: 2B·u relative in the sum, so 2B·u
+      absolute in its log) and the strip-wise column adds up to B logaddexps of values up to
+      |lse|, u·(|lse| + 1) each: E = 4B·u·(max|lse| + 1) per lse, which bounds the value's error;
+      ∂L/∂D_ij = (λ/2B)(2δ_ij − σ_row − σ_col) moves by (λ/2B)(σ_row + σ_col)(E + 2u), plus the
+      roundings of the last products in each form (4u relative); ∂L/∂λ sums
+      B² of D_ij·(∂L/∂D_ij)/λ: 2B²·u·Σ|D·∂L/∂D|/λ plus Σ D_ij·(that bound)/λ.
+    - L_D^U: both forms are sums of B terms per line, every term of the elementwise form >= 0 and
+      the closed form's S, Σα² float64 sums of B terms >= 1: 8(B + 2)·u·(v + 1) per line v;
+      the gradient, c0 + c1·α_j + δ·c_y per line (SPEC in the module docstring), against the
+      chain rule through p and S (a sum of B terms for ∂/∂S): 8(B + 2)·u times the sum of the
+      absolute values of its pieces."""
+    from evidential_ops.methods import duq_distance_loss_strips, duq_distance_uncertainty_loss_strips
+
+    u = 2.0**-53
+    d = _distances(b, seed=b)
+    lam = torch.tensor(30.0, dtype=torch.float64)
+    leaves = [d.clone().requires_grad_(), lam.clone().requires_grad_()]
+    want = duq_distance_loss(leaves[0], logit_scale=leaves[1])
+    want_d, want_lam = torch.autograd.grad(want, leaves)
+    leaves = [d.clone().requires_grad_(), lam.clone().requires_grad_()]
+    got = duq_distance_loss_strips(leaves[0], logit_scale=leaves[1], strip_elements=strip_elements)
+    got_d, got_lam = torch.autograd.grad(got, leaves)
+    z = lam * d
+    row_lse, col_lse = torch.logsumexp(z, dim=1), torch.logsumexp(z, dim=0)
+    e = 4 * b * u * (float(torch.cat([row_lse, col_lse]).abs().max()) + 1.0)
+    assert abs(float(got - want)) <= e
+    sigma = torch.exp(z - row_lse[:, None]) + torch.exp(z - col_lse[None, :])
+    grad_bound = 30.0 / (2 * b) * (sigma * (e + 2 * u)) + 4 * u * want_d.abs()
+    assert ((got_d - want_d).abs() <= grad_bound).all()
+    lam_bound = (2 * b * b * u * (d * want_d).abs().sum() + (d * grad_bound).sum()) / 30.0
+    assert abs(float(got_lam - want_lam)) <= float(lam_bound)
+
+    leaf = d.clone().requires_grad_()
+    want = duq_distance_uncertainty_loss(leaf)
+    want_d, = torch.autograd.grad(want, leaf)
+    leaf = d.clone().requires_grad_()
+    got = duq_distance_uncertainty_loss_strips(leaf, strip_elements=strip_elements)
+    got_d, = torch.autograd.grad(got, leaf)
+    alpha = torch.relu(d) + 1.0
+    pieces, values = torch.zeros_like(d), []
+    for a, transpose in ((alpha, False), (alpha.T, True)):
+        s = a.sum(dim=1, keepdim=True)
+        p2 = (a * a).sum(dim=1, keepdim=True) / s**2
+        diag = a.diagonal()[:, None]
+        values.append((b - 1) - 2 * (1 - diag / s) + p2 + (1 - p2) / (s + 1))
+        piece = (2 * diag / s**2 + 2 * p2 / (s + 1) + (1 + p2) / (s + 1) ** 2 + 2 * a / (s * (s + 1))
+                 + 2 * torch.eye(b, dtype=d.dtype) / s)
+        pieces += piece.T if transpose else piece
+    value_bound = sum(float((8 * (b + 2) * u * (v + 1)).sum()) for v in values) / b
+    assert abs(float(got - want)) <= value_bound
+    assert ((got_d - want_d).abs() <= 8 * (b + 2) * u * pieces / b).all()
+
+
+def test_distance_losses_in_strips_bad_input():
+    from evidential_ops.methods import duq_distance_loss_strips, duq_distance_uncertainty_loss_strips
+
+    d = _distances(4, seed=0)
+    for fn in (duq_distance_loss_strips, duq_distance_uncertainty_loss_strips):
+        with pytest.raises(ValueError, match="square"):
+            fn(d[:3])
+        with pytest.raises(ValueError, match="strip_elements"):
+            fn(d, strip_elements=0)
+    with pytest.raises(ValueError, match="logit_scale"):
+        duq_distance_loss_strips(d, logit_scale=-1.0)

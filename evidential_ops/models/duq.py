@@ -7,10 +7,13 @@ s[i, j] = cos(text_i, video_j), positives on the diagonal.
 - Feature extraction: a text encoder and a video encoder (attention pooling over frames fused
   with the global mean, the paper's local feature aggregation) give z_t, z_v; s = cos(z_t, z_v).
 - ISUM (eq. 4-7): L_S^U = (1/B)(Σ_i mse_i(rows) + Σ_j mse_j(cols)), relu evidence, τ = 1,
-  computed by the fused `evidential_loss_from_similarity` (weights {mse: 1}, reduction "sum").
+  computed by the fused `evidential_loss` from z_t, z_v (weights {mse: 1}); L_S by the fused
+  InfoNCE: s itself is never formed in training.
 - IDUM (eq. 8-13): linear heads give (μ, σ) per modality, K_p probabilistic embeddings
-  z^k = μ + e^σ·ε_k, the distance matrix D with the max (i ≠ j) / min (i = j) rule, L_D and L_D^U
-  (`reference.methods`; L_D^U's dense target 1 − I is outside the fused op's c·one-hot targets).
+  z^k = μ + e^σ·ε_k, the distance matrix D with the max (i ≠ j) / min (i = j) rule from strips of
+  the sample cosines (`methods.duq_distance_matrix_strips`), L_D and L_D^U in row strips of D
+  (`methods.duq_distance_losses`; L_D^U's dense target 1 − I is outside the fused op's c·one-hot
+  targets): D and its gradient are the training step's only (B, B) tensors.
 - L_total = L_S + L_S^U + α(L_D + L_D^U) + β·L_KL (eq. 15), λ a learned logit scale (CLIP-style,
   clamped at 100).
 - Inference: s, D over the whole gallery (max rule: positives unknown), and the re-ranking of
@@ -32,10 +35,10 @@ from ..data.types import CrossModalSplit
 from ..losses import evidential_loss_from_similarity
 from ..metrics import retrieval_metrics
 from ..methods import (
-    duq_distance_loss,
+    duq_distance_loss_strips,
     duq_distance_matrix,
     duq_distance_matrix_strips,
-    duq_distance_uncertainty_loss,
+    duq_distance_uncertainty_loss_strips,
     duq_gaussian_kl,
     duq_probabilistic_embeddings,
     duq_rerank,
@@ -224,8 +227,8 @@ class DUQ(nn.Module):
             "loss_s": duq_similarity_loss_from_embeddings(out.z_text, out.z_video, logit_scale=out.logit_scale,
                                                           backend=self.backend),
             "loss_s_u": self.isum_loss_from_embeddings(out.z_text, out.z_video),
-            "loss_d": duq_distance_loss(out.d, logit_scale=out.logit_scale),
-            "loss_d_u": duq_distance_uncertainty_loss(out.d),
+            "loss_d": duq_distance_loss_strips(out.d, logit_scale=out.logit_scale),
+            "loss_d_u": duq_distance_uncertainty_loss_strips(out.d),
             "loss_kl": duq_gaussian_kl(out.mu_text, out.log_sigma_text) + duq_gaussian_kl(out.mu_video, out.log_sigma_video),
         }
         parts["loss"] = (parts["loss_s"] + parts["loss_s_u"] + self.alpha * (parts["loss_d"] + parts["loss_d_u"])
