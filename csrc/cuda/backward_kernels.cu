@@ -64,8 +64,9 @@ __global__ void __launch_bounds__(kThreads, element_min_blocks(kFloat32)) gradie
         const std::int64_t i = chunk + r;
         const std::int64_t line = a.s.row0 + i;
         const bool on = line + a.target_offset == j;
+        const float s = load_similarity<float>(a.s, i, j);
         const ElementEvidence e =
-            float32_evidence(a.evidence, load_similarity<float>(a.s, i, j), inv_tau_f, a.inv_tau, on);
+            float32_evidence(evidence_of(a.evidence, s * inv_tau_f), a.evidence, s, a.inv_tau, on);
         const float on_target = on ? 1.0f : 0.0f;
         const float off = 1.0f - on_target;
         const kn::ElementBackwardF32 f = kn::element_backward_f32<kKl, kFmse, kLogdet>(e.alpha_f);

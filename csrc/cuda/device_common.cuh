@@ -123,9 +123,10 @@ struct ElementEvidence {
   bool beyond;
 };
 
-__device__ __forceinline__ ElementEvidence float32_evidence(int kind, float s, float inv_tau_f, double inv_tau,
-                                                            bool target) {
-  const kn::EvidenceValueF32 v = evidence_of(kind, s * inv_tau_f);
+// `v` is the float32 map at x = s·(1/τ), evaluated by the caller (evidence_of(kind, s * inv_tau_f)):
+// in the kernel files, where a build that fixes the evidence map at compile time can replace it.
+__device__ __forceinline__ ElementEvidence float32_evidence(const kn::EvidenceValueF32& v, int kind, float s,
+                                                            double inv_tau, bool target) {
   ElementEvidence e{v.alpha, v.rho, v.alpha, v.rho, false};
   if (target || !(v.alpha < kInfinityF)) {  // NaN too: it comes out NaN either way
     const kn::EvidenceValue d = evidence_in_double(kind, s, inv_tau);

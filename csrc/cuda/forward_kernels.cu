@@ -54,8 +54,8 @@ __device__ EO_OUT_OF_LINE ElementStats element_stats_beyond_float(double alpha) 
 template <bool kKl, bool kFmse, bool kLogdet>
 __device__ __forceinline__ ElementStats element_stats_f32(const ForwardArgs& a, std::int64_t i, std::int64_t j,
                                                           bool target, float inv_tau_f) {
-  const ElementEvidence e =
-      float32_evidence(a.evidence, load_similarity<float>(a.s, i, j), inv_tau_f, a.inv_tau, target);
+  const float s = load_similarity<float>(a.s, i, j);
+  const ElementEvidence e = float32_evidence(evidence_of(a.evidence, s * inv_tau_f), a.evidence, s, a.inv_tau, target);
   if (e.beyond) return element_stats_beyond_float<kKl, kFmse, kLogdet>(e.alpha);
   return ElementStats{e.alpha, kn::square_statistic(e.alpha_f),
                       kn::widen_from_float(e.alpha_f, kn::element_forward_f32<kKl, kFmse, kLogdet>(e.alpha_f))};
