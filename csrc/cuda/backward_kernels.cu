@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(kThreads, element_min_blocks(kFloat32)) gradie
         const std::int64_t i = chunk + r;
         const std::int64_t line = a.s.row0 + i;
         const bool on = line + a.target_offset == j;
-        const float s = load_similarity<float>(a.s, i, j);
+        const float s = load_similarity<float>(a.s, i * a.s.row_stride + j * a.s.col_stride);
         const ElementEvidence e =
             float32_evidence(evidence_of(a.evidence, s * inv_tau_f), a.evidence, s, a.inv_tau, on);
         const float on_target = on ? 1.0f : 0.0f;
@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(kThreads, element_min_blocks(kFloat32)) gradie
     if (active) {
       for (std::int64_t i = range.begin; i < range.end; ++i) {
         const std::int64_t line = a.s.row0 + i;
-        const kn::EvidenceValue v = evidence_of(a.evidence, load_similarity<double>(a.s, i, j) * a.inv_tau);
+        const kn::EvidenceValue v = evidence_of(a.evidence, load_similarity<double>(a.s, i * a.s.row_stride + j * a.s.col_stride) * a.inv_tau);
         const double on_target = line + a.target_offset == j ? 1.0 : 0.0;
         const double off = 1.0 - on_target;
         const kn::ElementBackward f = kn::element_backward<kKl, kFmse, kLogdet>(v.alpha);

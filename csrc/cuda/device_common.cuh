@@ -29,9 +29,9 @@ constexpr int kWarps = kThreads / 32;
 // and bfloat16 -> float is exact, as on the CPU, which widens half inputs to float32 first; the
 // launchers send float64 views to the double path only). The kind is the same for the whole launch:
 // the switch is a uniform branch.
+// `at` is the element's offset, i·row_stride + j·col_stride.
 template <typename T>
-__device__ __forceinline__ T load_similarity(const SimilarityView& s, std::int64_t i, std::int64_t j) {
-  const std::int64_t at = i * s.row_stride + j * s.col_stride;
+__device__ __forceinline__ T load_similarity(const SimilarityView& s, std::int64_t at) {
   switch (s.kind) {
     case ScalarKind::kFloat32:
       return static_cast<T>(static_cast<const float*>(s.data)[at]);

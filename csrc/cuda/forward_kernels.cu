@@ -19,6 +19,26 @@ namespace {
 
 constexpr int kRowChunk = 32;  // rows whose warp sums are staged in shared memory at a time
 
+// On the float32 path a thread takes kColumnsPerThread of its block's kThreads columns, so that
+// the warp butterfly of a row's sums (per statistic slot: five double shuffles and adds) serves
+// that many elements; the thread's own columns are added up first, in column order (fixed:
+// results stay run-to-run exact). Blocks still cover kThreads columns each (the row partials'
+// layout, strip_plan.h), with fewer threads. Two columns, not four: with four the column
+// accumulators and the out-of-line calls of the rare elements push ptxas into spills (at 128
+// registers and uncapped alike). The float64 path keeps one column per thread.
+constexpr int kColumnsPerThread = 2;
+__host__ __device__ constexpr int columns_per_thread(bool float32) { return float32 ? kColumnsPerThread : 1; }
+__host__ __device__ constexpr int forward_threads(bool float32) { return kThreads / columns_per_thread(float32); }
+static_assert(forward_threads(true) % 32 == 0, "whole warps");
+
+// Minimum blocks per multiprocessor of the float32 path: 4 blocks of 128 threads (<= 128
+// registers, the occupancy of element_min_blocks' 2 blocks of 256); 3 for the instantiation with
+// every term, which spills 20 bytes at 128. Left free, ptxas aims lower and spills around the
+// out-of-line calls of the rare elements. The float64 path as before (none).
+__host__ __device__ constexpr int forward_min_blocks(bool float32, bool all_terms) {
+  return float32 ? (all_terms ? 3 : 2 * columns_per_thread(true)) : element_min_blocks(false);
+}
+
 // Statistic slot k (LineStat k + 1: rest, kl_h, squares, fisher, log_trigamma, remainder) is
 // accumulated by a call with these terms.
 __host__ __device__ constexpr bool slot_enabled(int k, bool kl, bool fmse, bool logdet) {
@@ -50,12 +70,12 @@ __device__ EO_OUT_OF_LINE ElementStats element_stats_beyond_float(double alpha) 
   return element_stats_f64<kKl, kFmse, kLogdet>(alpha);
 }
 
-// The float32 path's α of one element (device_common.cuh: float32_evidence) and its statistics.
+// The float32 path's α of one element (device_common.cuh: float32_evidence; v its float32 map)
+// and its statistics.
 template <bool kKl, bool kFmse, bool kLogdet>
-__device__ __forceinline__ ElementStats element_stats_f32(const ForwardArgs& a, std::int64_t i, std::int64_t j,
-                                                          bool target, float inv_tau_f) {
-  const float s = load_similarity<float>(a.s, i, j);
-  const ElementEvidence e = float32_evidence(evidence_of(a.evidence, s * inv_tau_f), a.evidence, s, a.inv_tau, target);
+__device__ __forceinline__ ElementStats element_stats_f32(const ForwardArgs& a, float s, bool target,
+                                                          const kn::EvidenceValueF32& v) {
+  const ElementEvidence e = float32_evidence(v, a.evidence, s, a.inv_tau, target);
   if (e.beyond) return element_stats_beyond_float<kKl, kFmse, kLogdet>(e.alpha);
   return ElementStats{e.alpha, kn::square_statistic(e.alpha_f),
                       kn::widen_from_float(e.alpha_f, kn::element_forward_f32<kKl, kFmse, kLogdet>(e.alpha_f))};
@@ -83,49 +103,77 @@ __device__ __forceinline__ void add_element(const ForwardArgs& a, std::int64_t l
 }
 
 template <bool kFloat32, bool kKl, bool kFmse, bool kLogdet>
-__global__ void __launch_bounds__(kThreads, element_min_blocks(kFloat32)) forward_stats_kernel(const ForwardArgs a) {
-  __shared__ double warp_sums[kRowChunk][kStatSlots][kWarps];
+__global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(kFloat32, kKl && kFmse && kLogdet))
+    forward_stats_kernel(const ForwardArgs a) {
+  constexpr int kColumns = columns_per_thread(kFloat32);
+  constexpr int kForwardThreads = forward_threads(kFloat32);
+  constexpr int kForwardWarps = kForwardThreads / 32;
+  __shared__ double warp_sums[kRowChunk][kStatSlots][kForwardWarps];
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  const bool active = j < a.s.cols;
+  // Columns j0 + 32c (c < kColumns): a warp's loads of one c are consecutive columns.
+  const std::int64_t j0 = static_cast<std::int64_t>(blockIdx.x) * kThreads + warp * 32 * kColumns + lane;
   const bool want_rows = a.row_partial != nullptr;  // uniform over the launch
   const RowRange range = group_rows(a.s.rows);
   const float inv_tau_f = static_cast<float>(a.inv_tau);  // narrowed once (float32 path only)
 
-  double column[kStatSlots];
+  // The thread's columns inside the strip: the first `columns` of its kColumns.
+  const std::int64_t beyond = a.s.cols - j0;
+  const int columns = beyond <= 0 ? 0 : (beyond >= 32 * (kColumns - 1) + 1 ? kColumns : static_cast<int>((beyond + 31) / 32));
+  const std::int64_t first_offset = j0 * a.s.col_stride;  // element offset of column j0 in row 0
+  const std::int64_t column_step = 32 * a.s.col_stride;
+  double column[kColumns][kStatSlots];
 #pragma unroll
-  for (int k = 0; k < kStatSlots; ++k) column[k] = 0.0;
+  for (int c = 0; c < kColumns; ++c) {
+#pragma unroll
+    for (int k = 0; k < kStatSlots; ++k) column[c][k] = 0.0;
+  }
 
   for (std::int64_t chunk = range.begin; chunk < range.end; chunk += kRowChunk) {
     const int n = static_cast<int>(range.end - chunk < kRowChunk ? range.end - chunk : kRowChunk);
     for (int r = 0; r < n; ++r) {
       const std::int64_t i = chunk + r;
-      double c[kStatSlots];
+      const std::int64_t line = a.s.row0 + i;
+      const std::int64_t row_offset = i * a.s.row_stride;
+      // The one column of this row that is its target (if any): line + target_offset.
+      const std::int64_t target_column = a.has_targets ? line + a.target_offset : -1;
+      // This row's sums over the thread's columns, in column order: one butterfly per row for
+      // kColumns elements.
+      double row[kStatSlots];
 #pragma unroll
-      for (int k = 0; k < kStatSlots; ++k) c[k] = 0.0;
-      if (active) {
+      for (int k = 0; k < kStatSlots; ++k) row[k] = 0.0;
+#pragma unroll
+      for (int cc = 0; cc < kColumns; ++cc) {
+        if (cc >= columns) break;
+        const std::int64_t j = j0 + 32 * cc;
+        const std::int64_t at = row_offset + first_offset + cc * column_step;
+        const bool target = j == target_column;
+        double c[kStatSlots];
+#pragma unroll
+        for (int k = 0; k < kStatSlots; ++k) c[k] = 0.0;
         if constexpr (kFloat32) {
-          const std::int64_t line = a.s.row0 + i;
-          const bool target = a.has_targets && line + a.target_offset == j;
-          const ElementStats e = element_stats_f32<kKl, kFmse, kLogdet>(a, i, j, target, inv_tau_f);
+          const float s = load_similarity<float>(a.s, at);
+          const ElementStats e =
+              element_stats_f32<kKl, kFmse, kLogdet>(a, s, target, evidence_of(a.evidence, s * inv_tau_f));
           add_element<kKl, kFmse, kLogdet>(a, line, j, target, e.alpha, e.square, e.f, c);
         } else {
-          const double alpha = evidence_of(a.evidence, load_similarity<double>(a.s, i, j) * a.inv_tau).alpha;
-          const std::int64_t line = a.s.row0 + i;
-          const bool target = a.has_targets && line + a.target_offset == j;
+          const double alpha =
+              evidence_of(a.evidence, load_similarity<double>(a.s, at) * a.inv_tau).alpha;
           const kn::ElementForward f = kn::element_forward<kKl, kFmse, kLogdet>(alpha);
           const double scaled = alpha * kn::kSquareScale;
           add_element<kKl, kFmse, kLogdet>(a, line, j, target, alpha, scaled * scaled, f, c);
         }
 #pragma unroll
-        for (int k = 0; k < kStatSlots; ++k) column[k] += c[k];
+        for (int k = 0; k < kStatSlots; ++k) {
+          column[cc][k] += c[k];
+          row[k] += c[k];
+        }
       }
       if (want_rows) {
 #pragma unroll
         for (int k = 0; k < kStatSlots; ++k) {
           if (slot_enabled(k, kKl, kFmse, kLogdet)) {
-            const double v = warp_sum(c[k]);
+            const double v = warp_sum(row[k]);
             if (lane == 0) warp_sums[r][k][warp] = v;
           }
         }
@@ -133,23 +181,28 @@ __global__ void __launch_bounds__(kThreads, element_min_blocks(kFloat32)) forwar
     }
     if (want_rows) {
       __syncthreads();
-      for (int t = threadIdx.x; t < n * kStatSlots; t += kThreads) {
+      for (int t = threadIdx.x; t < n * kStatSlots; t += kForwardThreads) {
         const int r = t / kStatSlots, k = t % kStatSlots;
         if (slot_enabled(k, kKl, kFmse, kLogdet)) {
           double sum = 0.0;
 #pragma unroll
-          for (int w = 0; w < kWarps; ++w) sum += warp_sums[r][k][w];
+          for (int w = 0; w < kForwardWarps; ++w) sum += warp_sums[r][k][w];
           a.row_partial[(static_cast<std::int64_t>(blockIdx.x) * kStatSlots + k) * a.s.rows + chunk + r] = sum;
         }
       }
       __syncthreads();
     }
   }
-  if (active && a.col_partial != nullptr) {
+  if (a.col_partial != nullptr) {
 #pragma unroll
-    for (int k = 0; k < kStatSlots; ++k) {
-      if (slot_enabled(k, kKl, kFmse, kLogdet)) {
-        a.col_partial[(static_cast<std::int64_t>(blockIdx.y) * kStatSlots + k) * a.s.cols + j] = column[k];
+    for (int c = 0; c < kColumns; ++c) {
+      if (c >= columns) break;
+#pragma unroll
+      for (int k = 0; k < kStatSlots; ++k) {
+        if (slot_enabled(k, kKl, kFmse, kLogdet)) {
+          a.col_partial[(static_cast<std::int64_t>(blockIdx.y) * kStatSlots + k) * a.s.cols + j0 + 32 * c] =
+              column[c][k];
+        }
       }
     }
   }
@@ -179,7 +232,7 @@ __global__ void reduce_col_partials(const ForwardArgs a, std::int64_t groups, in
 
 template <bool kFloat32, bool kKl, bool kFmse, bool kLogdet>
 void launch_stats_kernel(const ForwardArgs& a, dim3 grid, cudaStream_t stream) {
-  EO_LAUNCH(grid, kThreads, stream, forward_stats_kernel<kFloat32, kKl, kFmse, kLogdet>)(a);
+  EO_LAUNCH(grid, forward_threads(kFloat32), stream, forward_stats_kernel<kFloat32, kKl, kFmse, kLogdet>)(a);
 }
 
 template <bool kFloat32>
