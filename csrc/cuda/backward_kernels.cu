@@ -60,25 +60,31 @@ __global__ void __launch_bounds__(kThreads, element_min_blocks(kFloat32)) gradie
         row_lines[threadIdx.x] = kn::narrow_line_gradient(kn::load_line_gradient(rows, a.s.row0 + chunk + threadIdx.x));
       }
       __syncthreads();
-      for (int r = 0; active && r < n; ++r) {
+      // Offsets of (chunk, j) in s and in ∂L/∂s, and (chunk's target column) − j, advanced by a
+      // row at a time: additions, not 64-bit multiplies, per element.
+      std::int64_t s_at = chunk * a.s.row_stride + j * a.s.col_stride;
+      std::int64_t grad_at = chunk * a.grad_ld + j;
+      std::int64_t target_delta = a.s.row0 + chunk + a.target_offset - j;
+      for (int r = 0; active && r < n;
+           ++r, s_at += a.s.row_stride, grad_at += a.grad_ld, ++target_delta) {
         const std::int64_t i = chunk + r;
         const std::int64_t line = a.s.row0 + i;
-        const bool on = line + a.target_offset == j;
-        const float s = load_similarity<float>(a.s, i * a.s.row_stride + j * a.s.col_stride);
+        const bool on = target_delta == 0;
+        const float s = load_similarity<float>(a.s, s_at);
         const ElementEvidence e =
             float32_evidence(evidence_of(a.evidence, s * inv_tau_f), a.evidence, s, a.inv_tau, on);
         const float on_target = on ? 1.0f : 0.0f;
         const float off = 1.0f - on_target;
         const kn::ElementBackwardF32 f = kn::element_backward_f32<kKl, kFmse, kLogdet>(e.alpha_f);
-        const float coefficient = kn::line_share(e.alpha_f, off, on_target, f, row_lines[r]) +
-                                  kn::line_share(e.alpha_f, off, on_target, f, column);
+        const float coefficient = kn::line_share<kKl, kFmse, kLogdet>(e.alpha_f, off, on_target, f, row_lines[r]) +
+                                  kn::line_share<kKl, kFmse, kLogdet>(e.alpha_f, off, on_target, f, column);
         float g = coefficient * e.rho_f * inv_tau_f;  // ∂L/∂s = (α∂L/∂α)·(g'(x)/α)·(1/τ)
         if (e.beyond || !(fabsf(g) <= kFloatMaxF)) {  // the same α and ρ, in double
           g = static_cast<float>(element_gradient_f64<kKl, kFmse, kLogdet>(
               a.row_constants, a.n_rows, a.col_constants, a.n_cols, line, j, e.beyond ? e.alpha : e.alpha_f,
               e.beyond ? e.rho : e.rho_f, on, a.inv_tau));
         }
-        store_gradient(a.grad, a.grad_kind, i * a.grad_ld + j, g);
+        store_gradient(a.grad, a.grad_kind, grad_at, g);
         largest = fmaxf(largest, fabsf(g));  // fmaxf drops NaN: NaN propagates anyway
       }
       __syncthreads();
