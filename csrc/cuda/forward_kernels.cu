@@ -1,12 +1,14 @@
 // Forward statistics of one strip of s (kernels.h: launch_forward_stats). Torch-free.
 //
 // Three launches per strip:
-//   1. forward_stats_kernel: thread = column j, walking the rows of its row group. Per element:
+//   1. forward_stats_kernel: a thread takes columns j (float64 views), or j and j + 32 (float32
+//      and half views: kColumnsPerThread), walking the rows of its row group. Per element:
 //      evidence α, then what α contributes to the line statistics: element_forward (the CPU
 //      kernels' double-precision math) for float64 views, the float32 element math for float32 and
-//      half views (device_common.cuh: float32_evidence). The column's sums (float64) stay in
-//      registers and end up in col_partial[group]; each row's sum over the block's 256 columns is a
-//      warp butterfly plus a fixed-order sum over the 8 warps, into row_partial[column block]. The
+//      half views (device_common.cuh: float32 evidence). The columns' sums (float64) stay in
+//      registers and end up in col_partial[group]; each row's sum over the block's 256 columns is
+//      the thread's own columns in order, a warp butterfly, then a fixed-order sum over the block's
+//      warps, into row_partial[column block]. The
 //      target element of a row (column row0 + i + target_offset) is stored, not summed, as
 //      α_target of its row and of its column (a unique writer for each).
 //   2. reduce_row_partials: row i's statistics = Σ over column blocks, in block order.
@@ -64,21 +66,23 @@ __device__ __forceinline__ ElementStats element_stats_f64(double alpha) {
   return ElementStats{alpha, scaled * scaled, kn::element_forward<kKl, kFmse, kLogdet>(alpha)};
 }
 
-// The float32 path's elements whose α exceeds FLT_MAX.
+// The float32 path's statistics of an α <= FLT_MAX: float32 functions, widened.
 template <bool kKl, bool kFmse, bool kLogdet>
-__device__ EO_OUT_OF_LINE ElementStats element_stats_beyond_float(double alpha) {
-  return element_stats_f64<kKl, kFmse, kLogdet>(alpha);
+__device__ __forceinline__ ElementStats element_stats_f32(float alpha_f, double alpha) {
+  return ElementStats{alpha, kn::square_statistic(alpha_f),
+                      kn::widen_from_float(alpha_f, kn::element_forward_f32<kKl, kFmse, kLogdet>(alpha_f))};
 }
 
-// The float32 path's α of one element (device_common.cuh: float32_evidence; v its float32 map)
-// and its statistics.
+// A rare element of the float32 path (device_common.cuh: float32 evidence): a line's target, or
+// an α beyond float32. α from the double map; its functions the float32 ones of float(α), or
+// beyond FLT_MAX the double ones. One out-of-line call per rare element, so that the loop holds
+// neither the double math's registers nor a second copy of the float functions, and its common
+// path runs straight through.
 template <bool kKl, bool kFmse, bool kLogdet>
-__device__ __forceinline__ ElementStats element_stats_f32(const ForwardArgs& a, float s, bool target,
-                                                          const kn::EvidenceValueF32& v) {
-  const ElementEvidence e = float32_evidence(v, a.evidence, s, a.inv_tau, target);
-  if (e.beyond) return element_stats_beyond_float<kKl, kFmse, kLogdet>(e.alpha);
-  return ElementStats{e.alpha, kn::square_statistic(e.alpha_f),
-                      kn::widen_from_float(e.alpha_f, kn::element_forward_f32<kKl, kFmse, kLogdet>(e.alpha_f))};
+__device__ EO_OUT_OF_LINE ElementStats rare_element_stats(int kind, float s, double inv_tau) {
+  const kn::EvidenceValue d = evidence_of(kind, static_cast<double>(s) * inv_tau);
+  if (!(d.alpha <= kFloatMax)) return element_stats_f64<kKl, kFmse, kLogdet>(d.alpha);  // NaN too
+  return element_stats_f32<kKl, kFmse, kLogdet>(static_cast<float>(d.alpha), d.alpha);
 }
 
 // Element (line, j)'s contributions c[k] to the statistic slots; a target's α is stored instead.
@@ -153,8 +157,13 @@ __global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(
         for (int k = 0; k < kStatSlots; ++k) c[k] = 0.0;
         if constexpr (kFloat32) {
           const float s = load_similarity<float>(a.s, at);
-          const ElementStats e =
-              element_stats_f32<kKl, kFmse, kLogdet>(a, s, target, evidence_of(a.evidence, s * inv_tau_f));
+          const kn::EvidenceValueF32 v = evidence_of(a.evidence, s * inv_tau_f);
+          ElementStats e;
+          if (target || !(v.alpha < kInfinityF)) {  // NaN too: it comes out NaN either way
+            e = rare_element_stats<kKl, kFmse, kLogdet>(a.evidence, s, a.inv_tau);
+          } else {
+            e = element_stats_f32<kKl, kFmse, kLogdet>(v.alpha, v.alpha);
+          }
           add_element<kKl, kFmse, kLogdet>(a, line, j, target, e.alpha, e.square, e.f, c);
         } else {
           const double alpha =
