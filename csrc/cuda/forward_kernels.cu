@@ -158,13 +158,13 @@ __global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(
         if constexpr (kFloat32) {
           const float s = load_similarity<float>(a.s, at);
           const kn::EvidenceValueF32 v = evidence_of(a.evidence, s * inv_tau_f);
-          ElementStats e;
           if (target || !(v.alpha < kInfinityF)) {  // NaN too: it comes out NaN either way
-            e = rare_element_stats<kKl, kFmse, kLogdet>(a.evidence, s, a.inv_tau);
-          } else {
-            e = element_stats_f32<kKl, kFmse, kLogdet>(v.alpha, v.alpha);
+            const ElementStats e = rare_element_stats<kKl, kFmse, kLogdet>(a.evidence, s, a.inv_tau);
+            add_element<kKl, kFmse, kLogdet>(a, line, j, target, e.alpha, e.square, e.f, c);
+          } else {  // never a target: add_element's selects and stores fold away
+            const ElementStats e = element_stats_f32<kKl, kFmse, kLogdet>(v.alpha, v.alpha);
+            add_element<kKl, kFmse, kLogdet>(a, line, j, false, e.alpha, e.square, e.f, c);
           }
-          add_element<kKl, kFmse, kLogdet>(a, line, j, target, e.alpha, e.square, e.f, c);
         } else {
           const double alpha =
               evidence_of(a.evidence, load_similarity<double>(a.s, at) * a.inv_tau).alpha;
@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(
 #pragma unroll
         for (int k = 0; k < kStatSlots; ++k) {
           column[cc][k] += c[k];
-          row[k] += c[k];
+          row[k] = cc == 0 ? c[k] : row[k] + c[k];  // the first column's value itself, not 0 + it
         }
       }
       if (want_rows) {
