@@ -135,12 +135,14 @@ __global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(
 
   for (std::int64_t chunk = range.begin; chunk < range.end; chunk += kRowChunk) {
     const int n = static_cast<int>(range.end - chunk < kRowChunk ? range.end - chunk : kRowChunk);
-    for (int r = 0; r < n; ++r) {
-      const std::int64_t i = chunk + r;
-      const std::int64_t line = a.s.row0 + i;
-      const std::int64_t row_offset = i * a.s.row_stride;
-      // The one column of this row that is its target (if any): line + target_offset.
-      const std::int64_t target_column = a.has_targets ? line + a.target_offset : -1;
+    // Row r's line, the element offset of (row, j0) and the row's target column relative to j0
+    // (line + target_offset − j0, if targets), advanced by a row at a time: additions, not 64-bit
+    // multiplies, per row.
+    std::int64_t line = a.s.row0 + chunk;
+    std::int64_t at0 = chunk * a.s.row_stride + first_offset;
+    std::int64_t target_delta = a.has_targets ? line + a.target_offset - j0 : -1;  // -1: no column
+    const std::int64_t target_step = a.has_targets ? 1 : 0;
+    for (int r = 0; r < n; ++r, ++line, at0 += a.s.row_stride, target_delta += target_step) {
       // This row's sums over the thread's columns, in column order: one butterfly per row for
       // kColumns elements.
       double row[kStatSlots];
@@ -150,8 +152,8 @@ __global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(
       for (int cc = 0; cc < kColumns; ++cc) {
         if (cc >= columns) break;
         const std::int64_t j = j0 + 32 * cc;
-        const std::int64_t at = row_offset + first_offset + cc * column_step;
-        const bool target = j == target_column;
+        const std::int64_t at = at0 + cc * column_step;
+        const bool target = target_delta == 32 * cc;
         double c[kStatSlots];
 #pragma unroll
         for (int k = 0; k < kStatSlots; ++k) c[k] = 0.0;
