@@ -24,9 +24,10 @@ What it does, per kernel:
   Every loop is printed with its address ranges, depth and size, so the choice can be checked.
 - Instructions are counted by class (`CLASSES`), in the hot loop's own body and in the whole
   kernel (called subroutines, the slow paths of division, included; NOP padding not), and the
-  loop counts are divided by the elements one thread handles per iteration: 1 for the CUDA
-  element kernels (thread = column, one row per iteration; checked on the cuda-path build,
-  whose loop must load s exactly once), BLOCK_M·BLOCK_N/(32·num_warps) for Triton.
+  loop counts are divided by the elements one thread handles per iteration: for the CUDA
+  element kernels the columns a thread owns (kColumnsPerThread of the kernel file, else 1), one
+  row of them per iteration (checked on the cuda-path build, whose loop must load s once per
+  element), BLOCK_M·BLOCK_N/(32·num_warps) for Triton.
 
 Counts are static: a loop body holds both sides of every branch. "max path" is the longest path
 through the loop's own body (nested loops contribute nothing): an upper bound on what one
@@ -531,9 +532,9 @@ namespace cuda {{
 template <typename T>
 __device__ __forceinline__ auto path_evidence(int, T x) {{ return evidence_of({evidence}, x); }}
 template <typename T>
-__device__ __forceinline__ T path_load(SimilarityView s, std::int64_t i, std::int64_t j) {{
+__device__ __forceinline__ T path_load(SimilarityView s, std::int64_t at) {{
   s.kind = ScalarKind::kFloat32;
-  return load_similarity<T>(s, i, j);
+  return load_similarity<T>(s, at);
 }}
 template <typename T>
 __device__ __forceinline__ void path_store(void* out, ScalarKind, std::int64_t at, T g) {{
@@ -562,6 +563,15 @@ def _float32_s_loads(opcodes: dict) -> int:
     constants of the backward are 64-bit loads."""
     return sum(n for op, n in opcodes.items() if re.fullmatch(r"LDG(\.E)?(\.(CONSTANT|EF|EL|LU|EU|NA|SYS|GPU|"
                                                              r"STRONG\.\w+|ZFILL))*", op))
+
+
+def cuda_elements_per_iteration(direction: str) -> int:
+    """Elements one thread handles per iteration of its row loop: the forward kernel's
+    kColumnsPerThread (its columns, unrolled), 1 for a kernel without that constant (one column
+    per thread). The cuda-path build checks it: its loop body loads s once per element."""
+    with open(os.path.join(ROOT, "csrc", "cuda", CUDA_FILES[direction]), encoding="utf-8") as handle:
+        match = re.search(r"constexpr int kColumnsPerThread = (\d+);", handle.read())
+    return int(match.group(1)) if match else 1
 
 
 def profile_cuda(nvcc: str, nvdisasm: str, methods, directions, builds, workdir: str) -> tuple:
@@ -612,13 +622,14 @@ def profile_cuda(nvcc: str, nvdisasm: str, methods, directions, builds, workdir:
             if direction == "line":
                 row["elements_per_iteration"] = None  # one thread per line, no element loop
             else:
-                row["elements_per_iteration"] = 1
+                elements = cuda_elements_per_iteration(direction)
+                row["elements_per_iteration"] = elements
                 if build == "cuda-path" and row["hot"] is not None:
                     loads = _float32_s_loads(row["hot"]["opcodes"])
                     row["s_loads_in_loop"] = loads
-                    if loads != 1:
-                        row["warning"] = (f"{loads} float32 loads of s in the loop body: an unrolled loop? "
-                                          "elements per iteration taken as 1")
+                    if loads != elements:
+                        row["warning"] = (f"{loads} float32 loads of s in the loop body, {elements} elements "
+                                          f"expected: elements per iteration taken as {elements}")
             rows.append(row)
     return rows, instantiations
 
@@ -834,7 +845,9 @@ def main(argv=None) -> int:
     if not rows:
         print("static-profile: nothing profiled: no report written")
         return 0
-    notes.insert(0, "CUDA element kernels: one thread per column, one row (one element) per iteration of its "
+    notes.insert(0, "CUDA element kernels: a thread owns a few columns (forward: "
+                    f"{cuda_elements_per_iteration('fwd')}, strided by 32; backward: "
+                    f"{cuda_elements_per_iteration('bwd')}), one row of them (elem/it elements) per iteration of its "
                     "row loop; \"shipped\" is the code as built, whose loop holds every evidence map and every "
                     "dtype of s and ∂L/∂s behind uniform switches; \"path\" fixes the method's evidence map and "
                     "float32 s and ∂L/∂s at compile time.")

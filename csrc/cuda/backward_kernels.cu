@@ -42,6 +42,56 @@ __device__ EO_OUT_OF_LINE double element_gradient_f64(const double* row_constant
   return coefficient * rho * inv_tau;
 }
 
+// ∂L/∂s of one element of the float32 path from its α_f, ρ_f and both lines' narrowed constants.
+template <bool kKl, bool kFmse, bool kLogdet>
+__device__ __forceinline__ float element_gradient_f32(float alpha_f, float rho_f, bool on, float inv_tau_f,
+                                                      const kn::LineGradientF32& row,
+                                                      const kn::LineGradientF32& column) {
+  const float on_target = on ? 1.0f : 0.0f;
+  const float off = 1.0f - on_target;
+  const kn::ElementBackwardF32 f = kn::element_backward_f32<kKl, kFmse, kLogdet>(alpha_f);
+  const float coefficient = kn::line_share<kKl, kFmse, kLogdet>(alpha_f, off, on_target, f, row) +
+                            kn::line_share<kKl, kFmse, kLogdet>(alpha_f, off, on_target, f, column);
+  return coefficient * rho_f * inv_tau_f;  // ∂L/∂s = (α∂L/∂α)·(g'(x)/α)·(1/τ)
+}
+
+// A rare element of the float32 path: a line's target or an α beyond float32 (`double_map`: α and
+// ρ from the double map, device_common.cuh: float32 evidence), or one whose float gradient came
+// out non-finite (a line constant beyond FLT_MAX; α and ρ the float map's). The float gradient as
+// the loop forms it (the lines' constants narrowed again, the same values), redone in double
+// where α exceeds FLT_MAX or that gradient is not finite. One out-of-line call per rare element:
+// the loop holds neither the double math nor a second copy of the float functions.
+// (The arguments' members by value: a reference to the kernel's parameters would copy them all
+// to a stack frame.)
+template <bool kKl, bool kFmse, bool kLogdet>
+__device__ EO_OUT_OF_LINE float rare_element_gradient(int evidence, double inv_tau, const double* row_constants,
+                                                      std::int64_t n_rows, const double* col_constants,
+                                                      std::int64_t n_cols, std::int64_t line, std::int64_t j,
+                                                      float s, bool on, bool double_map, float inv_tau_f) {
+  double alpha, rho;
+  if (double_map) {
+    const kn::EvidenceValue d = evidence_of(evidence, static_cast<double>(s) * inv_tau);
+    alpha = d.alpha;
+    rho = d.rho;
+  } else {
+    const kn::EvidenceValueF32 v = evidence_of(evidence, s * inv_tau_f);
+    alpha = v.alpha;
+    rho = v.rho;
+  }
+  const float alpha_f = static_cast<float>(alpha), rho_f = static_cast<float>(rho);
+  const bool beyond = !(alpha <= kFloatMax);  // NaN too
+  if (!beyond) {
+    const float g = element_gradient_f32<kKl, kFmse, kLogdet>(
+        alpha_f, rho_f, on, inv_tau_f,
+        kn::narrow_line_gradient(kn::load_line_gradient(kn::gradient_arrays(row_constants, n_rows), line)),
+        kn::narrow_line_gradient(kn::load_line_gradient(kn::gradient_arrays(col_constants, n_cols), j)));
+    if (fabsf(g) <= kFloatMaxF) return g;
+  }
+  return static_cast<float>(element_gradient_f64<kKl, kFmse, kLogdet>(
+      row_constants, n_rows, col_constants, n_cols, line, j, beyond ? alpha : alpha_f,
+      beyond ? rho : rho_f, on, inv_tau));
+}
+
 template <bool kFloat32, bool kKl, bool kFmse, bool kLogdet>
 __global__ void __launch_bounds__(kThreads, element_min_blocks(kFloat32)) gradient_kernel(const BackwardArgs a) {
   const std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
@@ -60,24 +110,27 @@ __global__ void __launch_bounds__(kThreads, element_min_blocks(kFloat32)) gradie
         row_lines[threadIdx.x] = kn::narrow_line_gradient(kn::load_line_gradient(rows, a.s.row0 + chunk + threadIdx.x));
       }
       __syncthreads();
-      for (int r = 0; active && r < n; ++r) {
+      // Offsets of (chunk, j) in s and in ∂L/∂s, and (chunk's target column) − j, advanced by a
+      // row at a time: additions, not 64-bit multiplies, per element.
+      std::int64_t s_at = chunk * a.s.row_stride + j * a.s.col_stride;
+      std::int64_t grad_at = chunk * a.grad_ld + j;
+      std::int64_t target_delta = a.s.row0 + chunk + a.target_offset - j;
+      for (int r = 0; active && r < n;
+           ++r, s_at += a.s.row_stride, grad_at += a.grad_ld, ++target_delta) {
         const std::int64_t i = chunk + r;
         const std::int64_t line = a.s.row0 + i;
-        const bool on = line + a.target_offset == j;
-        const ElementEvidence e =
-            float32_evidence(a.evidence, load_similarity<float>(a.s, i, j), inv_tau_f, a.inv_tau, on);
-        const float on_target = on ? 1.0f : 0.0f;
-        const float off = 1.0f - on_target;
-        const kn::ElementBackwardF32 f = kn::element_backward_f32<kKl, kFmse, kLogdet>(e.alpha_f);
-        const float coefficient = kn::line_share(e.alpha_f, off, on_target, f, row_lines[r]) +
-                                  kn::line_share(e.alpha_f, off, on_target, f, column);
-        float g = coefficient * e.rho_f * inv_tau_f;  // ∂L/∂s = (α∂L/∂α)·(g'(x)/α)·(1/τ)
-        if (e.beyond || !(fabsf(g) <= kFloatMaxF)) {  // the same α and ρ, in double
-          g = static_cast<float>(element_gradient_f64<kKl, kFmse, kLogdet>(
-              a.row_constants, a.n_rows, a.col_constants, a.n_cols, line, j, e.beyond ? e.alpha : e.alpha_f,
-              e.beyond ? e.rho : e.rho_f, on, a.inv_tau));
+        const bool on = target_delta == 0;
+        const float s = load_similarity<float>(a.s, s_at);
+        const kn::EvidenceValueF32 v = evidence_of(a.evidence, s * inv_tau_f);
+        const bool double_map = on || !(v.alpha < kInfinityF);  // NaN too: NaN either way
+        float g = 0.0f;
+        if (!double_map) g = element_gradient_f32<kKl, kFmse, kLogdet>(v.alpha, v.rho, on, inv_tau_f, row_lines[r], column);
+        if (double_map || !(fabsf(g) <= kFloatMaxF)) {
+          g = rare_element_gradient<kKl, kFmse, kLogdet>(a.evidence, a.inv_tau, a.row_constants, a.n_rows,
+                                                         a.col_constants, a.n_cols, line, j, s, on, double_map,
+                                                         inv_tau_f);
         }
-        store_gradient(a.grad, a.grad_kind, i * a.grad_ld + j, g);
+        store_gradient(a.grad, a.grad_kind, grad_at, g);
         largest = fmaxf(largest, fabsf(g));  // fmaxf drops NaN: NaN propagates anyway
       }
       __syncthreads();
@@ -88,7 +141,7 @@ __global__ void __launch_bounds__(kThreads, element_min_blocks(kFloat32)) gradie
     if (active) {
       for (std::int64_t i = range.begin; i < range.end; ++i) {
         const std::int64_t line = a.s.row0 + i;
-        const kn::EvidenceValue v = evidence_of(a.evidence, load_similarity<double>(a.s, i, j) * a.inv_tau);
+        const kn::EvidenceValue v = evidence_of(a.evidence, load_similarity<double>(a.s, i * a.s.row_stride + j * a.s.col_stride) * a.inv_tau);
         const double on_target = line + a.target_offset == j ? 1.0 : 0.0;
         const double off = 1.0 - on_target;
         const kn::ElementBackward f = kn::element_backward<kKl, kFmse, kLogdet>(v.alpha);

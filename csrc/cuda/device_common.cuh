@@ -29,9 +29,9 @@ constexpr int kWarps = kThreads / 32;
 // and bfloat16 -> float is exact, as on the CPU, which widens half inputs to float32 first; the
 // launchers send float64 views to the double path only). The kind is the same for the whole launch:
 // the switch is a uniform branch.
+// `at` is the element's offset, i·row_stride + j·col_stride.
 template <typename T>
-__device__ __forceinline__ T load_similarity(const SimilarityView& s, std::int64_t i, std::int64_t j) {
-  const std::int64_t at = i * s.row_stride + j * s.col_stride;
+__device__ __forceinline__ T load_similarity(const SimilarityView& s, std::int64_t at) {
   switch (s.kind) {
     case ScalarKind::kFloat32:
       return static_cast<T>(static_cast<const float*>(s.data)[at]);
@@ -108,35 +108,13 @@ inline bool float32_elements(const SimilarityView& s, double inv_tau) {
   return s.kind != ScalarKind::kFloat64 && inv_tau <= kFloatMax;
 }
 
-// The double evidence map of the float32 path's rare elements, at x = s/τ formed in double.
-__device__ EO_OUT_OF_LINE inline kn::EvidenceValue evidence_in_double(int kind, float s, double inv_tau) {
-  return evidence_of(kind, static_cast<double>(s) * inv_tau);
-}
-
-// α and ρ of one element on the float32 path. The float32 map, except where its α leaves float32
-// (exp evidence beyond x = 88.7) or at a line's target, whose α enters ψ(α_y) and the strength
-// (the CPU keeps every α in double): there the double map, a branch one lane per row takes.
-// `beyond`: α > FLT_MAX, so the element's functions are the double ones too.
-struct ElementEvidence {
-  float alpha_f, rho_f;  // what the float32 functions and coefficient see
-  double alpha, rho;     // what the line sums and the double math see
-  bool beyond;
-};
-
-__device__ __forceinline__ ElementEvidence float32_evidence(int kind, float s, float inv_tau_f, double inv_tau,
-                                                            bool target) {
-  const kn::EvidenceValueF32 v = evidence_of(kind, s * inv_tau_f);
-  ElementEvidence e{v.alpha, v.rho, v.alpha, v.rho, false};
-  if (target || !(v.alpha < kInfinityF)) {  // NaN too: it comes out NaN either way
-    const kn::EvidenceValue d = evidence_in_double(kind, s, inv_tau);
-    e.alpha = d.alpha;
-    e.rho = d.rho;
-    e.alpha_f = static_cast<float>(d.alpha);
-    e.rho_f = static_cast<float>(d.rho);
-    e.beyond = !(d.alpha <= kFloatMax);
-  }
-  return e;
-}
+// α and ρ of one element on the float32 path ("float32 evidence"): the float32 map at
+// x = s·(1/τ), a float32 product, except where its α leaves float32 (exp evidence beyond x = 88.7)
+// or at a line's target, whose α enters ψ(α_y) and the strength (the CPU keeps every α in double):
+// there the double map at x = s/τ formed in double, and beyond FLT_MAX the double element
+// functions too. The kernels test for those rare elements with the float32 map in the loop and
+// hand each to one out-of-line function (rare_element_stats, rare_element_gradient), a branch
+// one lane per row takes.
 
 // Sum over the 32 lanes of a warp by a fixed butterfly; lane 0's result is the one used, and it
 // is the same on every run.

@@ -1,12 +1,14 @@
 // Forward statistics of one strip of s (kernels.h: launch_forward_stats). Torch-free.
 //
 // Three launches per strip:
-//   1. forward_stats_kernel: thread = column j, walking the rows of its row group. Per element:
+//   1. forward_stats_kernel: a thread takes columns j (float64 views), or j and j + 32 (float32
+//      and half views: kColumnsPerThread), walking the rows of its row group. Per element:
 //      evidence α, then what α contributes to the line statistics: element_forward (the CPU
 //      kernels' double-precision math) for float64 views, the float32 element math for float32 and
-//      half views (device_common.cuh: float32_evidence). The column's sums (float64) stay in
-//      registers and end up in col_partial[group]; each row's sum over the block's 256 columns is a
-//      warp butterfly plus a fixed-order sum over the 8 warps, into row_partial[column block]. The
+//      half views (device_common.cuh: float32 evidence). The columns' sums (float64) stay in
+//      registers and end up in col_partial[group]; each row's sum over the block's 256 columns is
+//      the thread's own columns in order, a warp butterfly, then a fixed-order sum over the block's
+//      warps, into row_partial[column block]. The
 //      target element of a row (column row0 + i + target_offset) is stored, not summed, as
 //      α_target of its row and of its column (a unique writer for each).
 //   2. reduce_row_partials: row i's statistics = Σ over column blocks, in block order.
@@ -18,6 +20,26 @@ namespace cuda {
 namespace {
 
 constexpr int kRowChunk = 32;  // rows whose warp sums are staged in shared memory at a time
+
+// On the float32 path a thread takes kColumnsPerThread of its block's kThreads columns, so that
+// the warp butterfly of a row's sums (per statistic slot: five double shuffles and adds) serves
+// that many elements; the thread's own columns are added up first, in column order (fixed:
+// results stay run-to-run exact). Blocks still cover kThreads columns each (the row partials'
+// layout, strip_plan.h), with fewer threads. Two columns, not four: with four the column
+// accumulators and the out-of-line calls of the rare elements push ptxas into spills (at 128
+// registers and uncapped alike). The float64 path keeps one column per thread.
+constexpr int kColumnsPerThread = 2;
+__host__ __device__ constexpr int columns_per_thread(bool float32) { return float32 ? kColumnsPerThread : 1; }
+__host__ __device__ constexpr int forward_threads(bool float32) { return kThreads / columns_per_thread(float32); }
+static_assert(forward_threads(true) % 32 == 0, "whole warps");
+
+// Minimum blocks per multiprocessor of the float32 path: 4 blocks of 128 threads (<= 128
+// registers, the occupancy of element_min_blocks' 2 blocks of 256); 3 for the instantiation with
+// every term, which spills 20 bytes at 128. Left free, ptxas aims lower and spills around the
+// out-of-line calls of the rare elements. The float64 path as before (none).
+__host__ __device__ constexpr int forward_min_blocks(bool float32, bool all_terms) {
+  return float32 ? (all_terms ? 3 : 2 * columns_per_thread(true)) : element_min_blocks(false);
+}
 
 // Statistic slot k (LineStat k + 1: rest, kl_h, squares, fisher, log_trigamma, remainder) is
 // accumulated by a call with these terms.
@@ -44,21 +66,23 @@ __device__ __forceinline__ ElementStats element_stats_f64(double alpha) {
   return ElementStats{alpha, scaled * scaled, kn::element_forward<kKl, kFmse, kLogdet>(alpha)};
 }
 
-// The float32 path's elements whose α exceeds FLT_MAX.
+// The float32 path's statistics of an α <= FLT_MAX: float32 functions, widened.
 template <bool kKl, bool kFmse, bool kLogdet>
-__device__ EO_OUT_OF_LINE ElementStats element_stats_beyond_float(double alpha) {
-  return element_stats_f64<kKl, kFmse, kLogdet>(alpha);
+__device__ __forceinline__ ElementStats element_stats_f32(float alpha_f, double alpha) {
+  return ElementStats{alpha, kn::square_statistic(alpha_f),
+                      kn::widen_from_float(alpha_f, kn::element_forward_f32<kKl, kFmse, kLogdet>(alpha_f))};
 }
 
-// The float32 path's α of one element (device_common.cuh: float32_evidence) and its statistics.
+// A rare element of the float32 path (device_common.cuh: float32 evidence): a line's target, or
+// an α beyond float32. α from the double map; its functions the float32 ones of float(α), or
+// beyond FLT_MAX the double ones. One out-of-line call per rare element, so that the loop holds
+// neither the double math's registers nor a second copy of the float functions, and its common
+// path runs straight through.
 template <bool kKl, bool kFmse, bool kLogdet>
-__device__ __forceinline__ ElementStats element_stats_f32(const ForwardArgs& a, std::int64_t i, std::int64_t j,
-                                                          bool target, float inv_tau_f) {
-  const ElementEvidence e =
-      float32_evidence(a.evidence, load_similarity<float>(a.s, i, j), inv_tau_f, a.inv_tau, target);
-  if (e.beyond) return element_stats_beyond_float<kKl, kFmse, kLogdet>(e.alpha);
-  return ElementStats{e.alpha, kn::square_statistic(e.alpha_f),
-                      kn::widen_from_float(e.alpha_f, kn::element_forward_f32<kKl, kFmse, kLogdet>(e.alpha_f))};
+__device__ EO_OUT_OF_LINE ElementStats rare_element_stats(int kind, float s, double inv_tau) {
+  const kn::EvidenceValue d = evidence_of(kind, static_cast<double>(s) * inv_tau);
+  if (!(d.alpha <= kFloatMax)) return element_stats_f64<kKl, kFmse, kLogdet>(d.alpha);  // NaN too
+  return element_stats_f32<kKl, kFmse, kLogdet>(static_cast<float>(d.alpha), d.alpha);
 }
 
 // Element (line, j)'s contributions c[k] to the statistic slots; a target's α is stored instead.
@@ -83,49 +107,84 @@ __device__ __forceinline__ void add_element(const ForwardArgs& a, std::int64_t l
 }
 
 template <bool kFloat32, bool kKl, bool kFmse, bool kLogdet>
-__global__ void __launch_bounds__(kThreads, element_min_blocks(kFloat32)) forward_stats_kernel(const ForwardArgs a) {
-  __shared__ double warp_sums[kRowChunk][kStatSlots][kWarps];
+__global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(kFloat32, kKl && kFmse && kLogdet))
+    forward_stats_kernel(const ForwardArgs a) {
+  constexpr int kColumns = columns_per_thread(kFloat32);
+  constexpr int kForwardThreads = forward_threads(kFloat32);
+  constexpr int kForwardWarps = kForwardThreads / 32;
+  __shared__ double warp_sums[kRowChunk][kStatSlots][kForwardWarps];
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
-  const std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  const bool active = j < a.s.cols;
+  // Columns j0 + 32c (c < kColumns): a warp's loads of one c are consecutive columns.
+  const std::int64_t j0 = static_cast<std::int64_t>(blockIdx.x) * kThreads + warp * 32 * kColumns + lane;
   const bool want_rows = a.row_partial != nullptr;  // uniform over the launch
   const RowRange range = group_rows(a.s.rows);
   const float inv_tau_f = static_cast<float>(a.inv_tau);  // narrowed once (float32 path only)
 
-  double column[kStatSlots];
+  // The thread's columns inside the strip: the first `columns` of its kColumns.
+  const std::int64_t beyond = a.s.cols - j0;
+  const int columns = beyond <= 0 ? 0 : (beyond >= 32 * (kColumns - 1) + 1 ? kColumns : static_cast<int>((beyond + 31) / 32));
+  const std::int64_t first_offset = j0 * a.s.col_stride;  // element offset of column j0 in row 0
+  const std::int64_t column_step = 32 * a.s.col_stride;
+  double column[kColumns][kStatSlots];
 #pragma unroll
-  for (int k = 0; k < kStatSlots; ++k) column[k] = 0.0;
+  for (int c = 0; c < kColumns; ++c) {
+#pragma unroll
+    for (int k = 0; k < kStatSlots; ++k) column[c][k] = 0.0;
+  }
 
   for (std::int64_t chunk = range.begin; chunk < range.end; chunk += kRowChunk) {
     const int n = static_cast<int>(range.end - chunk < kRowChunk ? range.end - chunk : kRowChunk);
-    for (int r = 0; r < n; ++r) {
-      const std::int64_t i = chunk + r;
-      double c[kStatSlots];
+    // Row r's line, the element offset of (row, j0) and the row's target column relative to j0
+    // (line + target_offset − j0, if targets), advanced by a row at a time: additions, not 64-bit
+    // multiplies, per row.
+    std::int64_t line = a.s.row0 + chunk;
+    std::int64_t at0 = chunk * a.s.row_stride + first_offset;
+    std::int64_t target_delta = a.has_targets ? line + a.target_offset - j0 : -1;  // -1: no column
+    const std::int64_t target_step = a.has_targets ? 1 : 0;
+    for (int r = 0; r < n; ++r, ++line, at0 += a.s.row_stride, target_delta += target_step) {
+      // This row's sums over the thread's columns, in column order: one butterfly per row for
+      // kColumns elements.
+      double row[kStatSlots];
 #pragma unroll
-      for (int k = 0; k < kStatSlots; ++k) c[k] = 0.0;
-      if (active) {
+      for (int k = 0; k < kStatSlots; ++k) row[k] = 0.0;
+#pragma unroll
+      for (int cc = 0; cc < kColumns; ++cc) {
+        if (cc >= columns) break;
+        const std::int64_t j = j0 + 32 * cc;
+        const std::int64_t at = at0 + cc * column_step;
+        const bool target = target_delta == 32 * cc;
+        double c[kStatSlots];
+#pragma unroll
+        for (int k = 0; k < kStatSlots; ++k) c[k] = 0.0;
         if constexpr (kFloat32) {
-          const std::int64_t line = a.s.row0 + i;
-          const bool target = a.has_targets && line + a.target_offset == j;
-          const ElementStats e = element_stats_f32<kKl, kFmse, kLogdet>(a, i, j, target, inv_tau_f);
-          add_element<kKl, kFmse, kLogdet>(a, line, j, target, e.alpha, e.square, e.f, c);
+          const float s = load_similarity<float>(a.s, at);
+          const kn::EvidenceValueF32 v = evidence_of(a.evidence, s * inv_tau_f);
+          if (target || !(v.alpha < kInfinityF)) {  // NaN too: it comes out NaN either way
+            const ElementStats e = rare_element_stats<kKl, kFmse, kLogdet>(a.evidence, s, a.inv_tau);
+            add_element<kKl, kFmse, kLogdet>(a, line, j, target, e.alpha, e.square, e.f, c);
+          } else {  // never a target: add_element's selects and stores fold away
+            const ElementStats e = element_stats_f32<kKl, kFmse, kLogdet>(v.alpha, v.alpha);
+            add_element<kKl, kFmse, kLogdet>(a, line, j, false, e.alpha, e.square, e.f, c);
+          }
         } else {
-          const double alpha = evidence_of(a.evidence, load_similarity<double>(a.s, i, j) * a.inv_tau).alpha;
-          const std::int64_t line = a.s.row0 + i;
-          const bool target = a.has_targets && line + a.target_offset == j;
+          const double alpha =
+              evidence_of(a.evidence, load_similarity<double>(a.s, at) * a.inv_tau).alpha;
           const kn::ElementForward f = kn::element_forward<kKl, kFmse, kLogdet>(alpha);
           const double scaled = alpha * kn::kSquareScale;
           add_element<kKl, kFmse, kLogdet>(a, line, j, target, alpha, scaled * scaled, f, c);
         }
 #pragma unroll
-        for (int k = 0; k < kStatSlots; ++k) column[k] += c[k];
+        for (int k = 0; k < kStatSlots; ++k) {
+          column[cc][k] += c[k];
+          row[k] = cc == 0 ? c[k] : row[k] + c[k];  // the first column's value itself, not 0 + it
+        }
       }
       if (want_rows) {
 #pragma unroll
         for (int k = 0; k < kStatSlots; ++k) {
           if (slot_enabled(k, kKl, kFmse, kLogdet)) {
-            const double v = warp_sum(c[k]);
+            const double v = warp_sum(row[k]);
             if (lane == 0) warp_sums[r][k][warp] = v;
           }
         }
@@ -133,23 +192,28 @@ __global__ void __launch_bounds__(kThreads, element_min_blocks(kFloat32)) forwar
     }
     if (want_rows) {
       __syncthreads();
-      for (int t = threadIdx.x; t < n * kStatSlots; t += kThreads) {
+      for (int t = threadIdx.x; t < n * kStatSlots; t += kForwardThreads) {
         const int r = t / kStatSlots, k = t % kStatSlots;
         if (slot_enabled(k, kKl, kFmse, kLogdet)) {
           double sum = 0.0;
 #pragma unroll
-          for (int w = 0; w < kWarps; ++w) sum += warp_sums[r][k][w];
+          for (int w = 0; w < kForwardWarps; ++w) sum += warp_sums[r][k][w];
           a.row_partial[(static_cast<std::int64_t>(blockIdx.x) * kStatSlots + k) * a.s.rows + chunk + r] = sum;
         }
       }
       __syncthreads();
     }
   }
-  if (active && a.col_partial != nullptr) {
+  if (a.col_partial != nullptr) {
 #pragma unroll
-    for (int k = 0; k < kStatSlots; ++k) {
-      if (slot_enabled(k, kKl, kFmse, kLogdet)) {
-        a.col_partial[(static_cast<std::int64_t>(blockIdx.y) * kStatSlots + k) * a.s.cols + j] = column[k];
+    for (int c = 0; c < kColumns; ++c) {
+      if (c >= columns) break;
+#pragma unroll
+      for (int k = 0; k < kStatSlots; ++k) {
+        if (slot_enabled(k, kKl, kFmse, kLogdet)) {
+          a.col_partial[(static_cast<std::int64_t>(blockIdx.y) * kStatSlots + k) * a.s.cols + j0 + 32 * c] =
+              column[c][k];
+        }
       }
     }
   }
@@ -179,7 +243,7 @@ __global__ void reduce_col_partials(const ForwardArgs a, std::int64_t groups, in
 
 template <bool kFloat32, bool kKl, bool kFmse, bool kLogdet>
 void launch_stats_kernel(const ForwardArgs& a, dim3 grid, cudaStream_t stream) {
-  EO_LAUNCH(grid, kThreads, stream, forward_stats_kernel<kFloat32, kKl, kFmse, kLogdet>)(a);
+  EO_LAUNCH(grid, forward_threads(kFloat32), stream, forward_stats_kernel<kFloat32, kKl, kFmse, kLogdet>)(a);
 }
 
 template <bool kFloat32>

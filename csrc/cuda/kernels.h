@@ -3,10 +3,10 @@
 // arguments (csrc/op_args.h), plans the strips (strip_plan.h), runs the cuBLAS products, and
 // calls these. Every function enqueues work on `stream` and returns cudaGetLastError().
 //
-// The element kernels give one thread to each column of a strip of s and let it walk down the
-// rows of its row group (blockIdx.y): the loads of a warp are consecutive columns (coalesced),
-// a column's sums stay in registers, and a row's sum is a fixed butterfly over the warp and then
-// over the block's warps, so every reduction has a fixed order: no atomics on floating-point
+// The element kernels give one thread to each column of a strip of s (the float32 forward: two
+// columns, 32 apart) and let it walk down the rows of its row group (blockIdx.y): the loads of a
+// warp are consecutive columns (coalesced), a column's sums stay in registers, and a row's sum is
+// a fixed butterfly over the warp and then over the block's warps, so every reduction has a fixed order: no atomics on floating-point
 // values anywhere, and results do not depend on scheduling. The per-element math is csrc/kernels/'s,
 // shared with the CPU: float64 for float64 views, the float32 element math (SPEC §2 "Float32 element
 // math") for float32 and half views, chosen by the launchers from the view's kind.

@@ -233,5 +233,27 @@ EO_HOST_DEVICE float line_share(float alpha, float off, float on_target, const E
          line.logdet_remainder * f.logdet_r_prime + on_target * line.target;
 }
 
+// The same with the terms of a call's flags only: a term that is off has zero constants and zero
+// factors, so each dropped product is an exact 0 added (the same bits for finite constants), and
+// its multiplies and loads leave the element loop.
+template <bool kKl, bool kFmse, bool kLogdet>
+EO_HOST_DEVICE float line_share(float alpha, float off, float on_target, const ElementBackwardF32& f,
+                                const LineGradientF32& line) {
+  const float scaled_alpha = alpha * kInvStrengthUnscale;
+  const float p = scaled_alpha * line.scaled_inv_strength;
+  float inner = line.square * p;
+  if constexpr (kFmse) inner = inner + line.fisher * f.fisher_slope;
+  float off_part = scaled_alpha * line.scaled_off;
+  if constexpr (kKl) off_part = off_part + line.kl_v * f.kl_v;
+  float share;
+  if constexpr (kLogdet) {
+    share = p * (line.all + off * inner) + off * off_part + line.logdet_ratio * f.logdet_ratio +
+            line.logdet_remainder * f.logdet_r_prime;
+  } else {
+    share = p * (off * inner) + off * off_part;
+  }
+  return share + on_target * line.target;
+}
+
 }  // namespace EO_ISA
 }  // namespace evidential_ops

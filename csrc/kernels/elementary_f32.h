@@ -54,8 +54,14 @@ EO_HOST_DEVICE float exp_f(float x) {
   return x < kMinExpArgF ? 0.0f : huge;
 }
 
-// ln(x) for finite, normal float x > 0 (subnormals, 0, Inf and NaN are not handled).
-EO_HOST_DEVICE float log_f(float x) {
+// ln(x) = k·ln 2 + ln(1 + f) of a finite, normal float x > 0: k and the part of ln(1 + f) below
+// k·kLn2HiF, which depend on x's exponent and mantissa apart.
+struct LogPartsF32 {
+  float k;     // the exponent (of the mantissa reduced to [0.707, 1.414])
+  float tail;  // ln(1 + f), f the reduced mantissa − 1, as f − (½f² − s(½f² + R))
+};
+
+EO_HOST_DEVICE LogPartsF32 log_parts_f(float x) {
   const std::uint32_t bits = bits_of(x);
   const std::int32_t biased = static_cast<std::int32_t>(bits >> 23);
   float mantissa = float_of((bits & 0x007FFFFFu) | 0x3F800000u);  // [1, 2)
@@ -75,8 +81,29 @@ EO_HOST_DEVICE float log_f(float x) {
   big_r = big_r * z + 2.0f / 3.0f;
   big_r = big_r * z;
   const float half_f_sq = 0.5f * f * f;
-  // k·kLn2HiF is exact (k has at most 8 bits, kLn2HiF 9); the small parts are added first.
-  return k * kLn2HiF + ((f - (half_f_sq - s * (half_f_sq + big_r))) + k * kLn2LoF);
+  return LogPartsF32{k, f - (half_f_sq - s * (half_f_sq + big_r))};
+}
+
+// k·kLn2HiF is exact (k has at most 8 bits, kLn2HiF 9); the small parts are added first.
+EO_HOST_DEVICE float log_from_parts(float k, float tail) { return k * kLn2HiF + (tail + k * kLn2LoF); }
+
+// ln(x) for finite, normal float x > 0 (subnormals, 0, Inf and NaN are not handled).
+EO_HOST_DEVICE float log_f(float x) {
+  const LogPartsF32 p = log_parts_f(x);
+  return log_from_parts(p.k, p.tail);
+}
+
+// ln(x) and ln(x·2^-n) for x and x·2^-n finite and normal, n a small integer: the second is
+// log_f(x·2^-n) bit for bit (same mantissa, exponent less by n, so the same tail and k − n, exact),
+// with the mantissa's part, its division included, evaluated once.
+struct LogPairF32 {
+  float log_x;
+  float log_scaled;  // ln(x·2^-n)
+};
+
+EO_HOST_DEVICE LogPairF32 log_f_pair(float x, float n) {
+  const LogPartsF32 p = log_parts_f(x);
+  return LogPairF32{log_from_parts(p.k, p.tail), log_from_parts(p.k - n, p.tail)};
 }
 
 // ln(1 + y) for float y >= 0, accurate for tiny y too: the rounding of 1 + y is corrected.

@@ -28,6 +28,8 @@
 namespace evidential_ops {
 namespace EO_ISA {
 
+constexpr float kFitCentreLog2F32 = 2.0f;  // log2 of kFitCentreF32 (s = ln(x·2^-2))
+static_assert(kFitCentreF32 == 4.0f, "kFitCentreLog2F32 is log2 kFitCentreF32");
 constexpr float kHalfLog2PiF = 0.918938533f;           // ½ ln 2π
 constexpr float kHalfLog2PiMinusHalfF = 0.418938533f;  // ½ ln 2π − ½ (the constant of h + 1)
 
@@ -67,9 +69,10 @@ EO_HOST_DEVICE float finite_argument(float x) { return select(x < __builtin_inff
 EO_HOST_DEVICE PolygammasF32 polygammas(float x) {
   PolygammasF32 g;
   g.series = x >= kSeriesFromF32;
-  const float xf = finite_argument(x);
-  g.s = select(g.series, 0.0f, log_f(xf * (1.0f / kFitCentreF32)));  // x/4: exact
-  g.log_z = log_f(xf);
+  // ln x and ln(x/4) (x/4 exact) share one reduction: log_f of each, bit for bit.
+  const LogPairF32 logs = log_f_pair(finite_argument(x), kFitCentreLog2F32);
+  g.s = select(g.series, 0.0f, logs.log_scaled);
+  g.log_z = logs.log_x;
   g.inv_z = 1.0f / x;
   fill_polygammas(x, g);
   return g;
@@ -91,9 +94,9 @@ template <int kClass>
 EO_HOST_DEVICE PolygammasF32 polygammas_of_class(float x) {
   PolygammasF32 g;
   g.series = kClass == kSeriesClass;
-  const float xf = finite_argument(x);
-  g.s = kClass == kSeriesClass ? 0.0f : log_f(xf * (1.0f / kFitCentreF32));
-  g.log_z = log_f(xf);
+  const LogPairF32 logs = log_f_pair(finite_argument(x), kFitCentreLog2F32);
+  g.s = kClass == kSeriesClass ? 0.0f : logs.log_scaled;
+  g.log_z = logs.log_x;
   g.inv_z = 1.0f / x;
   fill_polygammas(x, g);
   return g;

@@ -2,7 +2,7 @@
 // csrc/tests/emulation/ (blocks one at a time, threads as user-level contexts, real barriers and
 // warp shuffles), against a direct evaluation of the same definitions: the float64 element math
 // for float64 inputs, and for float32 and half inputs the float32 element math as the kernels
-// compose it (device_common.cuh: float32_evidence; the same csrc/kernels/ functions, evaluated here
+// compose it (device_common.cuh: float32 evidence; the same csrc/kernels/ functions, evaluated here
 // element by element). What this pins down without a GPU: the launchers' grids and their choice of
 // element math, the kernels' indexing (strips, row groups, column blocks, strides, targets and
 // target offsets, directions switched off), the fixed-order reductions, the storage conversions
@@ -115,7 +115,7 @@ constexpr double kFloatMax = 3.4028234663852886e38;
 
 bool float32_elements(ec::ScalarKind kind) { return kind != ec::ScalarKind::kFloat64; }
 
-// α and ρ of one element as the float32 path forms them (device_common.cuh: float32_evidence): the
+// α and ρ of one element as the float32 path forms them (device_common.cuh: float32 evidence): the
 // float32 map at x = s·float(1/τ), the double map at a line's target and where that α leaves float32.
 struct PathEvidence {
   float alpha_f, rho_f;  // the float32 functions' argument, and ρ
