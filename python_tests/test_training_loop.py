@@ -158,6 +158,9 @@ def test_resume_refuses_another_run(tmp_path):
     source = DataSource.synthetic(recipe, seed=0, **TINY_DATA)
     assert resume_state(checkpoint, method="fume", recipe=recipe.with_overrides(epochs=4), source=source,
                         seed=0)["epoch"] == 1
+    # The encoder chunks change memory and time, not the run: a resume may pick others.
+    assert resume_state(checkpoint, method="fume", recipe=recipe.with_overrides(encoder_chunk=5), source=source,
+                        seed=0)["epoch"] == 1
     with pytest.raises(ResumeError, match=r"recipe\.lr 0\.001 \(this run: 0\.5\)"):
         resume_state(checkpoint, method="fume", recipe=recipe.with_overrides(lr=0.5), source=source, seed=0)
     with pytest.raises(ResumeError, match=r"seed 0 \(this run: 1\)"):

@@ -243,7 +243,8 @@ def resume_state(checkpoint, *, method: str, recipe: Recipe, source: dict, seed:
     differences += [f"recipe.{key} {recipe_then.get(key)!r} (this run: {value!r})" for key, value in recipe_now.items()
                     if key not in may_change and recipe_then.get(key) != value]
     if differences:
-        allowed = "only the epochs may grow" if may_change else f"{method}'s schedule depends on the epochs, so none"
+        allowed = ("only the epochs may grow" if _RESUMABLE_CHANGES.get(method) else
+                   f"{method}'s schedule depends on the epochs, so none")
         raise ResumeError(f"{where} records another run: {'; '.join(differences)}. Give the options of the run it "
                           f"records ({allowed})")
     done = state["epoch"]
