@@ -38,42 +38,40 @@ class TileConfig:
         return f"m{self.block_m}n{self.block_n}k{self.block_k}{d}w{self.num_warps}s{self.num_stages}"
 
 
-# The fixed defaults on a GPU, per generation (compute capability 9.x: Hopper; 8.x: Ampere/Ada):
-# the largest tiles found to compile without register spills there for the methods' term sets
-# (TCL, UML, DUQ) in float32 "ieee", TF32 and bfloat16 (aot_check compiles each generation's own
-# defaults and fails on a spill). The per-element special functions keep many values live; small
-# tiles with several warps keep that within 255 registers. ptxas allocates differently per
-# target: with the float32 element math (SPEC §2 "Float32 element math", triton 3.9) the stats
-# tile m16n16k32w4 is spill-free on sm_90 and sm_80, where m16n16k16w4 (sm_80's default before)
-# spills 8 bytes in UML float32, so both generations share it. Larger tiles are in the autotuning
-# space.
-# With triton 3.6 (the lent GPU machines' version), measured with the element math before the
-# float32 one, no candidate stats tile was spill-free: over the 12 required stats variants the
-# sm_90 default spilled 52 bytes in all (at most 32 in one, TCL float32 at 128 registers), and each
-# of m16n16k16w4, m16n16k{16,32}w8, m16n32k32w8 28-140; sm_80's default 32. Not measured again
-# (aot_check under triton 3.6); whether spills cost time is for the GPU benchmark.
+# The fixed defaults on a GPU, per generation (compute capability 9.x: Hopper; 8.x: Ampere/Ada).
+# Forward (stats): the FlashAttention shape. A program owns 64 rows and walks the column blocks;
+# the s tile (64 × 32) is a tensor-core product in registers, its D steps loaded through a
+# 3-stage software pipeline (asynchronous copies), and every element is held by one thread:
+# with 8 warps the wgmma layout is warpsPerCTA [4, 2] of 16 × 16 instructions, 64 × 32 exactly
+# (aot_check's "copies" column; 16-row tiles, the default before, spanned 32 rows in the MMA
+# layout, so two of the four warps evaluated every element again). BLOCK_M >= 64 is what lets
+# sm_90 issue wgmma (HGMMA) for tf32 and bfloat16; float32 "ieee" tiles are FFMA products in
+# the same shape. Spill-free for the methods' term sets on sm_90 and sm_80 in float32, tf32 and
+# bfloat16 (triton 3.9, compiled with a real launch's specialisations, aot_check); 64 × 64 tiles
+# hold 16 elements a thread and spill 24-84 bytes in float32.
 DEFAULTS_BY_ARCH = {
     90: {
-        "stats": TileConfig(16, 16, 32, 4, 1),
+        "stats": TileConfig(64, 32, 32, 8, 3),
         "grad": TileConfig(32, 32, 32, 8, 1, block_d=64),
         "grad_similarity": TileConfig(64, 32, 0, 8, 1),
     },
     80: {
-        "stats": TileConfig(16, 16, 32, 4, 1),
+        "stats": TileConfig(64, 32, 32, 8, 3),
         "grad": TileConfig(32, 32, 32, 8, 1, block_d=64),
         "grad_similarity": TileConfig(64, 32, 0, 8, 1),
     },
 }
 
-# The autotuning space: the defaults and larger tiles (more operand reuse in the tile products, at
-# the price of some spills in the heaviest term sets; aot_check prints them).
+# The autotuning space (Hopper-sized: BLOCK_M 64-128, BLOCK_N 32-64, 4-8 warps, 2-4 stages): the
+# defaults and larger tiles (more operand reuse in the tile products, at the price of spills in
+# the heaviest term sets; aot_check prints them).
 SPACE = {
     "stats": (
-        TileConfig(16, 16, 32, 4, 1),
-        TileConfig(16, 16, 16, 4, 1),
-        TileConfig(16, 32, 32, 8, 1),
-        TileConfig(32, 32, 32, 8, 2),
-        TileConfig(64, 32, 32, 8, 2),
+        TileConfig(64, 32, 32, 8, 3),
+        TileConfig(64, 32, 64, 8, 2),
+        TileConfig(64, 64, 32, 8, 3),
+        TileConfig(128, 32, 32, 8, 4),
+        TileConfig(64, 32, 32, 4, 2),
     ),
     "grad": (
         TileConfig(32, 32, 32, 8, 1, block_d=64),
