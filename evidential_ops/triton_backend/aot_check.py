@@ -71,8 +71,8 @@ def _signature(fn, types: dict, constexprs: dict) -> dict:
 # row strides are known multiples of 16. Without them the tile loads of 16-bit inputs cannot be
 # vectorised to the 4 bytes an asynchronous copy needs, and the pipeliner leaves them synchronous:
 # the compile would not be the one the GPU runs.
-UNIT_STRIDES = ("stride_ak", "stride_bk", "stride_ok", "stride_dak", "stride_dbk")
-ALIGNED = ("a_ptr", "b_ptr", "out_ptr", "da_ptr", "db_ptr", "stride_ai", "stride_bj", "stride_oi", "stride_dai",
+UNIT_STRIDES = ("stride_ak", "stride_bk", "stride_gj", "stride_dak", "stride_dbk")
+ALIGNED = ("a_ptr", "b_ptr", "g_ptr", "da_ptr", "db_ptr", "stride_ai", "stride_bj", "stride_gi", "stride_dai",
            "stride_dbj", "D")
 
 
@@ -99,10 +99,14 @@ def jobs(arch: int, quick: bool = False) -> list[Job]:
 
     defaults = configs.DEFAULTS_BY_ARCH[90 if arch >= 90 else 80]
     out = []
-    for kernel in ("stats", "grad"):
+    for kernel in ("stats", "grad", "grad_fused"):
+        if kernel not in defaults:
+            continue  # not launched on this generation
         for config in dict.fromkeys((defaults[kernel], *configs.SPACE[kernel])):
             is_default = config == defaults[kernel]
             for term_set, path in _variants(is_default, quick):
+                if kernel == "grad_fused" and path != "bf16":
+                    continue  # launch.BackwardPlan fuses 16-bit inputs only
                 flags, evidence = TERM_SETS[term_set]
                 dtype, tf32 = DTYPE_PATHS[path]
                 sources = [False] + ([True] if kernel == "stats" and is_default and path == "f32" else [])
@@ -116,14 +120,24 @@ def jobs(arch: int, quick: bool = False) -> list[Job]:
                                      stride_bj="i32", stride_bk="i32", own_ptr="*fp64", n_own="i32",
                                      other_ptr="*fp64", n_other="i32", part_ptr="*fp64", n_programs="i32",
                                      blocks_per_program="i32", D="i32", t_off="i32", inv_tau="fp64")
-                    else:
-                        fn = kernels.grad_kernel
-                        constexprs = dict(EVIDENCE=evidence, **flags, F64=0, TF32=tf32, ACCUMULATE=1,
-                                          BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-                                          BLOCK_K=max(config.block_k, 16), BLOCK_D=config.block_d)
+                    elif kernel == "grad":
+                        fn = kernels.grad_block_kernel
+                        constexprs = dict(EVIDENCE=evidence, **flags, F64=0, TF32=tf32, BLOCK_M=config.block_m,
+                                          BLOCK_N=config.block_n, BLOCK_K=max(config.block_k, 16))
                         types = dict(a_ptr=f"*{dtype}", b_ptr=f"*{dtype}", stride_ai="i32", stride_ak="i32",
-                                     stride_bj="i32", stride_bk="i32", out_ptr="*fp32", stride_oi="i32",
-                                     stride_ok="i32", own_ptr="*fp64", n_own="i32", other_ptr="*fp64",
+                                     stride_bj="i32", stride_bk="i32", g_ptr=f"*{dtype}", stride_gi="i32",
+                                     stride_gj="i32", own_ptr="*fp64", n_own="i32", other_ptr="*fp64",
+                                     n_other="i32", row0="i32", n_rows="i32", D="i32", t_off="i32",
+                                     inv_tau="fp64")
+                    else:
+                        fn = kernels.grad_fused_kernel
+                        constexprs = dict(EVIDENCE=evidence, **flags, F64=0, TF32=tf32, BLOCK_M=config.block_m,
+                                          BLOCK_N=config.block_n, BLOCK_K=max(config.block_k, 16),
+                                          BLOCK_D=configs.MAX_REGISTER_D)
+                        types = dict(a_ptr=f"*{dtype}", b_ptr=f"*{dtype}", stride_ai="i32", stride_ak="i32",
+                                     stride_bj="i32", stride_bk="i32", da_ptr=f"*{dtype}", stride_dai="i32",
+                                     stride_dak="i32", db_ptr="*fp32", stride_dbj="i32", stride_dbk="i32",
+                                     turn_ptr="*i32", own_ptr="*fp64", n_own="i32", other_ptr="*fp64",
                                      n_other="i32", D="i32", t_off="i32", inv_tau="fp64")
                     variant = f"{term_set} {path}" + (" from-s" if from_s else "")
                     attrs = None if from_s else _launch_attrs(fn, constexprs)

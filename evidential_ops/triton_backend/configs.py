@@ -24,18 +24,16 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class TileConfig:
     """block_m: own lines per program; block_n: other lines per tile; block_k: the D step of the
-    tile product; block_d: the D chunk of the backward's second product (grad kernel only)."""
+    tile product."""
 
     block_m: int
     block_n: int
     block_k: int
     num_warps: int
     num_stages: int
-    block_d: int = 0
 
     def name(self) -> str:
-        d = f"d{self.block_d}" if self.block_d else ""
-        return f"m{self.block_m}n{self.block_n}k{self.block_k}{d}w{self.num_warps}s{self.num_stages}"
+        return f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}"
 
 
 # The fixed defaults on a GPU, per generation (compute capability 9.x: Hopper; 8.x: Ampere/Ada).
@@ -49,15 +47,21 @@ class TileConfig:
 # the same shape. Spill-free for the methods' term sets on sm_90 and sm_80 in float32, tf32 and
 # bfloat16 (triton 3.9, compiled with a real launch's specialisations, aot_check); 64 × 64 tiles
 # hold 16 elements a thread and spill 24-84 bytes in float32.
+# Backward: "grad_fused" (FlashAttention-2 shape, 16-bit inputs with D <= MAX_REGISTER_D) the same
+# tile, its three products on wgmma (Gᵀ·x as (xᵀ·G)ᵀ, whose M is D: with BLOCK_N = 32 rows as M
+# it was mma.sync), 178-255 registers without spills; "grad" (G of a strip of rows, one tile a
+# program) the same tile again. sm_80 has no fused default: with mma.sync the same tile spills
+# 88 bytes (UML) and the transposed product's layout repeats elements; it takes the strips.
 DEFAULTS_BY_ARCH = {
     90: {
         "stats": TileConfig(64, 32, 32, 8, 3),
-        "grad": TileConfig(32, 32, 32, 8, 1, block_d=64),
+        "grad": TileConfig(64, 32, 32, 8, 3),
         "grad_similarity": TileConfig(64, 32, 0, 8, 1),
+        "grad_fused": TileConfig(64, 32, 32, 8, 3),
     },
     80: {
         "stats": TileConfig(64, 32, 32, 8, 3),
-        "grad": TileConfig(32, 32, 32, 8, 1, block_d=64),
+        "grad": TileConfig(64, 32, 32, 8, 3),
         "grad_similarity": TileConfig(64, 32, 0, 8, 1),
     },
 }
@@ -74,26 +78,34 @@ SPACE = {
         TileConfig(64, 32, 32, 4, 2),
     ),
     "grad": (
-        TileConfig(32, 32, 32, 8, 1, block_d=64),
-        TileConfig(64, 32, 32, 8, 1, block_d=64),
-        TileConfig(32, 32, 32, 4, 2, block_d=64),
-        TileConfig(64, 32, 32, 8, 2, block_d=128),
+        TileConfig(64, 32, 32, 8, 3),
+        TileConfig(64, 32, 64, 8, 2),
+        TileConfig(64, 64, 32, 8, 3),
+        TileConfig(128, 32, 32, 8, 4),
     ),
     "grad_similarity": (
         TileConfig(64, 32, 0, 8, 1),
         TileConfig(32, 32, 0, 4, 1),
         TileConfig(64, 64, 0, 8, 1),
     ),
+    "grad_fused": (
+        TileConfig(64, 32, 32, 8, 3),
+        TileConfig(64, 32, 64, 8, 2),
+        TileConfig(64, 64, 32, 8, 3),
+        TileConfig(128, 32, 32, 8, 4),
+    ),
 }
 
 INTERPRETER = {
     "stats": TileConfig(64, 64, 64, 4, 1),
-    "grad": TileConfig(64, 64, 64, 4, 1, block_d=256),
+    "grad": TileConfig(64, 64, 64, 4, 1),
     "grad_similarity": TileConfig(64, 64, 0, 4, 1),
+    "grad_fused": TileConfig(64, 64, 64, 4, 1),
 }
 
-# The grad kernel keeps its (block_m, D) accumulator in registers when D fits in this many
-# columns (one chunk), else it adds each tile's product into the output chunk by chunk.
+# The fused backward (grad_fused_kernel) keeps its (block_m, D) accumulator and the row block of
+# the input in registers when D fits in this many columns; wider D stages G through stored
+# strips (launch.BackwardPlan).
 MAX_REGISTER_D = 64
 INTERPRETER_MAX_REGISTER_D = 256
 
@@ -120,6 +132,11 @@ def default(kernel: str, device=None) -> TileConfig:
     if interpreting():
         return INTERPRETER[kernel]
     return DEFAULTS_BY_ARCH[arch(device)][kernel]
+
+
+def has_default(kernel: str, device=None) -> bool:
+    """Whether `kernel` has a configuration for `device`'s generation (the interpreter has all)."""
+    return interpreting() or kernel in DEFAULTS_BY_ARCH[arch(device)]
 
 
 def k_bucket(k: int) -> int:
