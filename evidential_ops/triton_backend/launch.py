@@ -45,9 +45,17 @@ ACCUMULATOR_BUDGET_BYTES = 24 * 2**20
 def _launch(kernel, grid, *args, **meta):
     """Launch `kernel`: through torch.library.wrap_triton (traceable under torch.compile; the eager
     op disables its tracing, see registration.py), or directly under the interpreter, whose
-    kernels wrap_triton does not take."""
+    kernels wrap_triton does not take. Eager launches on CUDA tensors run with their device made
+    current: Triton launches on the current device whatever device the pointers belong to, so a
+    tensor on cuda:1 with cuda:0 current would be read from the wrong device (under torch.compile
+    the generated code sets the device itself)."""
     if configs.interpreting():
         kernel[grid](*args, **meta)
+        return
+    like = next((a for a in args if isinstance(a, Tensor)), None)
+    if like is not None and like.device.type == "cuda" and not _tracing(like):
+        with torch.cuda.device(like.device):
+            torch.library.wrap_triton(kernel)[grid](*args, **meta)
     else:
         torch.library.wrap_triton(kernel)[grid](*args, **meta)
 
