@@ -449,12 +449,14 @@ def _forward(source: _Source, target_scale, evidence, tau, weights, terms, rows,
     selection = _Terms(terms)
     w = _Weights(weights, selection, like)
     row_stats, col_stats = _line_statistics(source, 0, kind, inv_tau, selection, True, rows, cols, precision)
-    if _overflow_possible(kind, source.dtype, inv_tau, k):
-        _overflow_check([row_stats] * rows + [col_stats] * cols, _tau_message(tau, evidence))
     out_dtype = _output_dtype(like.dtype)
     zeros = torch.zeros(k, dtype=out_dtype, device=like.device)
     row_losses = _line_losses(row_stats, scale, 0, k, w, selection).to(out_dtype) if rows else zeros
     col_losses = _line_losses(col_stats, scale, 0, k, w, selection).to(out_dtype) if cols else zeros.clone()
+    # After every launch of the forward: its one host read (eager, where the host cannot rule an
+    # overflow out) then waits for the queue instead of holding the per-line kernels back.
+    if _overflow_possible(kind, source.dtype, inv_tau, k):
+        _overflow_check([row_stats] * rows + [col_stats] * cols, _tau_message(tau, evidence))
     return row_losses, col_losses, row_stats, col_stats
 
 
