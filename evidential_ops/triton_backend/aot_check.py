@@ -109,13 +109,21 @@ def jobs(arch: int, quick: bool = False) -> list[Job]:
                     continue  # launch.BackwardPlan fuses 16-bit inputs only
                 flags, evidence = TERM_SETS[term_set]
                 dtype, tf32 = DTYPE_PATHS[path]
-                sources = [False] + ([True] if kernel == "stats" and is_default and path == "f32" else [])
-                for from_s in sources:
+                # How the stats sweep gets its s tiles: stepping through D ("tiled"), from a given s
+                # (float32), or with the row block resident across the sweep (D <= RESIDENT_D,
+                # tensor-core paths: launch._resident_d), compiled at the widest such D.
+                modes = ["tiled"]
+                if kernel == "stats" and is_default:
+                    modes += ["from-s"] if path == "f32" else ["resident"] if arch >= 90 else []
+                for mode in modes:
+                    from_s = mode == "from-s"
                     if kernel == "stats":
                         fn = kernels.stats_kernel
                         constexprs = dict(EVIDENCE=evidence, HAS_TARGET=1, **flags, OWN=1, OTHER=1,
                                           FROM_S=int(from_s), F64=0, TF32=tf32, BLOCK_M=config.block_m,
-                                          BLOCK_N=config.block_n, BLOCK_K=max(config.block_k, 16))
+                                          BLOCK_N=config.block_n, BLOCK_K=max(config.block_k, 16), RESIDENT=0)
+                        if mode == "resident":
+                            constexprs.update(BLOCK_K=configs.RESIDENT_D, RESIDENT=1)
                         types = dict(a_ptr=f"*{dtype}", b_ptr=f"*{dtype}", stride_ai="i32", stride_ak="i32",
                                      stride_bj="i32", stride_bk="i32", own_ptr="*fp64", n_own="i32",
                                      other_ptr="*fp64", n_other="i32", part_ptr="*fp64", n_programs="i32",
@@ -139,7 +147,7 @@ def jobs(arch: int, quick: bool = False) -> list[Job]:
                                      stride_dak="i32", db_ptr="*fp32", stride_dbj="i32", stride_dbk="i32",
                                      turn_ptr="*i32", own_ptr="*fp64", n_own="i32", other_ptr="*fp64",
                                      n_other="i32", D="i32", t_off="i32", inv_tau="fp64")
-                    variant = f"{term_set} {path}" + (" from-s" if from_s else "")
+                    variant = f"{term_set} {path}" + ("" if mode == "tiled" else f" {mode}")
                     attrs = None if from_s else _launch_attrs(fn, constexprs)
                     out.append(Job(kernel, config.name(), variant, is_default and term_set in REQUIRED, fn,
                                    _signature(fn, types, constexprs), constexprs, config.num_warps,

@@ -106,6 +106,19 @@ INTERPRETER = {
 # The fused backward (grad_fused_kernel) keeps its (block_m, D) accumulator and the row block of
 # the input in registers when D fits in this many columns; wider D stages G through stored
 # strips (launch.BackwardPlan).
+# The forward keeps the row block loaded across the column sweep (stats_kernel RESIDENT) up to this
+# D on sm_90: 64 × 128 tf32 is 32 KiB of shared memory, with 3 stages of 32 × 128 column tiles
+# 80 KiB, spill-free with one copy per element (tf32, bf16; aot_check); wider D steps through
+# BLOCK_K. Not on sm_80, where ptxas holds DUQ's bfloat16 sweep to 128 registers and spills 24 bytes.
+RESIDENT_D = 128
+INTERPRETER_RESIDENT_D = 256
+
+
+def resident_d(device=None) -> int:
+    """The widest D whose row block the forward keeps resident on `device` (0: none)."""
+    if interpreting():
+        return INTERPRETER_RESIDENT_D
+    return RESIDENT_D if arch(device) >= 90 else 0
 MAX_REGISTER_D = 64
 INTERPRETER_MAX_REGISTER_D = 256
 

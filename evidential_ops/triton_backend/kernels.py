@@ -3,11 +3,12 @@
 Tile kernels (one evaluation of the special functions per element, s never stored):
 - `stats_kernel`: forward. A program owns blocks of BLOCK_M "own" lines (rows of a = x, or
   columns when called transposed with a = y) and sweeps every BLOCK_N tile of the "other" lines:
-  the tile of s is a `tl.dot` over D (or a block of a given s), then evidence, element terms and
-  the statistics of csrc/kernels/line_terms.h. Own-line statistics are complete in registers at
-  the end of the sweep; the other lines' (columns') statistics are summed per program into a
-  float64 partial buffer (G, NS, n_other) that `reduce_partials_kernel` adds up in a fixed order:
-  deterministic, no atomics.
+  the tile of s is a `tl.dot` over D steps (RESIDENT: one product with the row block kept loaded
+  across the sweep, so the pipeline prefetches column tiles; or a block of a given s), then
+  evidence, element terms and the statistics of csrc/kernels/line_terms.h. Own-line statistics
+  are complete in registers at the end of the sweep; the other lines' (columns') statistics are
+  summed per program into a float64 partial buffer (G, NS, n_other) that
+  `reduce_partials_kernel` adds up in a fixed order: deterministic, no atomics.
 - `grad_fused_kernel`: backward (FlashAttention-2 shape), both directions, where D fits one
   register block: a program owns BLOCK_M rows, recomputes each tile of s once, forms ∂L/∂s in
   registers from both lines' constants, then dx += G·y (registers) and dy += Gᵀ·x (added in
@@ -173,7 +174,7 @@ def stats_kernel(
     MSE: tl.constexpr, KL: tl.constexpr, FMSE: tl.constexpr, LOGDET: tl.constexpr,
     OWN: tl.constexpr, OTHER: tl.constexpr, FROM_S: tl.constexpr,
     F64: tl.constexpr, TF32: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RESIDENT: tl.constexpr = 0,
 ):
     """Line statistics (float64, csrc/kernels/line_terms.h layout) of the own lines (OWN) and
     per-program partials of the other lines (OTHER). Own line i's target is other line i + t_off.
@@ -201,6 +202,14 @@ def stats_kernel(
         rb = pid + it * n_programs
         rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
         rmask = rows < n_own
+        if RESIDENT:
+            # D <= BLOCK_K: the row block is loaded once and each column block is one product, so
+            # the column loop is the innermost loop with loads and its b tiles are the ones the
+            # pipeline prefetches (the FlashAttention forward's K/V sweep)
+            ks = tl.arange(0, BLOCK_K)
+            kmask = ks < D
+            a_blk = tl.load(a_ptr + rows.to(tl.int64)[:, None] * stride_ai + ks[None, :] * stride_ak,
+                            mask=rmask[:, None] & kmask[None, :], other=0.0)
         acc_target = tl.zeros((BLOCK_M,), tl.float64)
         acc_rest = tl.zeros((BLOCK_M,), tl.float64)
         acc_sq = tl.zeros((BLOCK_M,), tl.float64)
@@ -212,8 +221,13 @@ def stats_kernel(
         for c0 in range(0, n_other, BLOCK_N):
             cols = c0 + tl.arange(0, BLOCK_N)
             cmask = cols < n_other
-            s = _s_tile(a_ptr, b_ptr, rows, cols, rmask, cmask, stride_ai, stride_ak, stride_bj, stride_bk, D,
-                        FROM_S, PRECISION, CT, BLOCK_M, BLOCK_N, BLOCK_K)
+            if RESIDENT:
+                b_blk = tl.load(b_ptr + cols.to(tl.int64)[:, None] * stride_bj + ks[None, :] * stride_bk,
+                                mask=cmask[:, None] & kmask[None, :], other=0.0)
+                s = tl.dot(a_blk, tl.trans(b_blk), input_precision=PRECISION).to(CT)
+            else:
+                s = _s_tile(a_ptr, b_ptr, rows, cols, rmask, cmask, stride_ai, stride_ak, stride_bj, stride_bk, D,
+                            FROM_S, PRECISION, CT, BLOCK_M, BLOCK_N, BLOCK_K)
             valid = rmask[:, None] & cmask[None, :]
             if HAS_TARGET:
                 on_target = cols[None, :] == rows[:, None] + t_off

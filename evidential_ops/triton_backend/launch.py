@@ -279,14 +279,29 @@ class _Source:
         return _Source(self.b, self.a)
 
 
+def _resident_d(source: "_Source", precision: str) -> int:
+    """BLOCK_K of a stats sweep whose row block stays loaded while it walks the column blocks (the
+    FlashAttention forward), or 0 (D stepped per tile): embeddings with D <= configs.resident_d whose
+    tile product runs on tensor cores (16-bit, or float32 with TF32), and every float32 product in
+    the interpreter, which pays per tile. Float32 "ieee" FFMA products hold the row block in
+    registers and spill (8 bytes, DUQ, D = 64)."""
+    d = source.d
+    limit = configs.resident_d(source.a.device)
+    tensor_cores = source.dtype in (torch.float16, torch.bfloat16) or _tf32(source.dtype, precision)
+    if source.from_s or d > limit or not (tensor_cores or configs.interpreting()):
+        return 0
+    return max(16, 1 << max(0, (d - 1).bit_length()))
+
+
 def _stats_pass(source: _Source, own: Tensor, other: Tensor, partials: Tensor | None, t_off: int, evidence: int,
                 inv_tau: float, terms: _Terms | None, has_target: bool, precision: str) -> None:
     cfg_kernel = "stats"
     flags = terms.stat_flags() if terms is not None else dict(MSE=0, KL=0, FMSE=0, LOGDET=0)
     other_pass = partials is not None
     f64 = _compute_f64(source.dtype)
+    resident = _resident_d(source, precision)
     variant = (evidence, tuple(flags.values()), other_pass, source.from_s, has_target,
-               _tf32(source.dtype, precision))
+               _tf32(source.dtype, precision), resident)
 
     def run(config, out_own=own, out_other=other, out_part=partials):
         row_blocks = triton_cdiv(source.n_own, config.block_m)
@@ -297,8 +312,8 @@ def _stats_pass(source: _Source, own: Tensor, other: Tensor, partials: Tensor | 
                 source.d, t_off, inv_tau,
                 EVIDENCE=evidence, HAS_TARGET=int(has_target), **flags, OWN=1, OTHER=int(out_part is not None),
                 FROM_S=int(source.from_s), F64=int(f64), TF32=_tf32(source.dtype, precision),
-                BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=max(config.block_k, 16),
-                num_warps=config.num_warps, num_stages=config.num_stages)
+                BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=resident or max(config.block_k, 16),
+                RESIDENT=int(resident > 0), num_warps=config.num_warps, num_stages=config.num_stages)
 
     def bench(config):
         scratch_part = torch.zeros_like(partials) if partials is not None else None
