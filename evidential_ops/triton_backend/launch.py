@@ -528,8 +528,8 @@ class BackwardPlan:
 
     def __init__(self, m: int, n: int, d: int, dtype: torch.dtype, need_dx: bool = True, need_dy: bool = True,
                  fused: bool = True):
-        size = torch.empty((), dtype=dtype).element_size()
-        acc_size = torch.empty((), dtype=_output_dtype(dtype)).element_size()
+        size = dtype.itemsize
+        acc_size = _output_dtype(dtype).itemsize
         sixteen_bit = dtype in (torch.float16, torch.bfloat16)
         self.block_d = _register_d(d)
         self.dy_in_pass = False
