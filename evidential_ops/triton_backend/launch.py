@@ -657,8 +657,8 @@ def _register_d(d: int) -> int | None:
 
 def _grad_fused(x: Tensor, y: Tensor, t_off: int, bw: _Backward, precision: str) -> tuple[Tensor, Tensor]:
     """dx and dy from one recomputation of each tile (kernels.grad_fused_kernel): dx stored once
-    per row block, dy added in program order into a float32 (float64) buffer, the output itself
-    for float32 (float64) inputs."""
+    per row block in the input dtype, dy added in program order into a float32 buffer (float64
+    for float64 inputs) and rounded to the input dtype once at the end."""
     m, d = x.shape
     n = y.shape[0]
     block_d = _register_d(d)
