@@ -12,7 +12,8 @@ What it does, per kernel:
   run-time switches (the kernels are templated on the terms only); "cuda-path" compiles the same
   sources with the evidence kind and the float32 dtype fixed at compile time (a wrapper
   translation unit, `PATH_WRAPPER`), so that its loop holds the one path a loss takes.
-- Triton: the default configuration of stats_kernel (forward) and grad_kernel (backward) of
+- Triton: the default configuration of stats_kernel (forward) and grad_fused_kernel and
+  grad_block_kernel (backward) of
   each method, compiled ahead of time for GPUTarget("cuda", 90, 32) through
   evidential_ops.triton_backend.aot_check (its jobs, its compile, its ptxas log).
 - The cubin is disassembled with nvdisasm (the CUDA toolkit's, or the copy Triton ships); the
@@ -388,8 +389,10 @@ HOT_RULES = {
     "element-load": "the innermost loop with a global load (LDG) in its own body: the per-row loop, the one "
                     "loop that reads s (the forward's other innermost loop adds up shared-memory warp sums)",
     "tile-sweep": "the loop that directly encloses the first innermost loop in address order: the tile "
-                  "product's loop over D (_s_tile) opens the column-block loop's body; the backward's second "
-                  "product (ACCUMULATE) is a later sibling",
+                  "product's loop over D (_s_tile) opens the column-block loop's body (stats_kernel, "
+                  "grad_fused_kernel, whose wait for its turn to add into dy is a later nested loop)",
+    "tile-once": "a program's one tile, for a kernel without a column-block loop (grad_block_kernel): the "
+                 "kernel's code outside its loops, the tile product's loop over D being the one loop",
 }
 
 
@@ -402,6 +405,17 @@ def _hot_loop(loops: list, blocks: list, rule: str) -> "Loop | None":
     if rule == "tile-sweep":
         first = min(innermost, key=lambda lp: blocks[lp.header].start, default=None)
         return first.parent if first is not None and first.parent is not None else first
+    if rule == "tile-once":
+        # The whole kernel as one "loop" from its entry to its exits, the real loops nested in it.
+        exits = [i for i, b in enumerate(blocks) if not b.successors]
+        whole = Loop(0, set(range(len(blocks))), exits)
+        whole.children = [lp for lp in loops if lp.parent is None]
+        for lp in whole.children:
+            lp.parent = whole
+        for lp in loops:
+            lp.depth += 1
+        loops.append(whole)
+        return whole
     raise ValueError(f"unknown hot-loop rule {rule!r}")
 
 
@@ -635,22 +649,24 @@ def profile_cuda(nvcc: str, nvdisasm: str, methods, directions, builds, workdir:
 
 
 def profile_triton(methods, directions, dtype_path: str, nvdisasm: str, workdir: str) -> list:
-    """Rows of the Triton default configurations (stats_kernel forward, grad_kernel backward)."""
+    """Rows of the Triton default configurations (stats_kernel forward; grad_fused_kernel and
+    grad_block_kernel backward)."""
     sys.path.insert(0, ROOT)
     from evidential_ops.triton_backend import aot_check
     from triton.backends.compiler import GPUTarget
 
     aot_check.compile_environment()
     target = GPUTarget("cuda", ARCH, 32)
-    wanted = {"fwd": "stats", "bwd": "grad"}
+    wanted = {"fwd": ("stats",), "bwd": ("grad_fused", "grad")}
+    rules = {"stats": "tile-sweep", "grad_fused": "tile-sweep", "grad": "tile-once"}
     rows = []
-    for direction in directions:
-        if direction not in wanted:
-            continue
+    for direction, kernel in ((d, k) for d in directions for k in wanted.get(d, ())):
         for method in methods:
             variant = f"{method} {dtype_path}"
-            job = next(j for j in aot_check.jobs(ARCH, quick=True)
-                       if j.default and j.kernel == wanted[direction] and j.variant == variant)
+            job = next((j for j in aot_check.jobs(ARCH, quick=True)
+                        if j.default and j.kernel == kernel and j.variant == variant), None)
+            if job is None:  # the fused backward takes 16-bit inputs only
+                continue
             compiled, log = aot_check.compile_with_log(job, target)
             cubin = os.path.join(workdir, f"triton_{job.kernel}_{method}.cubin")
             with open(cubin, "wb") as handle:
@@ -661,7 +677,7 @@ def profile_triton(methods, directions, dtype_path: str, nvdisasm: str, workdir:
             row = dict(backend="triton", method=method, direction=direction, kernel=f"{job.kernel}_kernel",
                        symbol=name, source=f"{job.config} {variant} (aot_check job)",
                        resources=aot_check.resources(log), elements_per_iteration=block / (32 * job.num_warps),
-                       **analyse(functions[name], "tile-sweep"))
+                       **analyse(functions[name], rules[kernel]))
             if block < 32 * job.num_warps:
                 row["warning"] = "a tile smaller than the program's threads: elements are replicated across threads"
             rows.append(row)
@@ -695,7 +711,8 @@ def _build(row: dict) -> str:
         return "CUDA (shipped: all evidence maps and dtypes)" if row["direction"] != "line" else "CUDA"
     if row["backend"] == "cuda-path":
         return f"CUDA path ({METHODS[row['method']]['evidence_name']}, float32)"
-    return "Triton " + row["source"].split(" ")[0]
+    kernel = row["kernel"].removesuffix("_kernel")
+    return f"Triton {kernel} " + row["source"].split(" ")[0]
 
 
 def markdown(report: dict) -> str:
@@ -854,7 +871,8 @@ def main(argv=None) -> int:
     if "triton" in args.backend and triton_version is not None:
         notes.append(f"Triton: default sm_{ARCH} configurations (configs.DEFAULTS_BY_ARCH), {args.triton_path} "
                      "input path, compiled as aot_check compiles them (forward: stats_kernel with the own and the "
-                     "other lines' statistics, OWN=OTHER=1; backward: grad_kernel, ACCUMULATE=1); "
+                     "other lines' statistics, OWN=OTHER=1; backward: grad_fused_kernel, 16-bit inputs with D in "
+                     "one register block, and grad_block_kernel, G of a strip of rows); "
                      "elem/it = BLOCK_M·BLOCK_N/(32·num_warps).")
     notes += args.note
     report = dict(header=dict(label=label, commit=_commit(), arch=f"sm_{ARCH}",

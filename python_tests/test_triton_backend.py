@@ -359,8 +359,8 @@ def test_triton_two_pass_forward_matches_the_column_partials(gen, monkeypatch):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=0)
 
 
-def test_triton_backward_accumulating_over_embedding_chunks(gen):
-    """D beyond what the grad kernel keeps in registers: dx, dy are accumulated chunk by chunk."""
+def test_triton_backward_beyond_one_register_block(gen):
+    """D beyond what the fused backward keeps in registers: G staged through strips."""
     from evidential_ops.triton_backend import configs
 
     d = 2 * (configs.INTERPRETER_MAX_REGISTER_D if configs.interpreting() else configs.MAX_REGISTER_D) + 3
@@ -494,3 +494,123 @@ def test_triton_float32_evidence_and_its_float64_widening(evidence):
     assert float(np.abs(square[kept] / exact_square[kept] - 1).max()) <= 0.5 * 2.0**-23
     kept = np.isfinite(alpha)
     assert float(np.abs(p[kept] / 0.25 - 1).max()) <= 1.0 * 2.0**-23
+
+
+# ----------------------------------------------------------------------------- backward plans
+
+
+def _backward_against_reference(gen, k, d, requires=(True, True), tau=0.05):
+    """Hard regime (near-duplicate positives at cosine 0.99, τ = 0.05), every term, a target scale:
+    the triton gradients against the float64 reference on the same float32 inputs, within
+    SPEC §5's 1e-4 plus the from-embeddings allowance 8·√D·2^-24/τ (max-abs relative)."""
+    x, y = hard_pairs(k, d, generator=gen)
+    c = torch.rand(k, generator=gen)
+    kwargs = dict(evidence="exp", tau=tau, weights=ALL_WEIGHTS, reduction="sum")
+    xt = x.clone().to(device()).requires_grad_(requires[0])
+    yt = y.clone().to(device()).requires_grad_(requires[1])
+    eo.evidential_loss(xt, yt, backend="triton", target_scale=c.to(device()), **kwargs).backward()
+    xr, yr = x.double().requires_grad_(requires[0]), y.double().requires_grad_(requires[1])
+    eo.reference.evidential_loss(xr, yr, target_scale=c.double(), **kwargs).backward()
+    allowance = 8 * math.sqrt(d) * 2.0**-24 / tau
+    grads = []
+    for got, want, needed in ((xt.grad, xr.grad, requires[0]), (yt.grad, yr.grad, requires[1])):
+        if not needed:
+            assert got is None
+            continue
+        assert float((got.double().cpu() - want).abs().max() / want.abs().max()) <= 1e-4 + allowance
+        grads.append(got)
+    return grads
+
+
+@pytest.mark.parametrize("path", ["fused", "one strip", "strips", "strips, two passes", "dx only", "dy only"])
+def test_triton_backward_paths_match_the_reference(gen, monkeypatch, path):
+    """Every way launch.BackwardPlan computes the gradients, at odd sizes (K = 113, D = 203):
+    the fused FlashAttention-2 kernel (dy added in program order), G staged through one or several
+    strips with dy accumulated in the same pass, dy from strips of columns, and one gradient."""
+    from evidential_ops.triton_backend import launch
+
+    requires = (True, True)
+    if path == "fused":
+        monkeypatch.setattr(launch.BackwardPlan, "FUSED_DTYPES", (torch.float32,))
+    else:
+        monkeypatch.setattr(launch.BackwardPlan, "FUSED_DTYPES", ())
+    if path in ("strips", "strips, two passes", "dx only", "dy only"):
+        monkeypatch.setattr(launch, "STRIP_BUDGET_BYTES", 16 * 113 * 4)  # 16 rows: 8 strips, the last partial
+    if path == "strips, two passes":
+        monkeypatch.setattr(launch, "ACCUMULATOR_BUDGET_BYTES", -1)
+    if path == "dx only":
+        requires = (True, False)
+    if path == "dy only":
+        requires = (False, True)
+    plans = []
+    original = launch.BackwardPlan.__init__
+
+    def record(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        plans.append(self)
+
+    monkeypatch.setattr(launch.BackwardPlan, "__init__", record)
+    # With strips of 16 rows dy is shared with dx's pass while D <= 16 (BackwardPlan's traffic rule)
+    _backward_against_reference(gen, 113, 13 if path == "strips" else 203, requires)
+    expected = {"fused": "fused", "strips, two passes": "strips, two passes"}.get(path, "strips")
+    assert [p.kind for p in plans] == [expected]
+    assert plans[0].strip == {"fused": 0, "one strip": 113}.get(path, 16)
+
+
+def test_triton_fused_backward_is_bitwise_deterministic(gen, monkeypatch):
+    """dy's contributions are added in program order (no float atomics): two runs, the same bits."""
+    from evidential_ops.triton_backend import launch
+
+    monkeypatch.setattr(launch.BackwardPlan, "FUSED_DTYPES", (torch.float32,))
+    runs = []
+    for _ in range(2):
+        gen.manual_seed(1)
+        runs.append(_backward_against_reference(gen, 70, 24))
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_triton_extra_memory_at_k65536_d1024_is_below_64_mib(dtype):
+    """The device memory the Triton ops add beyond inputs, outputs and per-line arrays at
+    K = 65536, D = 1024 (planned, not allocated): the forward's column partials (at most
+    PARTIAL_BUDGET_BYTES) with both directions' (7, K) statistics, and the backward plan's
+    strip of G and float32 accumulator. And what the plan costs in GEMM-equivalents."""
+    from evidential_ops.triton_backend import launch
+
+    k, d = 65536, 1024
+    forward = launch.PARTIAL_BUDGET_BYTES + 2 * launch.NUM_LINE_STATS * k * 8
+    plan = launch.BackwardPlan(k, k, d, dtype)
+    backward = plan.extra_bytes + 2 * launch.NUM_GRADIENT_FIELDS * k * 8
+    assert forward < 64 * 2**20 and backward < 64 * 2**20
+    # Strips of 128 (float32) or 256 (bfloat16) rows: dy read and written once a strip would move
+    # more bytes than G once more (and a float32 dy for bfloat16 would be 256 MiB): two passes.
+    assert (plan.kind, plan.gemm_equivalents, plan.strip) == ("strips, two passes", 4,
+                                                              128 if dtype == torch.float32 else 256)
+    assert launch.BackwardPlan(8192, 8192, 1024, torch.float32).kind == "strips"  # strips of 1024 rows
+    small = launch.BackwardPlan(k, k, 64, torch.bfloat16)
+    if not launch.configs.interpreting():
+        assert (small.kind, small.gemm_equivalents, small.extra_bytes) == ("fused", 3, k * 64 * 4)
+
+
+@pytest.mark.parametrize("resident", [True, False])
+def test_triton_forward_with_the_row_block_resident_or_stepped_through_d(gen, monkeypatch, resident):
+    """The stats sweep with the row block loaded once across the column blocks (D <= RESIDENT_D, the
+    FlashAttention forward) and with each tile's product stepped through D: both match the float64
+    reference on the same float32 inputs (SPEC §5: 1e-5 relative, 1e-4 for the Fisher terms, plus
+    8·√D·2^-24/τ), hard regime, every term, K = 113, D = 203."""
+    from evidential_ops.triton_backend import configs, launch
+
+    if not resident:
+        monkeypatch.setattr(configs, "INTERPRETER_RESIDENT_D", 0)
+        monkeypatch.setattr(configs, "RESIDENT_D", 0)
+    k, d, tau = 113, 203, 0.05
+    x, y = hard_pairs(k, d, generator=gen)
+    source = launch._Source(x.to(device()), y.to(device()))
+    assert (launch._resident_d(source, "ieee") > 0) == (resident and configs.interpreting())
+    kwargs = dict(evidence="exp", tau=tau, weights=ALL_WEIGHTS, reduction="none")
+    rows, cols = eo.evidential_loss(x.to(device()), y.to(device()), backend="triton", direction="both", **kwargs)
+    ref_rows, ref_cols = eo.reference.evidential_loss(x.double(), y.double(), direction="both", **kwargs)
+    allowance = 8 * math.sqrt(d) * 2.0**-24 / tau
+    for got, want in ((rows, ref_rows), (cols, ref_cols)):
+        error = (got.double().cpu() - want).abs() / want.abs().clamp_min(1e-3)
+        assert float(error.max()) <= 1e-4 + allowance

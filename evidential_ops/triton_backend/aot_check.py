@@ -6,9 +6,11 @@ Compiles every kernel in every configuration of configs.SPACE (and the defaults)
 GPUTarget("cuda", 90, 32) and ("cuda", 80, 32), each in its heaviest specialisations (all five
 terms; exp evidence, whose scaled path is the longest; float32 and bfloat16 inputs; both
 directions at once), runs the ptxas that ships with Triton with -v on the PTX, and prints the
-registers, stack frame and spill bytes of each. Each generation is compiled with its own default
-configurations (configs.DEFAULTS_BY_ARCH). Exits 1 if anything fails to compile or a default
-configuration spills (on the --strict-arch targets: both by default); exits 0 with a message where
+registers, stack frame and spill bytes of each, and how many threads hold each element of the s
+tile (`replication`: 1, every element evaluated once). Each generation is compiled with its own default
+configurations (configs.DEFAULTS_BY_ARCH). Exits 1 if anything fails to compile, a default
+configuration spills (on the --strict-arch targets: both by default) or repeats tile elements
+across threads; exits 0 with a message where
 triton cannot compile here (not importable, or no ptxas). Run by `make triton-aot-check` (part of
 `make test`).
 
@@ -56,11 +58,30 @@ class Job:
     constexprs: dict
     num_warps: int
     num_stages: int
+    attrs: dict | None = None  # ASTSource attrs: the specialisations of a real launch (`_launch_attrs`)
 
 
 def _signature(fn, types: dict, constexprs: dict) -> dict:
     """Triton signature: every parameter typed ("*fp32", "i32", "fp64") or "constexpr"."""
     return {name: "constexpr" if name in constexprs else types[name] for name in fn.arg_names}
+
+
+# What a launch on contiguous (K, D) embeddings with D a multiple of 16 (every realistic embedding
+# size) lets the JIT specialise: the unit strides become constants 1, and the pointers, D and the
+# row strides are known multiples of 16. Without them the tile loads of 16-bit inputs cannot be
+# vectorised to the 4 bytes an asynchronous copy needs, and the pipeliner leaves them synchronous:
+# the compile would not be the one the GPU runs.
+UNIT_STRIDES = ("stride_ak", "stride_bk", "stride_gj", "stride_dak", "stride_dbk")
+ALIGNED = ("a_ptr", "b_ptr", "g_ptr", "da_ptr", "db_ptr", "stride_ai", "stride_bj", "stride_gi", "stride_dai",
+           "stride_dbj", "D")
+
+
+def _launch_attrs(fn, constexprs: dict) -> dict:
+    """Adds the unit strides to `constexprs`; the divisibility attributes of the aligned arguments."""
+    for name in UNIT_STRIDES:
+        if name in fn.arg_names:
+            constexprs[name] = 1
+    return {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in ALIGNED if name in fn.arg_names}
 
 
 def _variants(default: bool, quick: bool):
@@ -78,36 +99,59 @@ def jobs(arch: int, quick: bool = False) -> list[Job]:
 
     defaults = configs.DEFAULTS_BY_ARCH[90 if arch >= 90 else 80]
     out = []
-    for kernel in ("stats", "grad"):
+    for kernel in ("stats", "grad", "grad_fused"):
+        if kernel not in defaults:
+            continue  # not launched on this generation
         for config in dict.fromkeys((defaults[kernel], *configs.SPACE[kernel])):
             is_default = config == defaults[kernel]
             for term_set, path in _variants(is_default, quick):
+                if kernel == "grad_fused" and path != "bf16":
+                    continue  # launch.BackwardPlan fuses 16-bit inputs only
                 flags, evidence = TERM_SETS[term_set]
                 dtype, tf32 = DTYPE_PATHS[path]
-                sources = [False] + ([True] if kernel == "stats" and is_default and path == "f32" else [])
-                for from_s in sources:
+                # How the stats sweep gets its s tiles: stepping through D ("tiled"), from a given s
+                # (float32), or with the row block resident across the sweep (D <= RESIDENT_D,
+                # tensor-core paths: launch._resident_d), compiled at the widest such D.
+                modes = ["tiled"]
+                if kernel == "stats" and is_default:
+                    modes += ["from-s"] if path == "f32" else ["resident"] if arch >= 90 else []
+                for mode in modes:
+                    from_s = mode == "from-s"
                     if kernel == "stats":
                         fn = kernels.stats_kernel
                         constexprs = dict(EVIDENCE=evidence, HAS_TARGET=1, **flags, OWN=1, OTHER=1,
                                           FROM_S=int(from_s), F64=0, TF32=tf32, BLOCK_M=config.block_m,
-                                          BLOCK_N=config.block_n, BLOCK_K=max(config.block_k, 16))
+                                          BLOCK_N=config.block_n, BLOCK_K=max(config.block_k, 16), RESIDENT=0)
+                        if mode == "resident":
+                            constexprs.update(BLOCK_K=configs.RESIDENT_D, RESIDENT=1)
                         types = dict(a_ptr=f"*{dtype}", b_ptr=f"*{dtype}", stride_ai="i32", stride_ak="i32",
                                      stride_bj="i32", stride_bk="i32", own_ptr="*fp64", n_own="i32",
                                      other_ptr="*fp64", n_other="i32", part_ptr="*fp64", n_programs="i32",
                                      blocks_per_program="i32", D="i32", t_off="i32", inv_tau="fp64")
-                    else:
-                        fn = kernels.grad_kernel
-                        constexprs = dict(EVIDENCE=evidence, **flags, F64=0, TF32=tf32, ACCUMULATE=1,
-                                          BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-                                          BLOCK_K=max(config.block_k, 16), BLOCK_D=config.block_d)
+                    elif kernel == "grad":
+                        fn = kernels.grad_block_kernel
+                        constexprs = dict(EVIDENCE=evidence, **flags, F64=0, TF32=tf32, BLOCK_M=config.block_m,
+                                          BLOCK_N=config.block_n, BLOCK_K=max(config.block_k, 16))
                         types = dict(a_ptr=f"*{dtype}", b_ptr=f"*{dtype}", stride_ai="i32", stride_ak="i32",
-                                     stride_bj="i32", stride_bk="i32", out_ptr="*fp32", stride_oi="i32",
-                                     stride_ok="i32", own_ptr="*fp64", n_own="i32", other_ptr="*fp64",
+                                     stride_bj="i32", stride_bk="i32", g_ptr=f"*{dtype}", stride_gi="i32",
+                                     stride_gj="i32", own_ptr="*fp64", n_own="i32", other_ptr="*fp64",
+                                     n_other="i32", row0="i32", n_rows="i32", D="i32", t_off="i32",
+                                     inv_tau="fp64")
+                    else:
+                        fn = kernels.grad_fused_kernel
+                        constexprs = dict(EVIDENCE=evidence, **flags, F64=0, TF32=tf32, BLOCK_M=config.block_m,
+                                          BLOCK_N=config.block_n, BLOCK_K=max(config.block_k, 16),
+                                          BLOCK_D=configs.MAX_REGISTER_D)
+                        types = dict(a_ptr=f"*{dtype}", b_ptr=f"*{dtype}", stride_ai="i32", stride_ak="i32",
+                                     stride_bj="i32", stride_bk="i32", da_ptr=f"*{dtype}", stride_dai="i32",
+                                     stride_dak="i32", db_ptr="*fp32", stride_dbj="i32", stride_dbk="i32",
+                                     turn_ptr="*i32", own_ptr="*fp64", n_own="i32", other_ptr="*fp64",
                                      n_other="i32", D="i32", t_off="i32", inv_tau="fp64")
-                    variant = f"{term_set} {path}" + (" from-s" if from_s else "")
+                    variant = f"{term_set} {path}" + ("" if mode == "tiled" else f" {mode}")
+                    attrs = None if from_s else _launch_attrs(fn, constexprs)
                     out.append(Job(kernel, config.name(), variant, is_default and term_set in REQUIRED, fn,
                                    _signature(fn, types, constexprs), constexprs, config.num_warps,
-                                   config.num_stages))
+                                   config.num_stages, attrs))
     for config in dict.fromkeys((defaults["grad_similarity"], *configs.SPACE["grad_similarity"])):
         is_default = config == defaults["grad_similarity"]
         for term_set in (tuple(TERM_SETS) if is_default else () if quick else ("all",)):
@@ -152,7 +196,7 @@ def compile_with_log(job: Job, target) -> tuple[object, str]:
     import triton
     from triton import knobs
 
-    src = triton.compiler.ASTSource(fn=job.fn, signature=job.signature, constexprs=job.constexprs)
+    src = triton.compiler.ASTSource(fn=job.fn, signature=job.signature, constexprs=job.constexprs, attrs=job.attrs)
     buffer = io.StringIO()
     with knobs.nvidia.scope():
         knobs.nvidia.dump_ptxas_log = True
@@ -160,6 +204,42 @@ def compile_with_log(job: Job, target) -> tuple[object, str]:
             compiled = triton.compile(src, target=target,
                                       options=dict(num_warps=job.num_warps, num_stages=job.num_stages))
     return compiled, buffer.getvalue()
+
+
+_LAYOUT = re.compile(r"^#(\w+) = #ttg\.(blocked|nvidia_mma)<\{(.*)\}>", re.M)
+
+
+def _layout_cover(kind: str, body: str) -> list[int]:
+    """Rows and columns one repetition of a 2-D distributed layout spans (all threads, all warps)."""
+    def field(name):
+        match = re.search(name + r" = \[([\d, ]+)\]", body)
+        return [int(v) for v in match.group(1).split(",")]
+
+    if kind == "blocked":
+        return [a * b * c for a, b, c in zip(field("sizePerThread"), field("threadsPerWarp"), field("warpsPerCTA"))]
+    # wgmma (v3): a warp holds 16 rows × instrShape N; mma.sync (v2): 16 × 8 per repetition
+    major = int(re.search(r"versionMajor = (\d+)", body).group(1))
+    per_warp = [16, field("instrShape")[1]] if major == 3 else [16, 8]
+    return [w * p for w, p in zip(field("warpsPerCTA"), per_warp)]
+
+
+def replication(ttgir: str, block_m: int, block_n: int) -> int:
+    """How many threads hold each element of an s-tile-shaped tensor (BLOCK_M × BLOCK_N, or its
+    transpose), worst over the layouts those tensors take in the compiled kernel: 1 when every
+    element is evaluated once. A layout spanning more rows (columns) than the tile has repeats
+    them across warps, and every per-element function runs on each copy (a 16-row tile in an MMA
+    layout with warpsPerCTA [2, 2] spans 32 rows: factor 2)."""
+    layouts = {name: _layout_cover(kind, body) for name, kind, body in _LAYOUT.findall(ttgir)}
+    worst = 1
+    for rows, cols, name in re.findall(r"tensor<(\d+)x(\d+)x\w+, #(\w+)>", ttgir):
+        shape = [int(rows), int(cols)]
+        if name not in layouts or sorted(shape) != sorted([block_m, block_n]):
+            continue
+        factor = 1
+        for extent, cover in zip(shape, layouts[name]):
+            factor *= max(1, cover // extent)
+        worst = max(worst, factor)
+    return worst
 
 
 def inductor_rebuild(fn, directory: str):
@@ -249,15 +329,18 @@ def main(argv=None) -> int:
     jobs_by_arch = {arch: [j for j in jobs(arch, args.quick) if j.default or not args.quick] for arch in args.arch}
     print(f"triton-aot-check: triton {triton.__version__}, "
           + ", ".join(f"{len(j)} kernel variants for sm_{a}" for a, j in jobs_by_arch.items()))
-    print(f"{'kernel':16s} {'config':18s} {'variant':34s} {'arch':7s} {'regs':>4s} {'stack':>5s} {'spill st/ld':>11s}")
-    failures, default_spills = [], []
+    print(f"{'kernel':16s} {'config':18s} {'variant':34s} {'arch':7s} {'regs':>4s} {'stack':>5s} {'spill st/ld':>11s} "
+          f"{'copies':>6s}")
+    failures, default_spills, replicated = [], [], []
     start = time.time()
     for arch in args.arch:
         target = GPUTarget("cuda", arch, 32)
         for job in jobs_by_arch[arch]:
             try:
-                _, log = compile_with_log(job, target)
+                compiled, log = compile_with_log(job, target)
                 res = resources(log)
+                copies = (replication(compiled.asm["ttgir"], job.constexprs["BLOCK_M"], job.constexprs["BLOCK_N"])
+                          if "BLOCK_N" in job.constexprs else 1)
             except Exception as error:
                 failures.append(f"{job.kernel} {job.config} {job.variant} sm_{arch}: {type(error).__name__}: "
                                 f"{str(error).splitlines()[0] if str(error) else ''}")
@@ -266,7 +349,10 @@ def main(argv=None) -> int:
             spills = res["spill_stores"] + res["spill_loads"]
             mark = "*" if job.default else " "
             print(f"{job.kernel:16s} {job.config + mark:18s} {job.variant:34s} {res['target']:7s} {res['registers']:4d} "
-                  f"{res['stack']:5d} {res['spill_stores']:5d}/{res['spill_loads']:<5d}")
+                  f"{res['stack']:5d} {res['spill_stores']:5d}/{res['spill_loads']:<5d} {copies:6d}")
+            if job.default and copies > 1:
+                replicated.append(f"{job.kernel} {job.config} {job.variant} sm_{arch}: each tile element held by "
+                                  f"{copies} threads")
             if job.default and spills:
                 default_spills.append((arch in args.strict_arch, f"{job.kernel} {job.config} {job.variant} "
                                                                  f"{res['target']} ({spills} bytes)"))
@@ -274,12 +360,14 @@ def main(argv=None) -> int:
     failures += inductor_failures(jobs_by_arch[args.arch[0]], GPUTarget("cuda", args.arch[0], 32))
     for failure in failures:
         print(f"triton-aot-check: FAILED {failure}")
+    for line in replicated:
+        print(f"triton-aot-check: DUPLICATED element work in a default configuration: {line}")
     for strict, spill in default_spills:
         print(f"triton-aot-check: {'SPILLS' if strict else 'warning: spills'} in a default configuration: {spill}")
     strict_spills = [spill for strict, spill in default_spills if strict]
     print(f"triton-aot-check: {len(failures)} compile failures, {len(strict_spills)} default-configuration spills on "
           f"sm_{'/'.join(map(str, args.strict_arch))}, {len(default_spills) - len(strict_spills)} elsewhere")
-    return 1 if failures or strict_spills else 0
+    return 1 if failures or strict_spills or replicated else 0
 
 
 if __name__ == "__main__":

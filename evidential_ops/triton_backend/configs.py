@@ -24,78 +24,101 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class TileConfig:
     """block_m: own lines per program; block_n: other lines per tile; block_k: the D step of the
-    tile product; block_d: the D chunk of the backward's second product (grad kernel only)."""
+    tile product."""
 
     block_m: int
     block_n: int
     block_k: int
     num_warps: int
     num_stages: int
-    block_d: int = 0
 
     def name(self) -> str:
-        d = f"d{self.block_d}" if self.block_d else ""
-        return f"m{self.block_m}n{self.block_n}k{self.block_k}{d}w{self.num_warps}s{self.num_stages}"
+        return f"m{self.block_m}n{self.block_n}k{self.block_k}w{self.num_warps}s{self.num_stages}"
 
 
-# The fixed defaults on a GPU, per generation (compute capability 9.x: Hopper; 8.x: Ampere/Ada):
-# the largest tiles found to compile without register spills there for the methods' term sets
-# (TCL, UML, DUQ) in float32 "ieee", TF32 and bfloat16 (aot_check compiles each generation's own
-# defaults and fails on a spill). The per-element special functions keep many values live; small
-# tiles with several warps keep that within 255 registers. ptxas allocates differently per
-# target: with the float32 element math (SPEC §2 "Float32 element math", triton 3.9) the stats
-# tile m16n16k32w4 is spill-free on sm_90 and sm_80, where m16n16k16w4 (sm_80's default before)
-# spills 8 bytes in UML float32, so both generations share it. Larger tiles are in the autotuning
-# space.
-# With triton 3.6 (the lent GPU machines' version), measured with the element math before the
-# float32 one, no candidate stats tile was spill-free: over the 12 required stats variants the
-# sm_90 default spilled 52 bytes in all (at most 32 in one, TCL float32 at 128 registers), and each
-# of m16n16k16w4, m16n16k{16,32}w8, m16n32k32w8 28-140; sm_80's default 32. Not measured again
-# (aot_check under triton 3.6); whether spills cost time is for the GPU benchmark.
+# The fixed defaults on a GPU, per generation (compute capability 9.x: Hopper; 8.x: Ampere/Ada).
+# Forward (stats): the FlashAttention shape. A program owns 64 rows and walks the column blocks;
+# the s tile (64 × 32) is a tensor-core product in registers, its D steps loaded through a
+# 3-stage software pipeline (asynchronous copies), and every element is held by one thread:
+# with 8 warps the wgmma layout is warpsPerCTA [4, 2] of 16 × 16 instructions, 64 × 32 exactly
+# (aot_check's "copies" column; 16-row tiles, the default before, spanned 32 rows in the MMA
+# layout, so two of the four warps evaluated every element again). BLOCK_M >= 64 is what lets
+# sm_90 issue wgmma (HGMMA) for tf32 and bfloat16; float32 "ieee" tiles are FFMA products in
+# the same shape. Spill-free for the methods' term sets on sm_90 and sm_80 in float32, tf32 and
+# bfloat16 (triton 3.9, compiled with a real launch's specialisations, aot_check); 64 × 64 tiles
+# hold 16 elements a thread and spill 24-84 bytes in float32.
+# Backward: "grad_fused" (FlashAttention-2 shape, 16-bit inputs with D <= MAX_REGISTER_D) the same
+# tile, its three products on wgmma (Gᵀ·x as (xᵀ·G)ᵀ, whose M is D: with BLOCK_N = 32 rows as M
+# it was mma.sync), 178-255 registers without spills; "grad" (G of a strip of rows, one tile a
+# program) the same tile again. sm_80 has no fused default: with mma.sync the same tile spills
+# 88 bytes (UML) and the transposed product's layout repeats elements; it takes the strips.
 DEFAULTS_BY_ARCH = {
     90: {
-        "stats": TileConfig(16, 16, 32, 4, 1),
-        "grad": TileConfig(32, 32, 32, 8, 1, block_d=64),
+        "stats": TileConfig(64, 32, 32, 8, 3),
+        "grad": TileConfig(64, 32, 32, 8, 3),
         "grad_similarity": TileConfig(64, 32, 0, 8, 1),
+        "grad_fused": TileConfig(64, 32, 32, 8, 3),
     },
     80: {
-        "stats": TileConfig(16, 16, 32, 4, 1),
-        "grad": TileConfig(32, 32, 32, 8, 1, block_d=64),
+        "stats": TileConfig(64, 32, 32, 8, 3),
+        "grad": TileConfig(64, 32, 32, 8, 3),
         "grad_similarity": TileConfig(64, 32, 0, 8, 1),
     },
 }
 
-# The autotuning space: the defaults and larger tiles (more operand reuse in the tile products, at
-# the price of some spills in the heaviest term sets; aot_check prints them).
+# The autotuning space (Hopper-sized: BLOCK_M 64-128, BLOCK_N 32-64, 4-8 warps, 2-4 stages): the
+# defaults and larger tiles (more operand reuse in the tile products, at the price of spills in
+# the heaviest term sets; aot_check prints them).
 SPACE = {
     "stats": (
-        TileConfig(16, 16, 32, 4, 1),
-        TileConfig(16, 16, 16, 4, 1),
-        TileConfig(16, 32, 32, 8, 1),
-        TileConfig(32, 32, 32, 8, 2),
-        TileConfig(64, 32, 32, 8, 2),
+        TileConfig(64, 32, 32, 8, 3),
+        TileConfig(64, 32, 64, 8, 2),
+        TileConfig(64, 64, 32, 8, 3),
+        TileConfig(128, 32, 32, 8, 4),
+        TileConfig(64, 32, 32, 4, 2),
     ),
     "grad": (
-        TileConfig(32, 32, 32, 8, 1, block_d=64),
-        TileConfig(64, 32, 32, 8, 1, block_d=64),
-        TileConfig(32, 32, 32, 4, 2, block_d=64),
-        TileConfig(64, 32, 32, 8, 2, block_d=128),
+        TileConfig(64, 32, 32, 8, 3),
+        TileConfig(64, 32, 64, 8, 2),
+        TileConfig(64, 64, 32, 8, 3),
+        TileConfig(128, 32, 32, 8, 4),
     ),
     "grad_similarity": (
         TileConfig(64, 32, 0, 8, 1),
         TileConfig(32, 32, 0, 4, 1),
         TileConfig(64, 64, 0, 8, 1),
     ),
+    "grad_fused": (
+        TileConfig(64, 32, 32, 8, 3),
+        TileConfig(64, 32, 64, 8, 2),
+        TileConfig(64, 64, 32, 8, 3),
+        TileConfig(128, 32, 32, 8, 4),
+    ),
 }
 
 INTERPRETER = {
     "stats": TileConfig(64, 64, 64, 4, 1),
-    "grad": TileConfig(64, 64, 64, 4, 1, block_d=256),
+    "grad": TileConfig(64, 64, 64, 4, 1),
     "grad_similarity": TileConfig(64, 64, 0, 4, 1),
+    "grad_fused": TileConfig(64, 64, 64, 4, 1),
 }
 
-# The grad kernel keeps its (block_m, D) accumulator in registers when D fits in this many
-# columns (one chunk), else it adds each tile's product into the output chunk by chunk.
+# The fused backward (grad_fused_kernel) keeps its (block_m, D) accumulator and the row block of
+# the input in registers when D fits in this many columns; wider D stages G through stored
+# strips (launch.BackwardPlan).
+# The forward keeps the row block loaded across the column sweep (stats_kernel RESIDENT) up to this
+# D on sm_90: 64 × 128 tf32 is 32 KiB of shared memory, with 3 stages of 32 × 128 column tiles
+# 80 KiB, spill-free with one copy per element (tf32, bf16; aot_check); wider D steps through
+# BLOCK_K. Not on sm_80, where ptxas holds DUQ's bfloat16 sweep to 128 registers and spills 24 bytes.
+RESIDENT_D = 128
+INTERPRETER_RESIDENT_D = 256
+
+
+def resident_d(device=None) -> int:
+    """The widest D whose row block the forward keeps resident on `device` (0: none)."""
+    if interpreting():
+        return INTERPRETER_RESIDENT_D
+    return RESIDENT_D if arch(device) >= 90 else 0
 MAX_REGISTER_D = 64
 INTERPRETER_MAX_REGISTER_D = 256
 
@@ -122,6 +145,11 @@ def default(kernel: str, device=None) -> TileConfig:
     if interpreting():
         return INTERPRETER[kernel]
     return DEFAULTS_BY_ARCH[arch(device)][kernel]
+
+
+def has_default(kernel: str, device=None) -> bool:
+    """Whether `kernel` has a configuration for `device`'s generation (the interpreter has all)."""
+    return interpreting() or kernel in DEFAULTS_BY_ARCH[arch(device)]
 
 
 def k_bucket(k: int) -> int:

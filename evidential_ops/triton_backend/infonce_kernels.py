@@ -92,8 +92,8 @@ def infonce_grad_kernel(
 ):
     """d(q)[rows] = Σ_tiles G·c with G = (∂L/∂s)/τ of the tile of s = q·cᵀ/τ: own_* the (2, K)
     log-sum-exps, upstream gradients and 1 − e^{−ℓ} of q's lines (OWN), other_* those of c's lines
-    (OTHER). ACCUMULATE as in kernels.grad_kernel: D beyond BLOCK_D is added chunk by chunk into
-    a zeroed float32/float64 out."""
+    (OTHER). ACCUMULATE: D beyond BLOCK_D is added chunk by chunk into a zeroed float32/float64
+    out (the program owns its rows, so no other program touches them)."""
     CT: tl.constexpr = tl.float64 if F64 else tl.float32
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < K

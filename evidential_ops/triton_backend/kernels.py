@@ -3,14 +3,18 @@
 Tile kernels (one evaluation of the special functions per element, s never stored):
 - `stats_kernel`: forward. A program owns blocks of BLOCK_M "own" lines (rows of a = x, or
   columns when called transposed with a = y) and sweeps every BLOCK_N tile of the "other" lines:
-  the tile of s is a `tl.dot` over D (or a block of a given s), then evidence, element terms and
-  the statistics of csrc/kernels/line_terms.h. Own-line statistics are complete in registers at
-  the end of the sweep; the other lines' (columns') statistics are summed per program into a
-  float64 partial buffer (G, NS, n_other) that `reduce_partials_kernel` adds up in a fixed order:
-  deterministic, no atomics.
-- `grad_kernel`: backward, one direction. A program owns BLOCK_M lines, recomputes each tile of
-  s, forms ∂L/∂s in registers from both lines' constants and accumulates d(own) = G·b: dx row-
-  parallel, dy column-parallel (the same kernel on the transposed problem). Never a K×K buffer.
+  the tile of s is a `tl.dot` over D steps (RESIDENT: one product with the row block kept loaded
+  across the sweep, so the pipeline prefetches column tiles; or a block of a given s), then
+  evidence, element terms and the statistics of csrc/kernels/line_terms.h. Own-line statistics
+  are complete in registers at the end of the sweep; the other lines' (columns') statistics are
+  summed per program into a float64 partial buffer (G, NS, n_other) that
+  `reduce_partials_kernel` adds up in a fixed order: deterministic, no atomics.
+- `grad_fused_kernel`: backward (FlashAttention-2 shape), both directions, where D fits one
+  register block: a program owns BLOCK_M rows, recomputes each tile of s once, forms ∂L/∂s in
+  registers from both lines' constants, then dx += G·y (registers) and dy += Gᵀ·x (added in
+  program order, no atomics). Never a K×K buffer.
+- `grad_block_kernel`: backward where D is wider: G of a strip of rows, stored (at most
+  launch.STRIP_BUDGET_BYTES), for the two products that follow as plain GEMMs.
 - `grad_similarity_kernel`: backward of the from-similarity op: ds tile by tile.
 Per-line kernels (float64, O(K)): `line_loss_kernel` and `line_gradient_kernel` port
 csrc/kernels/line_terms.h (`line_terms`, `line_gradient`).
@@ -170,7 +174,7 @@ def stats_kernel(
     MSE: tl.constexpr, KL: tl.constexpr, FMSE: tl.constexpr, LOGDET: tl.constexpr,
     OWN: tl.constexpr, OTHER: tl.constexpr, FROM_S: tl.constexpr,
     F64: tl.constexpr, TF32: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, RESIDENT: tl.constexpr = 0,
 ):
     """Line statistics (float64, csrc/kernels/line_terms.h layout) of the own lines (OWN) and
     per-program partials of the other lines (OTHER). Own line i's target is other line i + t_off.
@@ -198,6 +202,14 @@ def stats_kernel(
         rb = pid + it * n_programs
         rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
         rmask = rows < n_own
+        if RESIDENT:
+            # D <= BLOCK_K: the row block is loaded once and each column block is one product, so
+            # the column loop is the innermost loop with loads and its b tiles are the ones the
+            # pipeline prefetches (the FlashAttention forward's K/V sweep)
+            ks = tl.arange(0, BLOCK_K)
+            kmask = ks < D
+            a_blk = tl.load(a_ptr + rows.to(tl.int64)[:, None] * stride_ai + ks[None, :] * stride_ak,
+                            mask=rmask[:, None] & kmask[None, :], other=0.0)
         acc_target = tl.zeros((BLOCK_M,), tl.float64)
         acc_rest = tl.zeros((BLOCK_M,), tl.float64)
         acc_sq = tl.zeros((BLOCK_M,), tl.float64)
@@ -209,8 +221,13 @@ def stats_kernel(
         for c0 in range(0, n_other, BLOCK_N):
             cols = c0 + tl.arange(0, BLOCK_N)
             cmask = cols < n_other
-            s = _s_tile(a_ptr, b_ptr, rows, cols, rmask, cmask, stride_ai, stride_ak, stride_bj, stride_bk, D,
-                        FROM_S, PRECISION, CT, BLOCK_M, BLOCK_N, BLOCK_K)
+            if RESIDENT:
+                b_blk = tl.load(b_ptr + cols.to(tl.int64)[:, None] * stride_bj + ks[None, :] * stride_bk,
+                                mask=cmask[:, None] & kmask[None, :], other=0.0)
+                s = tl.dot(a_blk, tl.trans(b_blk), input_precision=PRECISION).to(CT)
+            else:
+                s = _s_tile(a_ptr, b_ptr, rows, cols, rmask, cmask, stride_ai, stride_ak, stride_bj, stride_bk, D,
+                            FROM_S, PRECISION, CT, BLOCK_M, BLOCK_N, BLOCK_K)
             valid = rmask[:, None] & cmask[None, :]
             if HAS_TARGET:
                 on_target = cols[None, :] == rows[:, None] + t_off
@@ -461,63 +478,99 @@ def _gradient_tile(s, rows, cols, valid, t_off, inv_tau, own_ptr, n_own, other_p
 
 
 @triton.jit
-def grad_kernel(
+def grad_block_kernel(
     a_ptr, b_ptr, stride_ai, stride_ak, stride_bj, stride_bk,
-    out_ptr, stride_oi, stride_ok,
-    own_ptr, n_own, other_ptr, n_other,
+    g_ptr, stride_gi, stride_gj,
+    own_ptr, n_own, other_ptr, n_other, row0, n_rows,
     D, t_off, inv_tau: tl.float64,
     EVIDENCE: tl.constexpr, MSE: tl.constexpr, KL: tl.constexpr, FMSE: tl.constexpr, LOGDET: tl.constexpr,
-    F64: tl.constexpr, TF32: tl.constexpr, ACCUMULATE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+    F64: tl.constexpr, TF32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """d(a)[own rows] = Σ_tiles G·b, G = ∂L/∂s of the tile. own_ptr/other_ptr: (9, n) float64
-    LineGradient arrays of the own and other lines (zeros for a direction not computed).
-
-    ACCUMULATE = False (D <= BLOCK_D): the (BLOCK_M, BLOCK_D) accumulator stays in registers across
-    the sweep and is stored once, in out's dtype. ACCUMULATE = True: D is cut into BLOCK_D chunks
-    and each tile's G·b chunk is added into out (float32/float64, zero-initialised; the program
-    owns its rows, so no other program touches them)."""
+    """G = ∂L/∂s of rows [row0, row0 + n_rows) and every column, one (BLOCK_M, BLOCK_N) tile per
+    program, stored in g's dtype (the input dtype: the operand of the two products that follow,
+    as flash attention rounds dS): the backward where D is too wide for a register accumulator
+    stages G through this strip, and dx, dy become plain tensor-core products of it."""
     CT: tl.constexpr = tl.float64 if F64 else tl.float32
     PRECISION: tl.constexpr = "tf32" if TF32 else "ieee"
     inv_tau = tl.full([], inv_tau, tl.float64)
-    rb = tl.program_id(0)
-    rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
+    local = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows = row0 + local
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rmask = local < n_rows
+    cmask = cols < n_other
+    s = _s_tile(a_ptr, b_ptr, rows, cols, rmask, cmask, stride_ai, stride_ak, stride_bj, stride_bk, D,
+                False, PRECISION, CT, BLOCK_M, BLOCK_N, BLOCK_K)
+    valid = rmask[:, None] & cmask[None, :]
+    g = _gradient_tile(s, rows, cols, valid, t_off, inv_tau, own_ptr, n_own, other_ptr, n_other, rmask, cmask,
+                       EVIDENCE, MSE, KL, FMSE, LOGDET, CT)
+    tl.store(g_ptr + local.to(tl.int64)[:, None] * stride_gi + cols.to(tl.int64)[None, :] * stride_gj,
+             g.to(g_ptr.dtype.element_ty), mask=valid)
+
+
+@triton.jit
+def grad_fused_kernel(
+    a_ptr, b_ptr, stride_ai, stride_ak, stride_bj, stride_bk,
+    da_ptr, stride_dai, stride_dak, db_ptr, stride_dbj, stride_dbk, turn_ptr,
+    own_ptr, n_own, other_ptr, n_other,
+    D, t_off, inv_tau: tl.float64,
+    EVIDENCE: tl.constexpr, MSE: tl.constexpr, KL: tl.constexpr, FMSE: tl.constexpr, LOGDET: tl.constexpr,
+    F64: tl.constexpr, TF32: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Both gradients from one recomputation of each tile (the FlashAttention-2 backward):
+    G = ∂L/∂s in registers, then d(a)[own rows] += G·b (a register accumulator, stored once in
+    da's dtype) and d(b)[tile's columns] += Gᵀ·a (float32/float64 `db`, zero-initialised, shared
+    by every program). D <= BLOCK_D.
+
+    No float atomics: the programs add their Gᵀ·a into a block of db in program order. turn_ptr
+    holds one int32 per column block, the number of programs that have added theirs; program p
+    waits for turn p, adds, and passes the turn on. Every db element is then the same sum in the
+    same order on every run. Programs walk the column blocks in the same order, so program p
+    waits only on p − 1, which started before it (blocks are issued in program order): a
+    staircase of one tile per program at the start, no deadlock."""
+    CT: tl.constexpr = tl.float64 if F64 else tl.float32
+    PRECISION: tl.constexpr = "tf32" if TF32 else "ieee"
+    inv_tau = tl.full([], inv_tau, tl.float64)
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < n_own
-    rows64 = rows.to(tl.int64)  # offsets of out and b: K·stride beyond int32 for large K·D
+    rows64 = rows.to(tl.int64)
     dks = tl.arange(0, BLOCK_D)
+    dmask = dks < D
+    a_blk = tl.load(a_ptr + rows64[:, None] * stride_ai + dks[None, :] * stride_ak,
+                    mask=rmask[:, None] & dmask[None, :], other=0.0)
     acc = tl.zeros((BLOCK_M, BLOCK_D), CT)
     for c0 in range(0, n_other, BLOCK_N):
         cols = c0 + tl.arange(0, BLOCK_N)
         cmask = cols < n_other
+        cols64 = cols.to(tl.int64)
         s = _s_tile(a_ptr, b_ptr, rows, cols, rmask, cmask, stride_ai, stride_ak, stride_bj, stride_bk, D,
                     False, PRECISION, CT, BLOCK_M, BLOCK_N, BLOCK_K)
         valid = rmask[:, None] & cmask[None, :]
         g = _gradient_tile(s, rows, cols, valid, t_off, inv_tau, own_ptr, n_own, other_ptr, n_other, rmask, cmask,
                            EVIDENCE, MSE, KL, FMSE, LOGDET, CT)
-        # Operand of the second product: the input dtype for 16-bit inputs (as flash attention
-        # does for dS), float32/float64 otherwise.
+        # Operand of the two products: the input dtype for 16-bit inputs (as flash attention does
+        # for dS), float32/float64 otherwise.
         g_op = g.to(b_ptr.dtype.element_ty)
-        if ACCUMULATE:
-            for d0 in range(0, D, BLOCK_D):
-                dk = d0 + dks
-                dmask = dk < D
-                b = tl.load(b_ptr + cols.to(tl.int64)[:, None] * stride_bj + dk[None, :] * stride_bk,
-                            mask=cmask[:, None] & dmask[None, :], other=0.0)
-                optr = out_ptr + rows64[:, None] * stride_oi + dk[None, :] * stride_ok
-                omask = rmask[:, None] & dmask[None, :]
-                part = tl.load(optr, mask=omask, other=0.0)
-                part = tl.dot(g_op, b, part, input_precision=PRECISION)
-                tl.store(optr, part, mask=omask)
-                # The next tile loads this chunk again: its loads must see every thread's stores.
-                tl.debug_barrier()
-        else:
-            dmask = dks < D
-            b = tl.load(b_ptr + cols.to(tl.int64)[:, None] * stride_bj + dks[None, :] * stride_bk,
-                        mask=cmask[:, None] & dmask[None, :], other=0.0)
-            acc = tl.dot(g_op, b, acc, input_precision=PRECISION)
-    if not ACCUMULATE:
-        tl.store(out_ptr + rows64[:, None] * stride_oi + dks[None, :] * stride_ok,
-                 acc.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & (dks < D)[None, :])
+        bmask = cmask[:, None] & dmask[None, :]
+        b_blk = tl.load(b_ptr + cols64[:, None] * stride_bj + dks[None, :] * stride_bk, mask=bmask, other=0.0)
+        acc = tl.dot(g_op, b_blk, acc, input_precision=PRECISION)
+        # Gᵀ·a as (aᵀ·G)ᵀ: the product's M is then D (64 rows of a wgmma) rather than BLOCK_N
+        part = tl.trans(tl.dot(tl.trans(a_blk), g_op, input_precision=PRECISION))
+        turn = turn_ptr + c0 // BLOCK_N
+        while tl.atomic_add(turn, 0, sem="acquire") != pid:
+            pass
+        # The acquire is one thread's: the barrier orders every thread's loads after it. The
+        # loads skip L1, which another program on this SM may have filled with an older value.
+        tl.debug_barrier()
+        dptr = db_ptr + cols64[:, None] * stride_dbj + dks[None, :] * stride_dbk
+        old = tl.load(dptr, mask=bmask, other=0.0, cache_modifier=".cg")
+        tl.store(dptr, old + part.to(CT), mask=bmask)
+        tl.debug_barrier()
+        tl.atomic_xchg(turn, pid + 1, sem="release")
+    tl.store(da_ptr + rows64[:, None] * stride_dai + dks[None, :] * stride_dak, acc.to(da_ptr.dtype.element_ty),
+             mask=rmask[:, None] & dmask[None, :])
 
 
 @triton.jit

@@ -28,8 +28,15 @@ NUM_LINE_STATS = kernels.NUM_LINE_STATS
 NUM_GRADIENT_FIELDS = kernels.NUM_GRADIENT_FIELDS
 LINE_BLOCK = 128  # lines per program of the per-line kernels
 # Column partials of the one-pass forward (G programs × NS × N float64) may use this much device
-# memory; beyond it (or when G would leave SMs idle) both directions run as two passes.
-PARTIAL_BUDGET_BYTES = int(float(os.environ.get("EO_TRITON_PARTIAL_MIB", "64")) * 2**20)
+# memory; beyond it (or when G would leave SMs idle) both directions run as two passes. With the
+# (7, K) statistics of both directions (7 MiB at K = 65536) the forward stays below 64 MiB.
+PARTIAL_BUDGET_BYTES = int(float(os.environ.get("EO_TRITON_PARTIAL_MIB", "48")) * 2**20)
+# The backward where D is wider than a register block stages G = ∂L/∂s through a strip of rows of
+# at most STRIP_BUDGET_BYTES, and keeps a float32 dy for 16-bit inputs (with the product's float32
+# result: twice its size) only within ACCUMULATOR_BUDGET_BYTES; together below 64 MiB
+# (BackwardPlan, docs/backends.md "How the triton backend works").
+STRIP_BUDGET_BYTES = int(float(os.environ.get("EO_TRITON_STRIP_MIB", "32")) * 2**20)
+ACCUMULATOR_BUDGET_BYTES = 24 * 2**20
 
 
 # ----------------------------------------------------------------------------------- launching
@@ -38,9 +45,17 @@ PARTIAL_BUDGET_BYTES = int(float(os.environ.get("EO_TRITON_PARTIAL_MIB", "64")) 
 def _launch(kernel, grid, *args, **meta):
     """Launch `kernel`: through torch.library.wrap_triton (traceable under torch.compile; the eager
     op disables its tracing, see registration.py), or directly under the interpreter, whose
-    kernels wrap_triton does not take."""
+    kernels wrap_triton does not take. Eager launches on CUDA tensors run with their device made
+    current: Triton launches on the current device whatever device the pointers belong to, so a
+    tensor on cuda:1 with cuda:0 current would be read from the wrong device (under torch.compile
+    the generated code sets the device itself)."""
     if configs.interpreting():
         kernel[grid](*args, **meta)
+        return
+    like = next((a for a in args if isinstance(a, Tensor)), None)
+    if like is not None and like.device.type == "cuda" and not _tracing(like):
+        with torch.cuda.device(like.device):
+            torch.library.wrap_triton(kernel)[grid](*args, **meta)
     else:
         torch.library.wrap_triton(kernel)[grid](*args, **meta)
 
@@ -264,14 +279,29 @@ class _Source:
         return _Source(self.b, self.a)
 
 
+def _resident_d(source: "_Source", precision: str) -> int:
+    """BLOCK_K of a stats sweep whose row block stays loaded while it walks the column blocks (the
+    FlashAttention forward), or 0 (D stepped per tile): embeddings with D <= configs.resident_d whose
+    tile product runs on tensor cores (16-bit, or float32 with TF32), and every float32 product in
+    the interpreter, which pays per tile. Float32 "ieee" FFMA products hold the row block in
+    registers and spill (8 bytes, DUQ, D = 64)."""
+    d = source.d
+    limit = configs.resident_d(source.a.device)
+    tensor_cores = source.dtype in (torch.float16, torch.bfloat16) or _tf32(source.dtype, precision)
+    if source.from_s or d > limit or not (tensor_cores or configs.interpreting()):
+        return 0
+    return max(16, 1 << max(0, (d - 1).bit_length()))
+
+
 def _stats_pass(source: _Source, own: Tensor, other: Tensor, partials: Tensor | None, t_off: int, evidence: int,
                 inv_tau: float, terms: _Terms | None, has_target: bool, precision: str) -> None:
     cfg_kernel = "stats"
     flags = terms.stat_flags() if terms is not None else dict(MSE=0, KL=0, FMSE=0, LOGDET=0)
     other_pass = partials is not None
     f64 = _compute_f64(source.dtype)
+    resident = _resident_d(source, precision)
     variant = (evidence, tuple(flags.values()), other_pass, source.from_s, has_target,
-               _tf32(source.dtype, precision))
+               _tf32(source.dtype, precision), resident)
 
     def run(config, out_own=own, out_other=other, out_part=partials):
         row_blocks = triton_cdiv(source.n_own, config.block_m)
@@ -282,8 +312,8 @@ def _stats_pass(source: _Source, own: Tensor, other: Tensor, partials: Tensor | 
                 source.d, t_off, inv_tau,
                 EVIDENCE=evidence, HAS_TARGET=int(has_target), **flags, OWN=1, OTHER=int(out_part is not None),
                 FROM_S=int(source.from_s), F64=int(f64), TF32=_tf32(source.dtype, precision),
-                BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=max(config.block_k, 16),
-                num_warps=config.num_warps, num_stages=config.num_stages)
+                BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=resident or max(config.block_k, 16),
+                RESIDENT=int(resident > 0), num_warps=config.num_warps, num_stages=config.num_stages)
 
     def bench(config):
         scratch_part = torch.zeros_like(partials) if partials is not None else None
@@ -434,12 +464,14 @@ def _forward(source: _Source, target_scale, evidence, tau, weights, terms, rows,
     selection = _Terms(terms)
     w = _Weights(weights, selection, like)
     row_stats, col_stats = _line_statistics(source, 0, kind, inv_tau, selection, True, rows, cols, precision)
-    if _overflow_possible(kind, source.dtype, inv_tau, k):
-        _overflow_check([row_stats] * rows + [col_stats] * cols, _tau_message(tau, evidence))
     out_dtype = _output_dtype(like.dtype)
     zeros = torch.zeros(k, dtype=out_dtype, device=like.device)
     row_losses = _line_losses(row_stats, scale, 0, k, w, selection).to(out_dtype) if rows else zeros
     col_losses = _line_losses(col_stats, scale, 0, k, w, selection).to(out_dtype) if cols else zeros.clone()
+    # After every launch of the forward: its one host read (eager, where the host cannot rule an
+    # overflow out) then waits for the queue instead of holding the per-line kernels back.
+    if _overflow_possible(kind, source.dtype, inv_tau, k):
+        _overflow_check([row_stats] * rows + [col_stats] * cols, _tau_message(tau, evidence))
     return row_losses, col_losses, row_stats, col_stats
 
 
@@ -471,39 +503,187 @@ class _Backward:
         self.col_g = _line_gradients(col_stats, scale, 0, n, w, self.terms, up_cols)
 
 
-def _grad_pass(a: Tensor, b: Tensor, own_g: Tensor, other_g: Tensor, t_off: int, bw: _Backward,
-               precision: str) -> Tensor:
-    """d(a) = Σ G·b over every tile, a: (n_own, D) own lines, b: (n_other, D)."""
+class BackwardPlan:
+    """How `loss_backward` computes dx and dy of an (m, n) problem with embedding size D, what that
+    costs in GEMM-equivalents (products the size of s = x·yᵀ: each recomputation of s, and G·y,
+    Gᵀ·x), and the device memory it adds beyond inputs, outputs, statistics and line constants.
+
+    - "fused" (16-bit inputs, D within one register block, both gradients, sm_90 and newer):
+      grad_fused_kernel, one recomputation of each tile for both products, G in registers; dy in
+      a float32 buffer (n·D·4 bytes). 3 GEMM-equivalents.
+    - "strips": G of `strip` rows at a time (grad_block_kernel, stored in the input dtype), then
+      dx[strip] = G·y and, in the same pass, dy += Gᵀ·x[strip] (float32/float64 inputs: into dy
+      itself; 16-bit inputs: a float32 dy, and the product's float32 result, where both fit
+      ACCUMULATOR_BUDGET_BYTES), where reading and writing dy again for every further strip moves
+      no more bytes than a second pass's G (one strip, or strips of about D rows in float32).
+      3 GEMM-equivalents (2 for one gradient).
+    - "strips, two passes" otherwise: dy from strips of columns, G recomputed. 4 GEMM-equivalents.
+      At K = 65536, D = 1024 (strips of 128 float32 or 256 bfloat16 rows): dy read and written 512
+      (256) times would be 256 GiB (128 GiB) against 32 GiB (16 GiB) for G once more.
+    """
+
+    # Float32 inputs take the strips: dy accumulates in itself (no extra memory), and the fused
+    # kernel's FFMA products in float32 "ieee" spill kilobytes.
+    FUSED_DTYPES = (torch.float16, torch.bfloat16)
+
+    def __init__(self, m: int, n: int, d: int, dtype: torch.dtype, need_dx: bool = True, need_dy: bool = True,
+                 fused: bool = True):
+        size = dtype.itemsize
+        acc_size = _output_dtype(dtype).itemsize
+        sixteen_bit = dtype in (torch.float16, torch.bfloat16)
+        self.block_d = _register_d(d)
+        self.dy_in_pass = False
+        if fused and need_dx and need_dy and dtype in self.FUSED_DTYPES and self.block_d is not None:
+            self.kind, self.strip, self.recomputations = "fused", 0, 1
+            self.extra_bytes = n * d * acc_size
+        else:
+            longest = max(m, n)
+            self.strip = max(1, min(longest, STRIP_BUDGET_BYTES // (longest * size)))
+            accumulator = 2 * n * d * acc_size if sixteen_bit else 0
+            # dy in the same pass is read and written again for every strip after the first; a
+            # second pass writes and reads G once more (and recomputes s): the pass is shared where
+            # the first is no more traffic.
+            dy_traffic = (triton_cdiv(m, self.strip) - 1) * n * d * acc_size * 2
+            self.dy_in_pass = (need_dx and need_dy and accumulator <= ACCUMULATOR_BUDGET_BYTES
+                               and dy_traffic <= 2 * m * n * size)
+            two_passes = need_dx and need_dy and not self.dy_in_pass
+            self.kind = "strips, two passes" if two_passes else "strips"
+            self.recomputations = 2 if two_passes else 1
+            self.extra_bytes = self.strip * longest * size + (accumulator if self.dy_in_pass else 0)
+        self.gemm_equivalents = self.recomputations + int(need_dx) + int(need_dy)
+
+
+def _gradient_strip(a: Tensor, b: Tensor, own_g: Tensor, other_g: Tensor, t_off: int, row0: int, rows: int,
+                    g: Tensor, bw: _Backward, precision: str) -> None:
+    """g[:rows] = ∂L/∂s of own lines [row0, row0 + rows) against every other line (grad_block_kernel)."""
     n_own, d = a.shape
     n_other = b.shape[0]
-    f64 = _compute_f64(a.dtype)
-    interp = configs.interpreting()
-    max_register_d = configs.INTERPRETER_MAX_REGISTER_D if interp else configs.MAX_REGISTER_D
-    register_d = max(16, 1 << max(0, (d - 1).bit_length()))
-    accumulate = register_d > max_register_d
-    acc_dtype = _output_dtype(a.dtype)
-    variant = (bw.kind, tuple(bw.terms.stat_flags().values()), accumulate, _tf32(a.dtype, precision))
+    variant = (bw.kind, tuple(bw.terms.stat_flags().values()), _tf32(a.dtype, precision))
 
     def run(config, out):
-        block_d = config.block_d if accumulate else register_d
-        _launch(kernels.grad_kernel, (triton_cdiv(n_own, config.block_m),),
+        _launch(kernels.grad_block_kernel, (triton_cdiv(rows, config.block_m), triton_cdiv(n_other, config.block_n)),
                 a, b, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out, out.stride(0), out.stride(1),
-                own_g, n_own, other_g, n_other, d, t_off, bw.inv_tau,
-                EVIDENCE=bw.kind, **bw.terms.stat_flags(), F64=int(f64), TF32=_tf32(a.dtype, precision),
-                ACCUMULATE=int(accumulate), BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                own_g, n_own, other_g, n_other, row0, rows, d, t_off, bw.inv_tau,
+                EVIDENCE=bw.kind, **bw.terms.stat_flags(), F64=int(_compute_f64(a.dtype)),
+                TF32=_tf32(a.dtype, precision), BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                BLOCK_K=max(config.block_k, 16), num_warps=config.num_warps, num_stages=config.num_stages)
+
+    config = _config("grad", variant, n_other, d, a.dtype, None if _tracing(a) else (lambda c: run(c, g.clone())),
+                     a.device)
+    run(config, g)
+
+
+def _accumulate_product(out: Tensor, g: Tensor, b: Tensor) -> None:
+    """out += g·b: in place for operands of out's dtype; 16-bit operands on tensor cores with a
+    float32 result (cuBLAS), then added."""
+    if g.dtype == out.dtype:
+        out.addmm_(g, b)
+    elif g.is_cuda:
+        out.add_(torch.mm(g, b, out_dtype=out.dtype))
+    else:
+        out.addmm_(g.to(out.dtype), b.to(out.dtype))
+
+
+def _float32_products(like: Tensor, precision: str):
+    """cuBLAS float32 products as matmul_precision says (TF32 or IEEE), for the eager launches on
+    CUDA tensors; elsewhere nothing to set (CPU products are IEEE; a traced graph keeps torch's
+    setting)."""
+    import contextlib
+
+    if like.device.type != "cuda" or like.dtype != torch.float32 or _tracing(like):
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def scope():
+        previous = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+        try:
+            yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = previous
+
+    return scope()
+
+
+def _grad_strips(x: Tensor, y: Tensor, t_off: int, bw: _Backward, plan: BackwardPlan, need_dx: bool,
+                 need_dy: bool, precision: str) -> tuple[Tensor, Tensor]:
+    """dx, dy through stored strips of G (BackwardPlan "strips"): the products are plain GEMMs
+    (cuBLAS, at the input's precision: float32 ones as `precision` says) with their accumulators in
+    registers, and the strips are taken in order, so every sum is the same on every run."""
+    with _float32_products(x, precision):
+        return _strip_passes(x, y, t_off, bw, plan, need_dx, need_dy, precision)
+
+
+def _strip_passes(x: Tensor, y: Tensor, t_off: int, bw: _Backward, plan: BackwardPlan, need_dx: bool,
+                  need_dy: bool, precision: str) -> tuple[Tensor, Tensor]:
+    m, d = x.shape
+    n = y.shape[0]
+    # Contiguous outputs: each strip's product is written in place (out=) into its rows.
+    dx = torch.empty((m, d), dtype=x.dtype, device=x.device) if need_dx else x.new_empty(0)
+    dy = torch.empty((n, d), dtype=y.dtype, device=y.device) if need_dy else y.new_empty(0)
+    if need_dx:
+        g = torch.empty((min(plan.strip, m), n), dtype=x.dtype, device=x.device)
+        dy_acc = None
+        if plan.dy_in_pass:
+            dy_acc = dy.zero_() if dy.dtype == _output_dtype(y.dtype) else torch.zeros(
+                (n, d), dtype=_output_dtype(y.dtype), device=y.device)
+        for row0 in range(0, m, plan.strip):
+            rows = min(plan.strip, m - row0)
+            strip = g[:rows]
+            _gradient_strip(x, y, bw.row_g, bw.col_g, t_off, row0, rows, strip, bw, precision)
+            torch.mm(strip, y, out=dx[row0:row0 + rows])
+            if dy_acc is not None:
+                _accumulate_product(dy_acc, strip.t(), x[row0:row0 + rows])
+        if dy_acc is not None and dy_acc is not dy:
+            dy.copy_(dy_acc)
+        del g, strip, dy_acc  # freed before the column pass allocates its strip: one strip at a time
+    if need_dy and not plan.dy_in_pass:
+        g = torch.empty((min(plan.strip, n), m), dtype=y.dtype, device=y.device)
+        for col0 in range(0, n, plan.strip):
+            cols = min(plan.strip, n - col0)
+            strip = g[:cols]
+            _gradient_strip(y, x, bw.col_g, bw.row_g, -t_off, col0, cols, strip, bw, precision)
+            torch.mm(strip, x, out=dy[col0:col0 + cols])
+    return dx, dy
+
+
+def _register_d(d: int) -> int | None:
+    """The one register block that holds D (a power of two >= 16), or None where D is wider than
+    a gradient kernel keeps in registers."""
+    block = max(16, 1 << max(0, (d - 1).bit_length()))
+    limit = configs.INTERPRETER_MAX_REGISTER_D if configs.interpreting() else configs.MAX_REGISTER_D
+    return block if block <= limit else None
+
+
+def _grad_fused(x: Tensor, y: Tensor, t_off: int, bw: _Backward, precision: str) -> tuple[Tensor, Tensor]:
+    """dx and dy from one recomputation of each tile (kernels.grad_fused_kernel): dx stored once
+    per row block in the input dtype, dy added in program order into a float32 buffer (float64
+    for float64 inputs) and rounded to the input dtype once at the end."""
+    m, d = x.shape
+    n = y.shape[0]
+    block_d = _register_d(d)
+    acc_dtype = _output_dtype(x.dtype)
+    variant = (bw.kind, tuple(bw.terms.stat_flags().values()), _tf32(x.dtype, precision))
+
+    def run(config, dx, dy):
+        turns = torch.zeros(triton_cdiv(n, config.block_n), dtype=torch.int32, device=x.device)
+        _launch(kernels.grad_fused_kernel, (triton_cdiv(m, config.block_m),),
+                x, y, x.stride(0), x.stride(1), y.stride(0), y.stride(1),
+                dx, dx.stride(0), dx.stride(1), dy, dy.stride(0), dy.stride(1), turns,
+                bw.row_g, m, bw.col_g, n, d, t_off, bw.inv_tau,
+                EVIDENCE=bw.kind, **bw.terms.stat_flags(), F64=int(_compute_f64(x.dtype)),
+                TF32=_tf32(x.dtype, precision), BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                 BLOCK_K=max(config.block_k, 16), BLOCK_D=block_d, num_warps=config.num_warps,
                 num_stages=config.num_stages)
 
-    def new_out():
-        if accumulate:
-            return torch.zeros((n_own, d), dtype=acc_dtype, device=a.device)
-        return torch.empty((n_own, d), dtype=a.dtype, device=a.device)
+    def outputs():
+        return torch.empty_like(x), torch.zeros((n, d), dtype=acc_dtype, device=y.device)
 
-    config = _config("grad", variant, n_other, d, a.dtype, None if _tracing(a) else (lambda c: run(c, new_out())),
-                     a.device)
-    out = new_out()
-    run(config, out)
-    return out.to(a.dtype) if out.dtype != a.dtype else out
+    config = _config("grad_fused", variant, n, d, x.dtype, None if _tracing(x) else (lambda c: run(c, *outputs())),
+                     x.device)
+    dx, dy = outputs()
+    run(config, dx, dy)
+    return dx, dy.to(y.dtype) if dy.dtype != y.dtype else dy
 
 
 def loss_backward(grad_rows, grad_cols, x, y, target_scale, row_stats, col_stats, evidence, tau, weights, terms, rows,
@@ -512,9 +692,11 @@ def loss_backward(grad_rows, grad_cols, x, y, target_scale, row_stats, col_stats
     m, n = x.shape[0], y.shape[0]
     bw = _Backward(m, n, target_offset, grad_rows, grad_cols, target_scale, row_stats, col_stats, evidence, tau,
                    weights, terms, rows, cols, x)
-    dx = _grad_pass(x, y, bw.row_g, bw.col_g, target_offset, bw, precision) if output_mask[0] else x.new_empty(0)
-    dy = _grad_pass(y, x, bw.col_g, bw.row_g, -target_offset, bw, precision) if output_mask[1] else y.new_empty(0)
-    return dx, dy
+    plan = BackwardPlan(m, n, x.shape[1], x.dtype, bool(output_mask[0]), bool(output_mask[1]),
+                        configs.has_default("grad_fused", x.device))
+    if plan.kind == "fused":
+        return _grad_fused(x, y, target_offset, bw, precision)
+    return _grad_strips(x, y, target_offset, bw, plan, bool(output_mask[0]), bool(output_mask[1]), precision)
 
 
 def loss_backward_from_similarity(grad_rows, grad_cols, s, target_scale, row_stats, col_stats, evidence, tau, weights,

@@ -93,7 +93,8 @@ def _record_kernels(qualname: str) -> None:
         from . import kernels
 
         library_triton.triton_ops_to_kernels[qualname] = [
-            kernels.stats_kernel, kernels.reduce_partials_kernel, kernels.grad_kernel, kernels.grad_similarity_kernel,
+            kernels.stats_kernel, kernels.reduce_partials_kernel, kernels.grad_fused_kernel, kernels.grad_block_kernel,
+            kernels.grad_similarity_kernel,
             kernels.line_loss_kernel, kernels.line_gradient_kernel,
         ]
     except (ImportError, AttributeError):
