@@ -15,8 +15,11 @@ What a step does is derived from the code, per backend:
   read where `overflow_possible` says one is needed.
 - Triton (evidential_ops/triton_backend/launch.py): the one-pass or two-pass forward chosen as
   `_line_statistics` chooses it (PARTIAL_BUDGET_BYTES, the SM count), the tile sizes of
-  configs.DEFAULTS_BY_ARCH, `grad_kernel`'s accumulation mode (configs.MAX_REGISTER_D), each
-  tile's operand loads, the partial-sum and accumulator read-modify-writes.
+  configs.DEFAULTS_BY_ARCH, the backward as `launch.BackwardPlan` plans it (grad_fused_kernel, or
+  G strips from grad_block_kernel with cuBLAS products, in one or two passes: its strips, GEMM-
+  equivalents and extra bytes), each tile's operand loads, the partial-sum and dy
+  read-modify-writes; the fused kernel's per-element counts are taken as grad_block_kernel's
+  (the profile compiles the float32 input path).
 - Element instructions per element, by class, and registers: the static SASS profile of the
   compiled kernels (bench/static_profile.py's JSON: reused when newer than the sources, else
   profiled again; --profile names one).
@@ -494,48 +497,74 @@ def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dic
         out.append(Kernel("forward", "overflow check (isinf, any, one host read)", 8, dram={"statistics": 4 * k * 8},
                           syncs=1, note=f"{evidence} evidence, τ = {tau}: _overflow_possible"))
     out.append(Kernel("forward", "line losses and casts", 4, dram={"statistics": 2 * 7 * k * 8}))
-    # ---- backward (launch.loss_backward: one grad_kernel pass for dx, one for dy)
+    # ---- backward (launch.loss_backward as launch.BackwardPlan plans it)
     out.append(Kernel("backward", "line constants (upstream casts, line_gradient_kernel)", 4,
                       dram={"line constants": 2 * 9 * k * 8}))
-    register_d = max(16, 1 << max(0, (d - 1).bit_length()))
-    accumulate = register_d > configs.MAX_REGISTER_D
+    plan = launch.BackwardPlan(k, k, d, _torch_dtype(precision))
     acc_bytes = 8 if e_in == 8 else 4
     per_sm_g = occupancy(bwd_row["resources"].get("registers", 255), 32 * gr.num_warps, c)
-    grid = _ceil_div(k, gr.block_m)
-    concurrent = min(grid, per_sm_g * c["sms"])
-    for target in ("dx", "dy"):
-        if accumulate:
-            out.append(Kernel("backward", f"zero {target} accumulator (float32)", 1, dram={"accumulator": kd * acc_bytes}))
-        l2, dram, waves = operand_traffic(gr.block_m, gr.block_n, per_sm_g, concurrent, grid, 2,
-                                          "s tile and G·b products")
-        if accumulate:
-            rmw = _ceil_div(k, gr.block_n) * kd * acc_bytes * 2
-            working = concurrent * gr.block_m * d * acc_bytes
-            (l2 if working <= l2_bytes else dram)[f"{target} accumulator read-modify-write per column tile"] = rmw
-            dram[f"{target} accumulator final"] = kd * acc_bytes
-        else:
-            dram[f"{target} written"] = kd * e_in
-        out.append(Kernel("backward", f"grad_kernel for {target} (s recomputed)", 1, flops=4.0 * kk * d, elements=kk,
-                          cycles_per_element=bwd_cycles, l2=l2, dram=dram, fill=min(1.0, grid / c["sms"]),
-                          note=f"{gr.name()}, {'ACCUMULATE, ' if accumulate else ''}{grid} programs, {per_sm_g}/SM, "
-                               f"{waves} wave(s); {bwd_cycles:.2f} cycles/element ({bwd_pipe})"))
-        if accumulate and acc_bytes != e_in:
-            out.append(Kernel("backward", f"{target} cast float32 → input dtype", 1,
-                              dram={"accumulator read": kd * acc_bytes, "written": kd * e_in}))
+    bwd_note = f"{bwd_cycles:.2f} cycles/element ({bwd_pipe})"
+    if plan.kind == "fused":
+        fu = defaults.get("grad_fused", gr)
+        grid = _ceil_div(k, fu.block_m)
+        concurrent = min(grid, per_sm_g * c["sms"])
+        l2, dram, waves = operand_traffic(fu.block_m, fu.block_n, per_sm_g, concurrent, grid, 1, "s tile, G·y, Gᵀ·x")
+        # Every row block adds its Gᵀ·x into the float32 dy in program order.
+        (l2 if kd * acc_bytes <= l2_bytes else dram)["float32 dy read-modify-write per row block"] = \
+            grid * kd * acc_bytes * 2
+        dram["dx written"] = kd * e_in
+        out.append(Kernel("backward", "zero dy (float32) and its turns", 1, dram={"dy": kd * acc_bytes}))
+        out.append(Kernel("backward", "grad_fused_kernel (s recomputed once, G in registers)", 1, flops=6.0 * kk * d,
+                          elements=kk, cycles_per_element=bwd_cycles, l2=l2, dram=dram, fill=min(1.0, grid / c["sms"]),
+                          note=f"{fu.name()}, {grid} programs, {per_sm_g}/SM, {waves} wave(s); {bwd_note}"))
+        out.append(Kernel("backward", "dy cast float32 → input dtype", 1,
+                          dram={"accumulator read": kd * acc_bytes, "written": kd * e_in}))
+    else:
+        strips = _ceil_div(k, plan.strip)
+        g_bytes = plan.strip * k * e_in
+        sweeps = [("rows", True, plan.dy_in_pass)] + ([("columns", False, True)] if plan.recomputations == 2 else [])
+        for lines, with_dx, with_dy in sweeps:
+            grid = _ceil_div(plan.strip, gr.block_m) * _ceil_div(k, gr.block_n)
+            concurrent = min(grid, per_sm_g * c["sms"])
+            l2, dram, waves = operand_traffic(gr.block_m, gr.block_n, per_sm_g, concurrent,
+                                              _ceil_div(k, gr.block_m), 1, f"G strips over {lines}")
+            (l2 if g_bytes <= l2_bytes else dram)["G written, strip by strip"] = kk * e_in
+            out.append(Kernel("backward", f"grad_block_kernel: G of {strips} strips of {plan.strip} {lines} "
+                              "(s recomputed)", strips, flops=2.0 * kk * d, elements=kk, cycles_per_element=bwd_cycles,
+                              l2=l2, dram=dram, fill=min(1.0, grid / c["sms"]),
+                              note=f"{gr.name()}, {grid} programs a strip, {per_sm_g}/SM; {bwd_note}"))
+            operand = kd * e_in
+            where_operand = l2 if operand <= l2_bytes else dram
+            products = [("G·y into dx", with_dx), ("Gᵀ·x into dy", with_dy)]
+            for name, wanted in products:
+                if not wanted:
+                    continue
+                p_l2, p_dram = {}, {}
+                (p_l2 if g_bytes <= l2_bytes else p_dram)["G read"] = kk * e_in
+                (p_l2 if where_operand is l2 else p_dram)["other operand read per strip"] = strips * operand
+                accumulates = name.startswith("Gᵀ") and lines == "rows"
+                if accumulates:  # dy += Gᵀ·x[strip] for every strip: read and written each time
+                    dy_bytes = kd * (acc_bytes if e_in < 4 else e_in)
+                    (p_l2 if dy_bytes <= l2_bytes else p_dram)["dy read-modify-write per strip"] = strips * dy_bytes * 2
+                else:
+                    p_dram["written"] = kd * (acc_bytes if e_in < 4 else e_in)
+                out.append(Kernel("backward", f"cuBLAS {name} ({strips} products)", strips, flops=2.0 * kk * d,
+                                  l2=p_l2, dram=p_dram, note="at the precision's GEMM ceiling"))
+        if e_in < 4:
+            out.append(Kernel("backward", "dx, dy cast float32 → input dtype", 2,
+                              dram={"accumulators read": 2 * kd * acc_bytes, "written": 2 * kd * e_in}))
     # ---- memory
     saved = 2 * 7 * k * 8
     fwd_peak = saved + partial_bytes + 2 * k * 8 + 2 * k * 4
-    acc = kd * acc_bytes if accumulate else kd * e_in
-    cast = kd * e_in if accumulate and acc_bytes != e_in else 0
     items = {"saved statistics": saved, "line constants": 2 * 9 * k * 8, "upstream in float64": 2 * k * 8,
-             "dx (done)": kd * e_in, "dy accumulator": acc}
-    if cast:
-        items["dy cast"] = cast
+             "dx (output)": kd * e_in, "dy (output)": kd * e_in, f"backward plan ({plan.kind})": plan.extra_bytes}
     memory = _memory(max(fwd_peak, sum(items.values())), items, kd * e_in)
     memory["partials_forward_mib"] = partial_bytes / MIB
     plans = dict(forward=dict(one_pass=one_pass, programs=programs if one_pass else row_blocks, config=st.name(),
                               programs_per_sm=per_sm),
-                 backward=dict(config=gr.name(), accumulate=accumulate, programs=grid, programs_per_sm=per_sm_g))
+                 backward=dict(kind=plan.kind, strip=plan.strip, gemm_equivalents=plan.gemm_equivalents,
+                               dy_in_pass=plan.dy_in_pass, extra_mib=plan.extra_bytes / MIB, config=gr.name(),
+                               programs_per_sm=per_sm_g))
     return dict(kernels=out, memory=memory, plans=plans)
 
 

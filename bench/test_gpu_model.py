@@ -183,11 +183,23 @@ def test_triton_forward_pass_count_follows_the_partial_budget():
     assert small["plans"]["forward"]["one_pass"] and not large["plans"]["forward"]["one_pass"]
     assert large["gemm_flops"] == pytest.approx(12 * 65536**2 * 1024)  # s twice forward, twice per grad pass
     assert small["gemm_flops"] == pytest.approx(10 * 16384**2 * 1024)
-    grad = next(k for k in small["kernels"] if k["name"].startswith("grad_kernel for dx"))
-    # D = 1024 > MAX_REGISTER_D: the accumulator goes through memory once per column tile (L2 or DRAM: the
-    # working set of the resident programs decides)
-    rmw = {**grad["l2_bytes"], **grad["dram_bytes"]}["dx accumulator read-modify-write per column tile"]
-    assert rmw == (16384 // 32) * 16384 * 1024 * 4 * 2
+    # The backward as launch.BackwardPlan plans it: float32 at D = 1024, G strips in two passes (dy
+    # re-read per strip would move more than G once more), G written once per pass.
+    import torch
+
+    from evidential_ops.triton_backend import launch
+
+    plan = launch.BackwardPlan(16384, 16384, 1024, torch.float32)
+    assert small["plans"]["backward"]["kind"] == plan.kind == "strips, two passes"
+    grads = [k for k in small["kernels"] if k["name"].startswith("grad_block_kernel")]
+    assert len(grads) == 2
+    written = {**grads[0]["l2_bytes"], **grads[0]["dram_bytes"]}["G written, strip by strip"]
+    assert written == 16384 * 16384 * 4
+    # bfloat16 with D in one register block: the fused kernel, s recomputed once for both products.
+    fused = gm.predict("triton", "tcl", "bf16", 16384, 64, H100, profile)
+    assert fused["plans"]["backward"]["kind"] == "fused"
+    assert any(k["name"].startswith("grad_fused_kernel") for k in fused["kernels"])
+    assert fused["gemm_flops"] == pytest.approx((2 + 6) * 16384**2 * 64)
 
 
 def test_cli_writes_markdown_and_json(tmp_path, capsys):
