@@ -100,12 +100,6 @@ DEVICES = {
         rates=dict(issue=128, fp32=128, fp64=64, mufu=16, int=64, conv=16, mem=32),
         regs_per_sm=65536, threads_per_sm=2048, blocks_per_sm=32,
         l2_tbs=7.0, launch_us=3.0, sync_us=20.0, source="datasheet"),
-    "h200": dict(
-        name="NVIDIA H200 SXM 141 GB", arch=90, sms=132, clock_ghz=1.98, hbm_tbs=4.8, l2_mib=50, l1_kib=256,
-        memory_gib=141, gemm_tflops={"ieee": 67.0, "tf32": 494.7, "bf16": 989.4},
-        rates=dict(issue=128, fp32=128, fp64=64, mufu=16, int=64, conv=16, mem=32),
-        regs_per_sm=65536, threads_per_sm=2048, blocks_per_sm=32,
-        l2_tbs=7.0, launch_us=3.0, sync_us=20.0, source="datasheet"),
     "a100-sxm": dict(
         name="NVIDIA A100 SXM4 80 GB", arch=80, sms=108, clock_ghz=1.41, hbm_tbs=2.039, l2_mib=40, l1_kib=192,
         memory_gib=80, gemm_tflops={"ieee": 19.5, "tf32": 156.0, "bf16": 312.0},
@@ -113,6 +107,9 @@ DEVICES = {
         regs_per_sm=65536, threads_per_sm=2048, blocks_per_sm=32,
         l2_tbs=4.5, launch_us=3.0, sync_us=20.0, source="datasheet"),
 }
+# The H200 is the H100's GH100 die with HBM3e: only the memory differs.
+DEVICES["h200"] = dict(DEVICES["h100-sxm"], name="NVIDIA H200 SXM 141 GB", hbm_tbs=4.8, memory_gib=141)
+DEVICES = {name: DEVICES[name] for name in ("h100-sxm", "h200", "a100-sxm")}  # the report's order
 ASSUMED = ("l2_tbs", "launch_us", "sync_us")  # the ceilings no datasheet gives
 MEASURABLE = ("hbm_tbs", "l2_tbs", "gemm_tflops", "launch_us", "sync_us")
 
