@@ -28,6 +28,7 @@ from torch import Tensor
 
 from .. import checks
 from . import _common
+from .duq import DEFAULT_LOGIT_SCALE
 
 __all__ = ["duq_distance_loss_strips", "duq_distance_uncertainty_loss_strips"]
 
@@ -83,7 +84,7 @@ class _DistanceInfoNCE(torch.autograd.Function):
         return grad_d, (grad_scale.to(scale.dtype) if ctx.needs_input_grad[1] else None), None
 
 
-def duq_distance_loss_strips(d: Tensor, *, logit_scale=100.0, strip_elements: int = DEFAULT_STRIP_ELEMENTS,
+def duq_distance_loss_strips(d: Tensor, *, logit_scale=DEFAULT_LOGIT_SCALE, strip_elements: int = DEFAULT_STRIP_ELEMENTS,
                              check_finite: bool = True) -> Tensor:
     """L_D of DUQ eq. 12 (SPEC §3 "DUQ"), the value of `methods.duq_distance_loss`, in row strips
     of D (module docstring): ½(mean_i log softmax_row(λD)_ii + mean_i log softmax_col(λD)_ii).
@@ -161,7 +162,8 @@ class _DistanceUncertainty(torch.autograd.Function):
         return grad_d, None
 
 
-def duq_distance_uncertainty_loss_strips(d: Tensor, *, strip_elements: int = DEFAULT_STRIP_ELEMENTS, check_finite: bool = True) -> Tensor:
+def duq_distance_uncertainty_loss_strips(d: Tensor, *, strip_elements: int = DEFAULT_STRIP_ELEMENTS,
+                                         check_finite: bool = True) -> Tensor:
     """L_D^U of DUQ eq. 13 (SPEC §3 "DUQ"), the value of `methods.duq_distance_uncertainty_loss`,
     in row strips of D (module docstring): (1/B)(Σ_i mse_i(rows) + Σ_j mse_j(cols)) of the evidence
     relu(D) with target 1 − I.

@@ -20,8 +20,8 @@ Every K×K evidential term (TCL's L_u, UML's L^e, DUQ's ISUM) goes through the f
 `evidential_ops.reference.methods`. Default small encoders are in `models.encoders`.
 """
 
-from .data_parallel import enable_global_batch
 from .chunking import set_chunk_size
+from .data_parallel import enable_global_batch
 from .dual_encoder import DualEncoder, embed_split
 from .duq import DUQ, DUQForward, DUQOutput
 from .encoders import AttentionPoolEncoder, BagOfWordsEncoder, GRUTextEncoder, MaxPoolEncoder, MLPEncoder

@@ -5,7 +5,6 @@ Every method model is built from one or more `DualEncoder`s. The batch format is
 "lengths" (B,) int64, optionally "captions_alt"/"lengths_alt" (second language), "labels" (B,),
 "noisy" (B,). `embed_split` encodes a whole `CrossModalSplit` in the (N, N·c) layout of
 `metrics.retrieval_metrics`.
-
 """
 
 from __future__ import annotations
