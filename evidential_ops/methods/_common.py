@@ -105,3 +105,11 @@ def scale_value(value, name: str, like: Tensor) -> float | Tensor:
             raise ValueError(f"{name} must be finite and > 0, got {v}")
         return value.to(like.dtype)
     return positive_number(value, name)
+
+
+def row_strips(n: int, strip_elements: int, width: int):
+    """Slices of n rows, each of at most strip_elements / width rows (one at least): the strips
+    in which the strip forms of the method pieces visit an (n, width) matrix they never store."""
+    rows = max(1, strip_elements // width)
+    for start in range(0, n, rows):
+        yield slice(start, min(start + rows, n))

@@ -35,12 +35,6 @@ __all__ = ["duq_distance_loss_strips", "duq_distance_uncertainty_loss_strips"]
 DEFAULT_STRIP_ELEMENTS = 1 << 22  # elements of D per strip (16 MiB in float32, 32 MiB in float64)
 
 
-def _strips(b: int, strip_elements: int):
-    """Row slices of a (B, B) matrix, each of at most strip_elements elements (one row at least)."""
-    rows = max(1, strip_elements // b)
-    return [slice(start, min(start + rows, b)) for start in range(0, b, rows)]
-
-
 def _diagonal_block(n_rows: int, start: int, like: Tensor) -> tuple[Tensor, Tensor]:
     """(strip-local row, global column) indices of the diagonal entries of a strip of rows."""
     local = torch.arange(n_rows, device=like.device)
@@ -53,7 +47,7 @@ class _DistanceInfoNCE(torch.autograd.Function):
         b = d.shape[0]
         row_lse = d.new_empty(b)
         col_lse = None
-        for rows in _strips(b, strip_elements):
+        for rows in _common.row_strips(b, strip_elements, b):
             z = scale * d[rows]
             row_lse[rows] = torch.logsumexp(z, dim=1)
             part = torch.logsumexp(z, dim=0)
@@ -71,7 +65,7 @@ class _DistanceInfoNCE(torch.autograd.Function):
         grad_d = torch.empty_like(d) if ctx.needs_input_grad[0] else None
         grad_scale = torch.zeros((), dtype=torch.float64, device=d.device)
         factor = grad_value / (2 * b)
-        for rows in _strips(b, ctx.strip_elements):
+        for rows in _common.row_strips(b, ctx.strip_elements, b):
             z = scale * d[rows]
             g = -(torch.exp(z - row_lse[rows, None]) + torch.exp(z - col_lse[None, :]))
             local, column = _diagonal_block(rows.stop - rows.start, rows.start, d)
@@ -109,7 +103,7 @@ def _uncertainty_line_stats(d: Tensor, strip_elements: int) -> tuple[Tensor, ...
     b = d.shape[0]
     row_s, row_q = d.new_empty(b, dtype=torch.float64), d.new_empty(b, dtype=torch.float64)
     col_s, col_q = d.new_zeros(b, dtype=torch.float64), d.new_zeros(b, dtype=torch.float64)
-    for rows in _strips(b, strip_elements):
+    for rows in _common.row_strips(b, strip_elements, b):
         alpha = torch.relu(d[rows]).double() + 1.0
         square = alpha * alpha
         row_s[rows], row_q[rows] = alpha.sum(dim=1), square.sum(dim=1)
@@ -152,7 +146,7 @@ class _DistanceUncertainty(torch.autograd.Function):
         c0, c1, cy = _slope_constants(col_s, col_q, diagonal)
         factor = grad_value.double() / b
         grad_d = torch.empty_like(d)
-        for rows in _strips(b, ctx.strip_elements):
+        for rows in _common.row_strips(b, ctx.strip_elements, b):
             block = d[rows]
             alpha = torch.relu(block).double() + 1.0
             slope = (r0[rows, None] + c0[None, :]) + (r1[rows, None] + c1[None, :]) * alpha

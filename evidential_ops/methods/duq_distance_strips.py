@@ -22,6 +22,7 @@ from torch import Tensor
 
 from .. import checks
 from ..config import NORMALIZE_EPS
+from . import _common
 from .duq import sample_pair
 
 __all__ = ["duq_distance_matrix_strips"]
@@ -36,8 +37,8 @@ class _StripDistances(torch.autograd.Function):
         b_v, k_q, _ = video.shape
         distance = text.new_empty((b_t, b_v))
         attained = torch.empty((b_t, b_v), dtype=torch.int16, device=text.device)  # m·K_p' + n
-        for start in range(0, b_t, strip):
-            rows = slice(start, min(start + strip, b_t))
+        for rows in _common.row_strips(b_t, strip, 1):
+            start = rows.start
             cos = torch.einsum("imd,jnd->ijmn", text[rows], video).reshape(rows.stop - start, b_v, k_p * k_q)
             far_cos, far_at = cos.min(dim=2)  # max distance = min cosine
             if diagonal_min:

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from .. import checks
 from ..evidence import belief, log_alpha
+from . import _common
 
 __all__ = ["tcl_consistency_loss_from_embeddings", "DEFAULT_STRIP_ELEMENTS"]
 
@@ -32,11 +33,6 @@ __all__ = ["tcl_consistency_loss_from_embeddings", "DEFAULT_STRIP_ELEMENTS"]
 # 35 of them alive (measured, float32, D = 256, one thread: 186 MiB extra peak at K = 4096
 # against 1.1 GiB for the K×K form; 294 MiB at K = 16384).
 DEFAULT_STRIP_ELEMENTS = 1 << 20
-
-
-def _row_strips(k: int, strip: int):
-    for start in range(0, k, strip):
-        yield slice(start, min(start + strip, k))
 
 
 def _terms(s_a: Tensor, s_b: Tensor, col_a: Tensor, col_b: Tensor, evidence: str, tau: float, k: int) -> Tensor:
@@ -60,7 +56,7 @@ class _Consistency(torch.autograd.Function):
         # Pass 1: column log-strengths of both models.
         col_a = xa.new_full((k,), -torch.inf)
         col_b = xb.new_full((k,), -torch.inf)
-        for rows in _row_strips(k, strip):
+        for rows in _common.row_strips(k, strip, 1):
             col_a = torch.logaddexp(col_a, torch.logsumexp(log_alpha(xa[rows] @ ya.T, evidence, tau), dim=0))
             col_b = torch.logaddexp(col_b, torch.logsumexp(log_alpha(xb[rows] @ yb.T, evidence, tau), dim=0))
         # Pass 2: value, strip-local gradients, ∂L/∂ln S'^A.
@@ -68,7 +64,7 @@ class _Consistency(torch.autograd.Function):
         col_a_leaf = col_a.clone().requires_grad_()
         total = xa.new_zeros(())
         col_a_grad = torch.zeros_like(col_a)
-        for rows in _row_strips(k, strip):
+        for rows in _common.row_strips(k, strip, 1):
             with torch.enable_grad():
                 parts = [t.detach().requires_grad_() for t in (xa[rows], ya, xb[rows], yb)]
                 value = _terms(parts[0] @ parts[1].T, parts[2] @ parts[3].T, col_a_leaf, col_b, evidence, tau, k)
@@ -80,7 +76,7 @@ class _Consistency(torch.autograd.Function):
             grads[3] += strip_grads[3]
             col_a_grad += strip_grads[4]
         # Pass 3: ∂ln S'^A_j/∂ln α^A_ij = α_ij/S'_j, pushed into A's strip by a linear surrogate.
-        for rows in _row_strips(k, strip):
+        for rows in _common.row_strips(k, strip, 1):
             with torch.enable_grad():
                 parts = [t.detach().requires_grad_() for t in (xa[rows], ya)]
                 log_a = log_alpha(parts[0] @ parts[1].T, evidence, tau)

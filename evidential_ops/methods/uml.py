@@ -126,11 +126,10 @@ def uml_clean_labels_from_embeddings(
     tau = checks.positive_number(tau, "tau")
     strip_elements = checks.integer(strip_elements, "strip_elements", minimum=1)
     k = x.shape[0]
-    strip = max(1, strip_elements // k)
     labels = []
     with torch.no_grad():
-        for start in range(0, k, strip):
-            rows = slice(start, min(start + strip, k))
+        for rows in _common.row_strips(k, strip_elements, k):
+            start = rows.start
             forward, backward = x[rows] @ y.T, y[rows] @ x.T  # s_ij and s_ji for i in the strip
             if evidence == "exp":
                 pair = torch.logaddexp(forward / tau, backward / tau)

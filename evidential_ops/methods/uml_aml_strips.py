@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from .. import checks
+from . import _common
 from .uml import DEFAULT_AML_TAU, _js_rows, _kl_rows, named_labels, triplet_embeddings
 
 __all__ = ["uml_aml_loss_from_embeddings"]
@@ -65,24 +66,19 @@ def uml_aml_loss_from_embeddings(
     return _StripAml.apply(v, s, t, clean, aml_tau, strip)
 
 
-def _strips(k: int, strip: int):
-    for start in range(0, k, strip):
-        yield slice(start, min(start + strip, k))
-
-
 class _StripAml(torch.autograd.Function):
     @staticmethod
     def forward(ctx, v, s, t, clean, aml_tau: float, strip: int):
         ctx.save_for_backward(v, s, t, clean)
         ctx.options = (aml_tau, strip)
-        return torch.cat([_strip_aml(v[r], s[r], t[r], v, s, t, clean[r], aml_tau) for r in _strips(v.shape[0], strip)])
+        return torch.cat([_strip_aml(v[r], s[r], t[r], v, s, t, clean[r], aml_tau) for r in _common.row_strips(v.shape[0], strip, 1)])
 
     @staticmethod
     def backward(ctx, grad):
         v, s, t, clean = ctx.saved_tensors
         aml_tau, strip = ctx.options
         grads = [torch.zeros_like(x) for x in (v, s, t)]
-        for rows in _strips(v.shape[0], strip):
+        for rows in _common.row_strips(v.shape[0], strip, 1):
             with torch.enable_grad():
                 leaves = [x.detach().requires_grad_() for x in (v[rows], s[rows], t[rows], v, s, t)]
                 out = _strip_aml(*leaves, clean[rows], aml_tau)
