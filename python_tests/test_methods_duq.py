@@ -454,6 +454,7 @@ def test_distance_losses_in_strips_equal_the_matrix_forms(b, strip_elements):
     leaves = [d.clone().requires_grad_(), lam.clone().requires_grad_()]
     got = duq_distance_loss_strips(leaves[0], logit_scale=leaves[1], strip_elements=strip_elements)
     got_d, got_lam = torch.autograd.grad(got, leaves)
+    got_d_distance = got_d
     z = lam * d
     row_lse, col_lse = torch.logsumexp(z, dim=1), torch.logsumexp(z, dim=0)
     e = 4 * b * u * (float(torch.cat([row_lse, col_lse]).abs().max()) + 1.0)
@@ -483,6 +484,18 @@ def test_distance_losses_in_strips_equal_the_matrix_forms(b, strip_elements):
     value_bound = sum(float((8 * (b + 2) * u * (v + 1)).sum()) for v in values) / b
     assert abs(float(got - want)) <= value_bound
     assert ((got_d - want_d).abs() <= 8 * (b + 2) * u * pieces / b).all()
+
+    # Both from one call (the training step's form): the same values, and one ∂(L_D + L_D^U)/∂D
+    # that is the sum of the two alone, bitwise (each strip adds the same two parts to zeros in
+    # the order autograd adds the two gradients: IEEE sums of the same operands).
+    from evidential_ops.methods import duq_distance_losses_strips
+
+    leaves = [d.clone().requires_grad_(), lam.clone().requires_grad_()]
+    both = duq_distance_losses_strips(leaves[0], logit_scale=leaves[1], strip_elements=strip_elements)
+    both_d, both_lam = torch.autograd.grad(both[0] + both[1], leaves)
+    assert float(both[1]) == float(got)
+    torch.testing.assert_close(both_d, got_d_distance + got_d, rtol=0, atol=0)
+    torch.testing.assert_close(both_lam, got_lam, rtol=0, atol=0)
 
 
 def test_distance_losses_in_strips_bad_input():

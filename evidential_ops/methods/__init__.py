@@ -18,7 +18,11 @@ from .duq import (
     duq_similarity_loss,
     duq_similarity_loss_from_embeddings,
 )
-from .duq_distance_losses import duq_distance_loss_strips, duq_distance_uncertainty_loss_strips
+from .duq_distance_losses import (
+    duq_distance_loss_strips,
+    duq_distance_losses_strips,
+    duq_distance_uncertainty_loss_strips,
+)
 from .duq_distance_strips import duq_distance_matrix_strips
 from .fume import (
     fume_consistency_loss,
@@ -51,6 +55,7 @@ __all__ = [
     "DUQRerank",
     "duq_distance_loss",
     "duq_distance_loss_strips",
+    "duq_distance_losses_strips",
     "duq_distance_matrix",
     "duq_distance_matrix_strips",
     "duq_distance_uncertainty_loss",

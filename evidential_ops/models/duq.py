@@ -35,10 +35,9 @@ from ..data.types import CrossModalSplit
 from ..losses import evidential_loss_from_similarity
 from ..metrics import retrieval_metrics
 from ..methods import (
-    duq_distance_loss_strips,
+    duq_distance_losses_strips,
     duq_distance_matrix,
     duq_distance_matrix_strips,
-    duq_distance_uncertainty_loss_strips,
     duq_gaussian_kl,
     duq_probabilistic_embeddings,
     duq_rerank,
@@ -223,12 +222,13 @@ class DUQ(nn.Module):
             return self._loss_terms(out)
 
     def _loss_terms(self, out: DUQForward) -> dict:
+        loss_d, loss_d_u = duq_distance_losses_strips(out.d, logit_scale=out.logit_scale)
         parts = {
             "loss_s": duq_similarity_loss_from_embeddings(out.z_text, out.z_video, logit_scale=out.logit_scale,
                                                           backend=self.backend),
             "loss_s_u": self.isum_loss_from_embeddings(out.z_text, out.z_video),
-            "loss_d": duq_distance_loss_strips(out.d, logit_scale=out.logit_scale),
-            "loss_d_u": duq_distance_uncertainty_loss_strips(out.d),
+            "loss_d": loss_d,
+            "loss_d_u": loss_d_u,
             "loss_kl": duq_gaussian_kl(out.mu_text, out.log_sigma_text) + duq_gaussian_kl(out.mu_video, out.log_sigma_video),
         }
         parts["loss"] = (parts["loss_s"] + parts["loss_s_u"] + self.alpha * (parts["loss_d"] + parts["loss_d_u"])
