@@ -68,9 +68,7 @@ class Recipe:
         """`encoder_chunk` resolved for this recipe's batch size (None: no chunks)."""
         if self.encoder_chunk == "auto":
             return AUTO_ENCODER_CHUNK if self.batch_size > AUTO_CHUNK_ABOVE else None
-        if self.encoder_chunk is None:
-            return None
-        return checks.integer(self.encoder_chunk, "encoder_chunk", minimum=1)
+        return self.encoder_chunk  # None or a size __post_init__ checked
 
     def build(self, bench: CrossModalBenchmark) -> nn.Module:
         """The method's model with default encoders sized for `bench` (feature size, vocabularies,
