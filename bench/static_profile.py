@@ -545,6 +545,7 @@ namespace evidential_ops {{
 namespace cuda {{
 template <typename T>
 __device__ __forceinline__ auto path_evidence(int, T x) {{ return evidence_of({evidence}, x); }}
+__device__ __forceinline__ bool path_fitted(int) {{ return fitted_evidence({evidence}); }}
 template <typename T>
 __device__ __forceinline__ T path_load(SimilarityView s, std::int64_t at) {{
   s.kind = ScalarKind::kFloat32;
@@ -557,6 +558,7 @@ __device__ __forceinline__ void path_store(void* out, ScalarKind, std::int64_t a
 }}  // namespace cuda
 }}  // namespace evidential_ops
 #define evidence_of path_evidence
+#define fitted_evidence path_fitted
 #define load_similarity path_load
 #define store_gradient path_store
 #include "cuda/{file}"

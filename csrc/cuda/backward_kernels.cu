@@ -43,13 +43,19 @@ __device__ EO_OUT_OF_LINE double element_gradient_f64(const double* row_constant
 }
 
 // ∂L/∂s of one element of the float32 path from its α_f, ρ_f and both lines' narrowed constants.
-template <bool kKl, bool kFmse, bool kLogdet>
+// kFitted: α is known to be below the series (kn::alpha_always_fitted): the fits only.
+template <bool kKl, bool kFmse, bool kLogdet, bool kFitted = false>
 __device__ __forceinline__ float element_gradient_f32(float alpha_f, float rho_f, bool on, float inv_tau_f,
                                                       const kn::LineGradientF32& row,
                                                       const kn::LineGradientF32& column) {
   const float on_target = on ? 1.0f : 0.0f;
   const float off = 1.0f - on_target;
-  const kn::ElementBackwardF32 f = kn::element_backward_f32<kKl, kFmse, kLogdet>(alpha_f);
+  kn::ElementBackwardF32 f;
+  if constexpr (kFitted) {
+    f = kn::element_backward_f32<kKl, kFmse, kLogdet>(alpha_f, kn::polygammas_of_class<0>(alpha_f));
+  } else {
+    f = kn::element_backward_f32<kKl, kFmse, kLogdet>(alpha_f);
+  }
   const float coefficient = kn::line_share<kKl, kFmse, kLogdet>(alpha_f, off, on_target, f, row) +
                             kn::line_share<kKl, kFmse, kLogdet>(alpha_f, off, on_target, f, column);
   return coefficient * rho_f * inv_tau_f;  // ∂L/∂s = (α∂L/∂α)·(g'(x)/α)·(1/τ)
@@ -124,7 +130,13 @@ __global__ void __launch_bounds__(kThreads, element_min_blocks(kFloat32)) gradie
         const kn::EvidenceValueF32 v = evidence_of(a.evidence, s * inv_tau_f);
         const bool double_map = on || !(v.alpha < kInfinityF);  // NaN too: NaN either way
         float g = 0.0f;
-        if (!double_map) g = element_gradient_f32<kKl, kFmse, kLogdet>(v.alpha, v.rho, on, inv_tau_f, row_lines[r], column);
+        if (!double_map) {
+          if (fitted_evidence(a.evidence)) {  // uniform over the launch
+            g = element_gradient_f32<kKl, kFmse, kLogdet, true>(v.alpha, v.rho, on, inv_tau_f, row_lines[r], column);
+          } else {
+            g = element_gradient_f32<kKl, kFmse, kLogdet>(v.alpha, v.rho, on, inv_tau_f, row_lines[r], column);
+          }
+        }
         if (double_map || !(fabsf(g) <= kFloatMaxF)) {
           g = rare_element_gradient<kKl, kFmse, kLogdet>(a.evidence, a.inv_tau, a.row_constants, a.n_rows,
                                                          a.col_constants, a.n_cols, line, j, s, on, double_map,

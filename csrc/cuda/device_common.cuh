@@ -79,6 +79,12 @@ __device__ __forceinline__ auto evidence_of(int kind, T x) {
   }
 }
 
+// Whether the launch's evidence map keeps every α below the series (element_terms.h
+// alpha_always_fitted): a uniform branch to the element code that evaluates the fits only.
+__device__ __forceinline__ bool fitted_evidence(int kind) {
+  return kn::alpha_always_fitted(static_cast<kn::EvidenceKind>(kind));
+}
+
 // The float32 element math (SPEC §2 "Float32 element math") for float32, float16 and bfloat16
 // views, selected at compile time (the kFloat32 parameter of the element kernels); float64 views
 // keep the float64 math. Per element: x = s·(1/τ) as a float32 product, α and ρ from the float32

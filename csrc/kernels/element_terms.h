@@ -3,6 +3,7 @@
 // one evaluation of the special functions per element, not two.
 #pragma once
 
+#include "evidence.h"
 #include "line_terms.h"
 #include "special_functions_f32.h"
 
@@ -69,6 +70,13 @@ struct ElementForwardF32 {
   float log_trigamma;   // ln ψ1(α)
   float remainder;      // r(α)
 };
+
+// Evidence maps whose α never reaches the series (α < kSeriesFromF32 = 8 for every x): exp_tanh's
+// α = 1 + e^{tanh x} <= 1 + e. Their elements are all of the fitted class, so element code can take
+// polygammas_of_class<0> and evaluate no series, no 1/α and no select between the two forms (a
+// NaN α is NaN on either branch).
+EO_HOST_DEVICE constexpr bool alpha_always_fitted(EvidenceKind kind) { return kind == EvidenceKind::kExpTanh; }
+static_assert(1.0f + 2.7182819f < kSeriesFromF32, "exp_tanh's α stays below the series");
 
 // g = polygammas(alpha), or polygammas_of_class<k>(alpha) for an alpha of class k (same values).
 template <bool kKl, bool kFmse, bool kLogdet>

@@ -70,6 +70,10 @@ from .special import (
 NUM_LINE_STATS = 7
 NUM_GRADIENT_FIELDS = 9
 
+# The EVIDENCE index of exp_tanh (config.EVIDENCE_KINDS), the map whose α never reaches the
+# special functions' series (element_terms.h alpha_always_fitted): its kernels evaluate the fits only.
+EXP_TANH = tl.constexpr(3)
+
 
 @triton.jit
 def _s_tile(a_ptr, b_ptr, rows, cols, rmask, cmask, stride_ai, stride_ak, stride_bj, stride_bk, D,
@@ -149,7 +153,7 @@ def _element_stats_f32(s, inv_tau32, EVIDENCE: tl.constexpr, MSE: tl.constexpr, 
         sq = scaled_square_f64(tl.where(beyond, e_r, alpha), tl.where(beyond, n, 0))
     if KL or FMSE or LOGDET:
         series, s_fit, log_z, inv_z, _digamma, _lgamma, x_trigamma, _x2_tetragamma = \
-            element_polygammas_f32(alpha, beyond, x)
+            element_polygammas_f32(alpha, beyond, x, EVIDENCE == EXP_TANH)
         if KL:
             kl_h_plus_one = kl_h_plus_one_f32(alpha, series, s_fit, log_z, inv_z).to(tl.float64)
         if FMSE:
@@ -425,7 +429,7 @@ def _element_backward_f32(s, inv_tau32, o_inv_s, t_inv_s, EVIDENCE: tl.constexpr
     f_xrp = tl.zeros_like(alpha)
     if KL or FMSE or LOGDET:
         series, s_fit, log_z, inv_z, _digamma, _lgamma, x_trigamma, x2_tetragamma = \
-            element_polygammas_f32(alpha, beyond, x)
+            element_polygammas_f32(alpha, beyond, x, EVIDENCE == EXP_TANH)
         if KL:
             f_kv = x_kl_v_f32(series, s_fit, inv_z)
         if FMSE:

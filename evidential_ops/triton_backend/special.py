@@ -682,7 +682,7 @@ def _fill_polygammas_f32(x, series, s, log_z, inv_z):
 
 
 @triton.jit
-def element_polygammas_f32(x, beyond, log_x):
+def element_polygammas_f32(x, beyond, log_x, FITTED: tl.constexpr = False):
     """special_functions_f32.h polygammas(x) for float32 x >= 1 (+inf gives the x → ∞ limits of
     every scaled function), or where `beyond`, polygammas_of_log(log_x) for α = e^log_x beyond
     FLT_MAX (x = +inf there): SPEC §2 "Float32 element math". Returns (series, s, log_z, inv_z, ψ,
@@ -692,8 +692,15 @@ def element_polygammas_f32(x, beyond, log_x):
     Beyond FLT_MAX, u = 1/x is 0 here where polygammas_of_log takes exp(−log_x) (below 2^-128,
     subnormal up to log_x = 104): each series is its u → 0 limit then, which is its float32 value
     for all but the functions that are themselves O(u) (r, x·r'), and those enter the losses only
-    beside terms of order one ((N − 1)/2 in the logdet, the logdet ratio in its gradient)."""
-    series = x >= SERIES_FROM_F32
+    beside terms of order one ((N − 1)/2 in the logdet, the logdet ratio in its gradient).
+
+    FITTED: the caller's evidence map keeps every α below the series (element_terms.h
+    alpha_always_fitted: exp_tanh, α <= 1 + e), so the series branch is constant false and the
+    compiler drops the series, 1/x and the selects (a NaN x is NaN on either branch)."""
+    if FITTED:
+        series = tl.full(x.shape, 0, tl.int1)
+    else:
+        series = x >= SERIES_FROM_F32
     xf = tl.where(x < inf_f32(x), x, FLT_MAX_F32)  # finite_argument: its series limits are exact
     log_z, log_quarter = log_and_quarter_log_f32(xf)  # x/4: exact
     s = tl.where(series, 0.0, log_quarter)
