@@ -11,7 +11,8 @@ What a step does is derived from the code, per backend:
 - CUDA (csrc/cuda/evidential_cuda.cpp): the strips of `plan_strips` (csrc/cuda/strip_plan.h,
   ported here with its constants read from the header), and per strip the cuBLAS products (the
   backward recomputes s), the element kernels, the partial-sum reductions; the K×D buffers (dy in
-  float32 for bfloat16 inputs), the launches of the per-line work and the overflow check's host
+  float32 for bfloat16 inputs, or where that buffer exceeds the budget a second backward sweep over
+  sᵀ that writes dy once), the launches of the per-line work and the overflow check's host
   read where `overflow_possible` says one is needed.
 - Triton (evidential_ops/triton_backend/launch.py): the one-pass or two-pass forward chosen as
   `_line_statistics` chooses it (PARTIAL_BUDGET_BYTES, the SM count), the tile sizes of
@@ -384,36 +385,55 @@ def cuda_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dict,
     b = plan_strips(k, k, e_prod, 2 if bf16 else 0, False, False, budget, sp)
     strips_b = b["strips"]
     e_g = 2 if bf16 else e_prod
+    # Half inputs whose float32 dy accumulator would exceed the budget take dy from a second sweep
+    # over sᵀ's row strips instead (evidential_cuda.cpp loss_backward: dy_by_columns).
+    dy_by_columns = e_in < e_prod and kd * 4 > budget
     out.append(Kernel("backward", "line constants (zeros, upstream cast, line_gradients)", 6,
                       dram={"line constants": 2 * 9 * k * 8}))
-    out.append(Kernel("backward", "zero dx, dy (dy in float32)", 2, dram={"dx": kd * e_in, "dy": kd * e_prod}))
-    out.append(Kernel("backward", "similarity GEMM again (recompute, per strip)", strips_b, flops=2.0 * kk * d,
-                      dram={"x strips": kd * e_in, "y re-read per strip": strips_b * kd * e_in,
-                            "s strip written (float32)": kk * e_prod},
-                      note=f"{strips_b} strips of {b['strip_rows']} rows"))
-    out.append(Kernel("backward", "gradient_kernel (per strip)", strips_b, elements=kk, cycles_per_element=bwd_cycles,
-                      dram={"s strip read back": kk * e_prod, f"∂L/∂s written ({'bfloat16' if bf16 else 'float32'})":
-                            kk * e_g},
-                      note=f"{bwd_cycles:.2f} cycles/element ({bwd_pipe})"))
-    out.append(Kernel("backward", "dx GEMM G·y (per strip)", strips_b, flops=2.0 * kk * d,
-                      dram={"∂L/∂s read": kk * e_g, "y re-read per strip": strips_b * kd * e_in, "dx written": kd * e_in}))
-    out.append(Kernel("backward", "dy GEMM Gᵀ·x (per strip)", strips_b, flops=2.0 * kk * d,
-                      dram={"∂L/∂s read": kk * e_g, "x strips": kd * e_in,
-                            "dy accumulator read-modify-write per strip (float32)": strips_b * kd * e_prod * 2}))
-    if e_prod != e_in:
+    if dy_by_columns:
+        out.append(Kernel("backward", "zero dx", 1, dram={"dx": kd * e_in}))
+    else:
+        out.append(Kernel("backward", "zero dx, dy (dy in float32)", 2, dram={"dx": kd * e_in, "dy": kd * e_prod}))
+    # (label, its product into an output written once, whether dy is accumulated in the same sweep)
+    sweeps = [("", ("dx GEMM G·y (per strip)", "dx written"), not dy_by_columns)]
+    if dy_by_columns:
+        sweeps.append((" (sᵀ sweep)", ("dy GEMM (∂L/∂sᵀ)·x (per strip)", "dy written"), False))
+    for label, (product, written), accumulates_dy in sweeps:
+        out.append(Kernel("backward", f"similarity GEMM again (recompute, per strip){label}", strips_b,
+                          flops=2.0 * kk * d,
+                          dram={"x strips": kd * e_in, "y re-read per strip": strips_b * kd * e_in,
+                                "s strip written (float32)": kk * e_prod},
+                          note=f"{strips_b} strips of {b['strip_rows']} rows"))
+        out.append(Kernel("backward", f"gradient_kernel (per strip){label}", strips_b, elements=kk,
+                          cycles_per_element=bwd_cycles,
+                          dram={"s strip read back": kk * e_prod,
+                                f"∂L/∂s written ({'bfloat16' if bf16 else 'float32'})": kk * e_g},
+                          note=f"{bwd_cycles:.2f} cycles/element ({bwd_pipe})"))
+        out.append(Kernel("backward", product, strips_b, flops=2.0 * kk * d,
+                          dram={"∂L/∂s read": kk * e_g, "y re-read per strip": strips_b * kd * e_in,
+                                written: kd * e_in}))
+        if accumulates_dy:
+            out.append(Kernel("backward", "dy GEMM Gᵀ·x (per strip)", strips_b, flops=2.0 * kk * d,
+                              dram={"∂L/∂s read": kk * e_g, "x strips": kd * e_in,
+                                    "dy accumulator read-modify-write per strip (float32)": strips_b * kd * e_prod * 2}))
+    if e_prod != e_in and not dy_by_columns:
         out.append(Kernel("backward", "dy cast float32 → input dtype", 1, dram={"dy float32 read": kd * e_prod,
                                                                                   "dy written": kd * e_in}))
     # ---- memory: what the op code holds at the backward's peak (the forward's is smaller)
     saved = 2 * 7 * k * 8
     fwd_peak = saved + f["total_bytes"] + 2 * k * 8 + 2 * k * 4
     bwd_items = {"saved statistics": saved, "line constants": 2 * 9 * k * 8, "upstream in float64": 2 * k * 8,
-                 "dx": kd * e_in, "dy accumulator (float32)": kd * e_prod,
-                 "workspace": b["total_bytes"]}
-    if e_prod != e_in:
-        bwd_items["dy cast"] = kd * e_in
+                 "dx": kd * e_in, "workspace": b["total_bytes"]}
+    if dy_by_columns:
+        bwd_items["dy"] = kd * e_in
+    else:
+        bwd_items["dy accumulator (float32)"] = kd * e_prod
+        if e_prod != e_in:
+            bwd_items["dy cast"] = kd * e_in
     memory = _memory(max(fwd_peak, sum(bwd_items.values())), bwd_items, kd * e_in)
     memory["workspace_forward_mib"] = f["total_bytes"] / MIB
-    plans = dict(forward=_plan_summary(f), backward=_plan_summary(b), budget_mib=budget / MIB)
+    plans = dict(forward=_plan_summary(f), backward=_plan_summary(b), budget_mib=budget / MIB,
+                 dy_by_columns=dy_by_columns)
     return dict(kernels=out, memory=memory, plans=plans)
 
 

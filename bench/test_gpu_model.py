@@ -113,10 +113,31 @@ def test_cuda_step_counts_what_the_host_code_does():
 def test_memory_targets_follow_the_buffers():
     profile = fake_profile()
     ieee = gm.predict("cuda", "tcl", "ieee", 65536, 1024, H100, profile)["memory"]
-    bf16 = gm.predict("cuda", "tcl", "bf16", 65536, 1024, H100, profile)["memory"]
-    # bfloat16: dy in float32 (256 MiB) and its cast (128 MiB) beside dx (128 MiB), less 2 × 128 MiB of gradients
-    assert bf16["beyond_grads_mib"] - ieee["beyond_grads_mib"] == pytest.approx(256, abs=0.5)
-    assert ieee["beyond_grads_mib"] < 128
+    bf16_row = gm.predict("cuda", "tcl", "bf16", 65536, 1024, H100, profile)
+    bf16 = bf16_row["memory"]
+    # bfloat16 at K·D·4 = 256 MiB > the 64 MiB budget: dy from the sᵀ sweep, written once in bfloat16,
+    # no float32 accumulator; the workspace holds a bfloat16 ∂L/∂s strip besides the float32 s strip.
+    assert bf16_row["plans"]["dy_by_columns"]
+    assert "dy accumulator (float32)" not in bf16["items_mib"]
+    assert ieee["beyond_grads_mib"] < 128 and bf16["beyond_grads_mib"] < 128
+    # K = 16384: the accumulator (64 MiB) is within the budget and stays, with its cast (32 MiB)
+    small_bf16 = gm.predict("cuda", "tcl", "bf16", 16384, 1024, H100, profile)
+    assert not small_bf16["plans"]["dy_by_columns"]
+    items = small_bf16["memory"]["items_mib"]
+    assert items["dy accumulator (float32)"] == 64 and items["dy cast"] == 32
+
+
+def test_cuda_dy_by_columns_adds_one_sweep():
+    """Where dy takes the sᵀ sweep, the backward recomputes s twice (4 GEMMs + the forward's: 5 in all)
+    and runs the element pass twice; nothing accumulates dy."""
+    profile = fake_profile()
+    row = gm.predict("cuda", "tcl", "bf16", 65536, 1024, H100, profile)
+    gemms = sum(k["flops"] for k in row["kernels"])
+    assert gemms == pytest.approx(10 * 65536**2 * 1024)
+    names = [k["name"] for k in row["kernels"]]
+    assert sum(name.startswith("gradient_kernel") for name in names) == 2
+    assert "dy GEMM Gᵀ·x (per strip)" not in names and "dy cast float32 → input dtype" not in names
+    assert any(name.startswith("dy GEMM (∂L/∂sᵀ)·x") for name in names)
 
 
 def test_strip_constants_are_read_from_the_header():

@@ -4,8 +4,9 @@
 // Shape of every op (README "Backends"): s is visited in row strips sized to a fixed working
 // budget (64 MiB by default). From embeddings, a strip is one cuBLAS product x[r0:r1]·yᵀ; the
 // element kernels turn it into line statistics (forward) or into ∂L/∂s in place (backward),
-// which two more products turn into dx[r0:r1] = G·y and dy += Gᵀ·x[r0:r1]. Extra device memory:
-// the workspace and O(K) statistics; never K×K.
+// which two more products turn into dx[r0:r1] = G·y and dy += Gᵀ·x[r0:r1] (half inputs whose
+// float32 dy would exceed the budget: dy from a second sweep over row strips of sᵀ instead, see
+// loss_backward). Extra device memory: the workspace and O(K) statistics; never K×K.
 //
 // Precision. Products of float32 inputs are exact IEEE float32 (cuBLAS with
 // CUBLAS_COMPUTE_32F and the default math mode) unless the op's matmul_precision argument is
@@ -512,52 +513,83 @@ std::tuple<Tensor, Tensor> loss_backward(const Tensor& grad_rows, const Tensor& 
   const bool scaled = input == at::kHalf;  // float16 ∂L/∂s needs a scale; bfloat16 has float32's range
   const at::ScalarType product = input == at::kDouble ? at::kDouble : at::kFloat;
   const std::int64_t d = x.size(1);
-  // dx straight from the GEMMs in the input dtype; dy accumulated over strips in the product dtype.
+  const std::int64_t budget = workspace_budget();
+  // dx straight from the GEMMs in the input dtype. dy: accumulated over the row strips in the
+  // product dtype, which for half inputs is a float32 (N, D) buffer beside the output; where that
+  // buffer would exceed the workspace budget (N = 65536, D = 1024: 256 MiB), dy comes instead from
+  // a second sweep over row strips of sᵀ (s recomputed, ∂L/∂sᵀ formed with the two directions'
+  // line constants swapped: the same values, gradient_kernel being symmetric in its lines), each
+  // strip's dy rows written once in the input dtype: one product and one element pass more, no
+  // buffer.
+  const bool dy_by_columns = need_dy && half && src.cols * d * 4 > budget;
   Tensor dx = need_dx ? at::zeros({src.rows, d}, x.options()) : Tensor();
-  Tensor dy = need_dy ? at::zeros({src.cols, d}, x.options().dtype(product)) : Tensor();
+  Tensor dy;
+  if (need_dy) dy = dy_by_columns ? at::empty({src.cols, d}, y.options()) : at::zeros({src.cols, d}, x.options().dtype(product));
 
   const StripNeeds needs{static_cast<std::int64_t>(c10::elementSize(product)), half ? 2 : 0, false, scaled};
-  const StripPlan plan = plan_strips(src.rows, src.cols, needs, workspace_budget());
-  Tensor workspace = at::empty({plan.total_bytes}, x.options().dtype(at::kByte));
-  char* base = static_cast<char*>(workspace.data_ptr());
-  void* tile = base + plan.tile_offset;
-  void* half_g = half ? base + plan.half_offset : nullptr;
-  unsigned int* max_bits = scaled ? reinterpret_cast<unsigned int*>(base + plan.scalars_offset) : nullptr;
-  float* alphas = scaled ? reinterpret_cast<float*>(base + plan.scalars_offset + 16) : nullptr;
+  const StripPlan plan = plan_strips(src.rows, src.cols, needs, budget);
+  const StripPlan column_plan = dy_by_columns ? plan_strips(src.cols, src.rows, needs, budget) : plan;
+  Tensor workspace =
+      at::empty({std::max(plan.total_bytes, column_plan.total_bytes)}, x.options().dtype(at::kByte));
+  const cudaStream_t stream = current_stream();
+
+  // One sweep over row strips of a (rows × cols) product a·bᵀ: per strip its ∂L/∂s (`sweep_lines`:
+  // the row lines' constants first), then out[strip] = G·b (rows_out, input dtype) and, if
+  // accumulate, accumulated += Gᵀ·a[strip] (product dtype).
+  auto sweep = [&](Products& products, const StripPlan& p, std::int64_t rows, std::int64_t cols,
+                   const BackwardLines& sweep_lines, std::int64_t offset, Tensor* rows_out, Tensor* accumulated) {
+    char* base = static_cast<char*>(workspace.data_ptr());
+    void* tile = base + p.tile_offset;
+    void* half_g = half ? base + p.half_offset : nullptr;
+    unsigned int* max_bits = scaled ? reinterpret_cast<unsigned int*>(base + p.scalars_offset) : nullptr;
+    float* alphas = scaled ? reinterpret_cast<float*>(base + p.scalars_offset + 16) : nullptr;
+    for (std::int64_t strip = 0; strip < p.strips; ++strip) {
+      const std::int64_t r0 = strip * p.strip_rows;
+      const std::int64_t nr = std::min(p.strip_rows, rows - r0);
+      products.similarity(r0, nr, tile);
+      const SimilarityView view{tile, scalar_kind(product), cols, 1, nr, cols, r0};
+      // ∂L/∂s: in place over s (float32/float64, and float32 before the float16 scaling), or
+      // straight into bfloat16.
+      const bool direct_bf16 = input == at::kBFloat16;
+      void* grad = direct_bf16 ? half_g : tile;
+      const ScalarKind grad_kind = direct_bf16 ? ScalarKind::kBFloat16 : scalar_kind(product);
+      if (scaled) C10_CUDA_CHECK(cudaMemsetAsync(max_bits, 0, sizeof(unsigned int), stream));
+      C10_CUDA_CHECK(launch_gradient(gradient_args(view, sweep_lines.options, offset, sweep_lines, grad, grad_kind,
+                                                   cols, max_bits),
+                                     stream));
+      const void* g = half ? half_g : tile;
+      const at::ScalarType g_type = half ? input : product;
+      if (scaled) {
+        C10_CUDA_CHECK(launch_scale_to_half(static_cast<const float*>(tile), half_g, nr * cols, max_bits, alphas,
+                                            stream));
+      }
+      // Pointer mode device (float16): alpha = 2^-e and beta from the device; host otherwise.
+      const void* alpha = scaled ? static_cast<const void*>(alphas) : products.one();
+      const void* beta_zero = scaled ? static_cast<const void*>(alphas + 2) : products.zero();
+      const void* beta_one = scaled ? static_cast<const void*>(alphas + 1) : products.one();
+      if (rows_out != nullptr) {
+        void* out_rows = static_cast<char*>(rows_out->data_ptr()) + r0 * d * rows_out->element_size();
+        products.rows_gradient(nr, g, g_type, out_rows, input, alpha, beta_zero, scaled);
+      }
+      if (accumulated != nullptr) {
+        products.cols_gradient(r0, nr, g, g_type, accumulated->data_ptr(), product, alpha, beta_one, scaled);
+      }
+    }
+  };
 
   Products products(src.x, src.y, src.tf32);
-  const cudaStream_t stream = current_stream();
-  for (std::int64_t strip = 0; strip < plan.strips; ++strip) {
-    const std::int64_t r0 = strip * plan.strip_rows;
-    const std::int64_t nr = std::min(plan.strip_rows, src.rows - r0);
-    products.similarity(r0, nr, tile);
-    const SimilarityView view{tile, scalar_kind(product), src.cols, 1, nr, src.cols, r0};
-    // ∂L/∂s: in place over s (float32/float64, and float32 before the float16 scaling), or straight
-    // into bfloat16.
-    const bool direct_bf16 = input == at::kBFloat16;
-    void* grad = direct_bf16 ? half_g : tile;
-    const ScalarKind grad_kind = direct_bf16 ? ScalarKind::kBFloat16 : scalar_kind(product);
-    if (scaled) C10_CUDA_CHECK(cudaMemsetAsync(max_bits, 0, sizeof(unsigned int), stream));
-    C10_CUDA_CHECK(launch_gradient(gradient_args(view, lines.options, target_offset, lines, grad, grad_kind, src.cols,
-                                                 max_bits),
-                                   stream));
-    const void* g = half ? half_g : tile;
-    const at::ScalarType g_type = half ? input : product;
-    if (scaled) {
-      C10_CUDA_CHECK(launch_scale_to_half(static_cast<const float*>(tile), half_g, nr * src.cols, max_bits, alphas,
-                                          stream));
-    }
-    // Pointer mode device (float16): alpha = 2^-e and beta from the device; host otherwise.
-    const void* alpha = scaled ? static_cast<const void*>(alphas) : products.one();
-    const void* beta_zero = scaled ? static_cast<const void*>(alphas + 2) : products.zero();
-    const void* beta_one = scaled ? static_cast<const void*>(alphas + 1) : products.one();
-    if (need_dx) {
-      void* dx_rows = static_cast<char*>(dx.data_ptr()) + r0 * d * dx.element_size();
-      products.rows_gradient(nr, g, g_type, dx_rows, input, alpha, beta_zero, scaled);
-    }
-    if (need_dy) products.cols_gradient(r0, nr, g, g_type, dy.data_ptr(), product, alpha, beta_one, scaled);
+  if (need_dx || !dy_by_columns) {
+    sweep(products, plan, src.rows, src.cols, lines, target_offset, need_dx ? &dx : nullptr,
+          need_dy && !dy_by_columns ? &dy : nullptr);
   }
-  return {need_dx ? dx : at::empty({0}, x.options()), need_dy ? dy.to(y.scalar_type()) : at::empty({0}, y.options())};
+  if (dy_by_columns) {
+    // sᵀ = y·xᵀ: its rows are the column lines (row j's target is column j − target_offset).
+    Products transposed(src.y, src.x, src.tf32);
+    const BackwardLines swapped{lines.options, lines.cols, lines.rows};
+    sweep(transposed, column_plan, src.cols, src.rows, swapped, -target_offset, &dy, nullptr);
+  }
+  if (need_dy && !dy_by_columns) dy = dy.to(y.scalar_type());
+  return {need_dx ? dx : at::empty({0}, x.options()), need_dy ? dy : at::empty({0}, y.options())};
 }
 
 Tensor loss_backward_from_similarity(const Tensor& grad_rows, const Tensor& grad_cols, const Tensor& s,

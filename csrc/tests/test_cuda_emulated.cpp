@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -520,6 +521,66 @@ void test_gradient(std::mt19937_64& rng) {
   }
 }
 
+// ∂L/∂s of sᵀ (the column pass of the backward, csrc/cuda/evidential_cuda.cpp): a view with the
+// strides swapped, the two directions' line constants swapped and the target offset negated gives
+// the transpose of ∂L/∂s bit for bit (each element's coefficient is the sum of its two lines'
+// shares, and a + b == b + a), in strips of columns, for every evidence map and output kind.
+void test_gradient_transposed(std::mt19937_64& rng) {
+  const std::int64_t m = 30, n = 300, offset = 200;
+  const ec::TermFlags flags{true, true, true};
+  for (int evidence = 0; evidence < 4; ++evidence) {
+    for (const ec::ScalarKind out : {ec::ScalarKind::kFloat32, ec::ScalarKind::kBFloat16, ec::ScalarKind::kFloat64}) {
+      const ec::ScalarKind in_kind = out == ec::ScalarKind::kFloat64 ? ec::ScalarKind::kFloat64 : ec::ScalarKind::kFloat32;
+      const Stored s = make_similarity(m, n, offset, in_kind, evidence % 2 == 1, 0, rng);
+      const Stats st =
+          reference_stats(s, evidence, kInverseTau[evidence], true, offset, flags, true, true, Elements::kFloat64);
+      const Lines lines = gradient_constants(st, m, n, offset, flags, true, true, rng);
+      std::vector<double> direct(m * n + 8, 0.0), swapped(m * n + 8, 0.0);
+      ec::BackwardArgs a{};
+      a.evidence = evidence;
+      a.inv_tau = kInverseTau[evidence];
+      a.terms = flags;
+      a.grad_kind = out;
+      a.s = s.view(0, m);
+      a.target_offset = offset;
+      a.row_constants = lines.rows.data();
+      a.n_rows = m;
+      a.col_constants = lines.cols.data();
+      a.n_cols = n;
+      a.grad = direct.data();
+      a.grad_ld = n;
+      expect(ec::launch_gradient(a, nullptr) == cudaSuccess, "gradient launch");
+      const std::size_t out_size = out == ec::ScalarKind::kFloat64 ? 8 : out == ec::ScalarKind::kFloat32 ? 4 : 2;
+      for (std::int64_t c0 = 0; c0 < n; c0 += 64) {  // strips of 64 columns, the last shorter
+        const std::int64_t nc = std::min<std::int64_t>(64, n - c0);
+        ec::BackwardArgs t = a;
+        t.s = ec::SimilarityView{s.bytes() + c0 * s.col_stride * s.element_size(), s.kind, s.col_stride, s.row_stride,
+                                 nc, m, c0};
+        t.target_offset = -offset;
+        t.row_constants = lines.cols.data();
+        t.n_rows = n;
+        t.col_constants = lines.rows.data();
+        t.n_cols = m;
+        t.grad = reinterpret_cast<char*>(swapped.data()) + c0 * m * out_size;
+        t.grad_ld = m;
+        expect(ec::launch_gradient(t, nullptr) == cudaSuccess, "transposed gradient launch");
+      }
+      bool same = true;
+      for (std::int64_t i = 0; i < m && same; ++i) {
+        for (std::int64_t j = 0; j < n && same; ++j) {
+          same = std::memcmp(reinterpret_cast<const char*>(direct.data()) + (i * n + j) * out_size,
+                             reinterpret_cast<const char*>(swapped.data()) + (j * m + i) * out_size, out_size) == 0;
+          if (!same) {
+            expect(false, "transposed dL/ds at (" + std::to_string(i) + ", " + std::to_string(j) + "), evidence " +
+                              std::to_string(evidence));
+          }
+        }
+      }
+      expect(same, "dL/ds of the transposed view is the transpose, evidence " + std::to_string(evidence));
+    }
+  }
+}
+
 void test_scale_to_half(std::mt19937_64& rng) {
   for (double magnitude : {1e-12, 3e-7, 1.0, 5e3, 1e30, 0.0}) {
     const std::int64_t count = 1000;
@@ -985,6 +1046,7 @@ int main() {
   test_forward(rng);
   test_line_kernels(rng);
   test_gradient(rng);
+  test_gradient_transposed(rng);
   test_scale_to_half(rng);
   test_float32_accuracy(rng);
   std::printf("cuda kernels (CPU emulation): %ld checks, %d failures\n", checks, failures);
