@@ -459,33 +459,17 @@ void backward_tile_impl(const cpu::BackwardTile& t) {
   }
 }
 
-template <template <bool, bool, bool> class Fn, typename Arg>
-void with_terms(const cpu::TermFlags& f, const Arg& arg) {
-  const int code = (f.kl ? 1 : 0) | (f.fmse ? 2 : 0) | (f.logdet ? 4 : 0);
-  switch (code) {
-    case 0: return Fn<false, false, false>::run(arg);
-    case 1: return Fn<true, false, false>::run(arg);
-    case 2: return Fn<false, true, false>::run(arg);
-    case 3: return Fn<true, true, false>::run(arg);
-    case 4: return Fn<false, false, true>::run(arg);
-    case 5: return Fn<true, false, true>::run(arg);
-    case 6: return Fn<false, true, true>::run(arg);
-    default: return Fn<true, true, true>::run(arg);
-  }
+void forward_tile(const cpu::ForwardTile& t) {
+  with_term_flags(t.terms, [&](auto kl, auto fmse, auto logdet) {
+    forward_tile_impl<decltype(kl)::value, decltype(fmse)::value, decltype(logdet)::value>(t);
+  });
 }
 
-template <bool kKl, bool kFmse, bool kLogdet>
-struct ForwardRunner {
-  static void run(const cpu::ForwardTile& t) { forward_tile_impl<kKl, kFmse, kLogdet>(t); }
-};
-
-template <bool kKl, bool kFmse, bool kLogdet>
-struct BackwardRunner {
-  static void run(const cpu::BackwardTile& t) { backward_tile_impl<kKl, kFmse, kLogdet>(t); }
-};
-
-void forward_tile(const cpu::ForwardTile& t) { with_terms<ForwardRunner>(t.terms, t); }
-void backward_tile(const cpu::BackwardTile& t) { with_terms<BackwardRunner>(t.terms, t); }
+void backward_tile(const cpu::BackwardTile& t) {
+  with_term_flags(t.terms, [&](auto kl, auto fmse, auto logdet) {
+    backward_tile_impl<decltype(kl)::value, decltype(fmse)::value, decltype(logdet)::value>(t);
+  });
+}
 
 }  // namespace
 

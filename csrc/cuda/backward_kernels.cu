@@ -201,23 +201,12 @@ __global__ void scale_to_half_kernel(const float* g, __half* out, std::int64_t c
   }
 }
 
-template <bool kFloat32, bool kKl, bool kFmse, bool kLogdet>
-void launch_gradient_kernel(const BackwardArgs& a, dim3 grid, cudaStream_t stream) {
-  EO_LAUNCH(grid, kThreads, stream, gradient_kernel<kFloat32, kKl, kFmse, kLogdet>)(a);
-}
-
 template <bool kFloat32>
 void launch_gradient_kernel(const BackwardArgs& a, dim3 grid, cudaStream_t stream) {
-  switch ((a.terms.kl ? 1 : 0) | (a.terms.fmse ? 2 : 0) | (a.terms.logdet ? 4 : 0)) {
-    case 0: launch_gradient_kernel<kFloat32, false, false, false>(a, grid, stream); break;
-    case 1: launch_gradient_kernel<kFloat32, true, false, false>(a, grid, stream); break;
-    case 2: launch_gradient_kernel<kFloat32, false, true, false>(a, grid, stream); break;
-    case 3: launch_gradient_kernel<kFloat32, true, true, false>(a, grid, stream); break;
-    case 4: launch_gradient_kernel<kFloat32, false, false, true>(a, grid, stream); break;
-    case 5: launch_gradient_kernel<kFloat32, true, false, true>(a, grid, stream); break;
-    case 6: launch_gradient_kernel<kFloat32, false, true, true>(a, grid, stream); break;
-    default: launch_gradient_kernel<kFloat32, true, true, true>(a, grid, stream); break;
-  }
+  kn::with_term_flags(a.terms, [&](auto kl, auto fmse, auto logdet) {
+    EO_LAUNCH(grid, kThreads, stream,
+              gradient_kernel<kFloat32, decltype(kl)::value, decltype(fmse)::value, decltype(logdet)::value>)(a);
+  });
 }
 
 }  // namespace

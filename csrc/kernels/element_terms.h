@@ -3,12 +3,31 @@
 // one evaluation of the special functions per element, not two.
 #pragma once
 
+#include <type_traits>
+
 #include "evidence.h"
 #include "line_terms.h"
 #include "special_functions_f32.h"
 
 namespace evidential_ops {
 namespace EO_ISA {
+
+// Calls fn(std::bool_constant<kl>{}, std::bool_constant<fmse>{}, std::bool_constant<logdet>{})
+// for run-time term flags (any struct with bool kl, fmse, logdet): the element code below is
+// instantiated per combination of terms, so a term that is off costs nothing in the loops.
+template <typename Flags, typename Fn>
+inline void with_term_flags(const Flags& f, Fn&& fn) {
+  switch ((f.kl ? 1 : 0) | (f.fmse ? 2 : 0) | (f.logdet ? 4 : 0)) {
+    case 0: return fn(std::false_type{}, std::false_type{}, std::false_type{});
+    case 1: return fn(std::true_type{}, std::false_type{}, std::false_type{});
+    case 2: return fn(std::false_type{}, std::true_type{}, std::false_type{});
+    case 3: return fn(std::true_type{}, std::true_type{}, std::false_type{});
+    case 4: return fn(std::false_type{}, std::false_type{}, std::true_type{});
+    case 5: return fn(std::true_type{}, std::false_type{}, std::true_type{});
+    case 6: return fn(std::false_type{}, std::true_type{}, std::true_type{});
+    default: return fn(std::true_type{}, std::true_type{}, std::true_type{});
+  }
+}
 
 // Contributions of α to the statistics of line_terms.h (rest and α² need no special function).
 struct ElementForward {
