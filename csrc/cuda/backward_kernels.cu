@@ -110,6 +110,7 @@ __global__ void __launch_bounds__(kThreads, element_min_blocks(kFloat32)) gradie
     const kn::LineGradientF32 column = kn::narrow_line_gradient(
         active ? kn::load_line_gradient(kn::gradient_arrays(a.col_constants, a.n_cols), j) : zero_line_gradient());
     const float inv_tau_f = static_cast<float>(a.inv_tau);
+    const bool fitted = fitted_evidence(a.evidence);  // uniform over the launch
     for (std::int64_t chunk = range.begin; chunk < range.end; chunk += kRowChunk) {
       const int n = static_cast<int>(range.end - chunk < kRowChunk ? range.end - chunk : kRowChunk);
       if (static_cast<int>(threadIdx.x) < n) {
@@ -131,7 +132,7 @@ __global__ void __launch_bounds__(kThreads, element_min_blocks(kFloat32)) gradie
         const bool double_map = on || !(v.alpha < kInfinityF);  // NaN too: NaN either way
         float g = 0.0f;
         if (!double_map) {
-          if (fitted_evidence(a.evidence)) {  // uniform over the launch
+          if (fitted) {
             g = element_gradient_f32<kKl, kFmse, kLogdet, true>(v.alpha, v.rho, on, inv_tau_f, row_lines[r], column);
           } else {
             g = element_gradient_f32<kKl, kFmse, kLogdet>(v.alpha, v.rho, on, inv_tau_f, row_lines[r], column);

@@ -532,6 +532,11 @@ std::tuple<Tensor, Tensor> loss_backward(const Tensor& grad_rows, const Tensor& 
   Tensor workspace =
       at::empty({std::max(plan.total_bytes, column_plan.total_bytes)}, x.options().dtype(at::kByte));
   const cudaStream_t stream = current_stream();
+  // ∂L/∂s: in place over s (float32/float64, and float32 before the float16 scaling), or straight
+  // into bfloat16.
+  const bool direct_bf16 = input == at::kBFloat16;
+  const ScalarKind grad_kind = direct_bf16 ? ScalarKind::kBFloat16 : scalar_kind(product);
+  const at::ScalarType g_type = half ? input : product;
 
   // One sweep over row strips of a (rows × cols) product a·bᵀ: per strip its ∂L/∂s (`sweep_lines`:
   // the row lines' constants first), then out[strip] = G·b (rows_out, input dtype) and, if
@@ -548,17 +553,12 @@ std::tuple<Tensor, Tensor> loss_backward(const Tensor& grad_rows, const Tensor& 
       const std::int64_t nr = std::min(p.strip_rows, rows - r0);
       products.similarity(r0, nr, tile);
       const SimilarityView view{tile, scalar_kind(product), cols, 1, nr, cols, r0};
-      // ∂L/∂s: in place over s (float32/float64, and float32 before the float16 scaling), or
-      // straight into bfloat16.
-      const bool direct_bf16 = input == at::kBFloat16;
       void* grad = direct_bf16 ? half_g : tile;
-      const ScalarKind grad_kind = direct_bf16 ? ScalarKind::kBFloat16 : scalar_kind(product);
       if (scaled) C10_CUDA_CHECK(cudaMemsetAsync(max_bits, 0, sizeof(unsigned int), stream));
       C10_CUDA_CHECK(launch_gradient(gradient_args(view, sweep_lines.options, offset, sweep_lines, grad, grad_kind,
                                                    cols, max_bits),
                                      stream));
       const void* g = half ? half_g : tile;
-      const at::ScalarType g_type = half ? input : product;
       if (scaled) {
         C10_CUDA_CHECK(launch_scale_to_half(static_cast<const float*>(tile), half_g, nr * cols, max_bits, alphas,
                                             stream));

@@ -126,6 +126,7 @@ __global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(
   const bool want_rows = a.row_partial != nullptr;  // uniform over the launch
   const RowRange range = group_rows(a.s.rows);
   const float inv_tau_f = static_cast<float>(a.inv_tau);  // narrowed once (float32 path only)
+  const bool fitted = fitted_evidence(a.evidence);       // uniform over the launch
 
   // The thread's columns inside the strip: the first `columns` of its kColumns.
   const std::int64_t beyond = a.s.cols - j0;
@@ -169,7 +170,7 @@ __global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(
           if (target || !(v.alpha < kInfinityF)) {  // NaN too: it comes out NaN either way
             const ElementStats e = rare_element_stats<kKl, kFmse, kLogdet>(a.evidence, s, a.inv_tau);
             add_element<kKl, kFmse, kLogdet>(a, line, j, target, e.alpha, e.square, e.f, c);
-          } else if (fitted_evidence(a.evidence)) {  // uniform over the launch
+          } else if (fitted) {
             const ElementStats e = element_stats_f32<kKl, kFmse, kLogdet, true>(v.alpha, v.alpha);
             add_element<kKl, kFmse, kLogdet>(a, line, j, false, e.alpha, e.square, e.f, c);
           } else {  // never a target: add_element's selects and stores fold away
