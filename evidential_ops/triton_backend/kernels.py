@@ -36,6 +36,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from ..config import EVIDENCE_KINDS
+
 # Imported by name, not as a module alias: Inductor rebuilds a user kernel's source from the
 # global names it calls and copies @triton.jit functions, but not a module such as `sp`.
 from .special import (
@@ -70,12 +72,12 @@ from .special import (
 NUM_LINE_STATS = 7
 NUM_GRADIENT_FIELDS = 9
 
-# The EVIDENCE index of exp_tanh (config.EVIDENCE_KINDS), the map whose α never reaches the
+# The EVIDENCE index of exp_tanh, the map whose α never reaches the
 # special functions' series (element_terms.h alpha_always_fitted): the backward's element code
 # evaluates the fits only for it. The forward (stats_kernel) keeps both forms: without the series,
 # ptxas allocates its default float32 configuration on sm_90 128 registers and spills 24 bytes
 # (aot_check), where with them it takes 168 and spills none.
-EXP_TANH = tl.constexpr(3)
+EXP_TANH = tl.constexpr(EVIDENCE_KINDS.index("exp_tanh"))
 
 
 @triton.jit

@@ -11,6 +11,7 @@ possible at all for the inputs' dtype, evidence and τ (as the CUDA backend).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -18,6 +19,7 @@ import sys
 import torch
 from torch import Tensor
 
+from ..backends import matmul_precision
 from ..checks import require as _require
 from ..checks import values_unreadable
 from ..config import EVIDENCE_KINDS, MATMUL_PRECISIONS
@@ -290,7 +292,7 @@ def _resident_d(source: "_Source", precision: str) -> int:
     tensor_cores = source.dtype in (torch.float16, torch.bfloat16) or _tf32(source.dtype, precision)
     if source.from_s or d > limit or not (tensor_cores or configs.interpreting()):
         return 0
-    return max(16, 1 << max(0, (d - 1).bit_length()))
+    return max(16, configs.k_bucket(d))
 
 
 def _stats_pass(source: _Source, own: Tensor, other: Tensor, partials: Tensor | None, t_off: int, evidence: int,
@@ -586,23 +588,11 @@ def _accumulate_product(out: Tensor, g: Tensor, b: Tensor) -> None:
 
 def _float32_products(like: Tensor, precision: str):
     """cuBLAS float32 products as matmul_precision says (TF32 or IEEE), for the eager launches on
-    CUDA tensors; elsewhere nothing to set (CPU products are IEEE; a traced graph keeps torch's
-    setting)."""
-    import contextlib
-
+    CUDA tensors (backends.matmul_precision); elsewhere nothing to set (CPU products are IEEE; a
+    traced graph keeps torch's setting)."""
     if like.device.type != "cuda" or like.dtype != torch.float32 or _tracing(like):
         return contextlib.nullcontext()
-
-    @contextlib.contextmanager
-    def scope():
-        previous = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
-        try:
-            yield
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = previous
-
-    return scope()
+    return matmul_precision(precision)
 
 
 def _grad_strips(x: Tensor, y: Tensor, t_off: int, bw: _Backward, plan: BackwardPlan, need_dx: bool,
@@ -650,18 +640,18 @@ def _strip_passes(x: Tensor, y: Tensor, t_off: int, bw: _Backward, plan: Backwar
 def _register_d(d: int) -> int | None:
     """The one register block that holds D (a power of two >= 16), or None where D is wider than
     a gradient kernel keeps in registers."""
-    block = max(16, 1 << max(0, (d - 1).bit_length()))
+    block = max(16, configs.k_bucket(d))
     limit = configs.INTERPRETER_MAX_REGISTER_D if configs.interpreting() else configs.MAX_REGISTER_D
     return block if block <= limit else None
 
 
-def _grad_fused(x: Tensor, y: Tensor, t_off: int, bw: _Backward, precision: str) -> tuple[Tensor, Tensor]:
-    """dx and dy from one recomputation of each tile (kernels.grad_fused_kernel): dx stored once
-    per row block in the input dtype, dy added in program order into a float32 buffer (float64
-    for float64 inputs) and rounded to the input dtype once at the end."""
+def _grad_fused(x: Tensor, y: Tensor, t_off: int, bw: _Backward, precision: str,
+                block_d: int) -> tuple[Tensor, Tensor]:
+    """dx and dy from one recomputation of each tile (kernels.grad_fused_kernel; D in one register
+    block of block_d, BackwardPlan.block_d): dx stored once per row block in the input dtype, dy
+    added in program order into a float32 buffer and rounded to the input dtype once at the end."""
     m, d = x.shape
     n = y.shape[0]
-    block_d = _register_d(d)
     acc_dtype = _output_dtype(x.dtype)
     variant = (bw.kind, tuple(bw.terms.stat_flags().values()), _tf32(x.dtype, precision))
 
@@ -695,7 +685,7 @@ def loss_backward(grad_rows, grad_cols, x, y, target_scale, row_stats, col_stats
     plan = BackwardPlan(m, n, x.shape[1], x.dtype, bool(output_mask[0]), bool(output_mask[1]),
                         configs.has_default("grad_fused", x.device))
     if plan.kind == "fused":
-        return _grad_fused(x, y, target_offset, bw, precision)
+        return _grad_fused(x, y, target_offset, bw, precision, plan.block_d)
     return _grad_strips(x, y, target_offset, bw, plan, bool(output_mask[0]), bool(output_mask[1]), precision)
 
 
