@@ -32,12 +32,12 @@ DEFAULT_STRIP_ELEMENTS = 1 << 22  # cosines per strip (16 MiB in float32)
 
 class _StripDistances(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, text, video, diagonal_min: bool, strip: int):
+    def forward(ctx, text, video, diagonal_min: bool, strip_elements: int):
         b_t, k_p, _ = text.shape
         b_v, k_q, _ = video.shape
         distance = text.new_empty((b_t, b_v))
         attained = torch.empty((b_t, b_v), dtype=torch.int16, device=text.device)  # m·K_p' + n
-        for rows in _common.row_strips(b_t, strip, 1):
+        for rows in _common.row_strips(b_t, strip_elements, b_v * k_p * k_q):
             start = rows.start
             cos = torch.einsum("imd,jnd->ijmn", text[rows], video).reshape(rows.stop - start, b_v, k_p * k_q)
             far_cos, far_at = cos.min(dim=2)  # max distance = min cosine
@@ -89,7 +89,6 @@ def duq_distance_matrix_strips(
     if pairs > torch.iinfo(torch.int16).max:
         raise ValueError(f"K_p·K_p' = {pairs} sample pairs exceed the int16 pair index")
     strip_elements = checks.integer(strip_elements, "strip_elements", minimum=1)
-    strip = max(1, strip_elements // (z_video.shape[0] * pairs))
     text = F.normalize(z_text, dim=2, eps=NORMALIZE_EPS)
     video = F.normalize(z_video, dim=2, eps=NORMALIZE_EPS)
-    return _StripDistances.apply(text, video, diagonal_min, strip)
+    return _StripDistances.apply(text, video, diagonal_min, strip_elements)

@@ -48,7 +48,7 @@ def _terms(s_a: Tensor, s_b: Tensor, col_a: Tensor, col_b: Tensor, evidence: str
 
 class _Consistency(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x_a, y_a, x_b, y_b, evidence: str, tau: float, strip: int):
+    def forward(ctx, x_a, y_a, x_b, y_b, evidence: str, tau: float, strip_elements: int):
         k = x_a.shape[0]
         work = torch.promote_types(x_a.dtype, torch.float32)
         leaves = [t.detach().to(work) for t in (x_a, y_a, x_b, y_b)]
@@ -56,7 +56,7 @@ class _Consistency(torch.autograd.Function):
         # Pass 1: column log-strengths of both models.
         col_a = xa.new_full((k,), -torch.inf)
         col_b = xb.new_full((k,), -torch.inf)
-        for rows in _common.row_strips(k, strip, 1):
+        for rows in _common.row_strips(k, strip_elements, k):
             col_a = torch.logaddexp(col_a, torch.logsumexp(log_alpha(xa[rows] @ ya.T, evidence, tau), dim=0))
             col_b = torch.logaddexp(col_b, torch.logsumexp(log_alpha(xb[rows] @ yb.T, evidence, tau), dim=0))
         # Pass 2: value, strip-local gradients, ∂L/∂ln S'^A.
@@ -64,7 +64,7 @@ class _Consistency(torch.autograd.Function):
         col_a_leaf = col_a.clone().requires_grad_()
         total = xa.new_zeros(())
         col_a_grad = torch.zeros_like(col_a)
-        for rows in _common.row_strips(k, strip, 1):
+        for rows in _common.row_strips(k, strip_elements, k):
             with torch.enable_grad():
                 parts = [t.detach().requires_grad_() for t in (xa[rows], ya, xb[rows], yb)]
                 value = _terms(parts[0] @ parts[1].T, parts[2] @ parts[3].T, col_a_leaf, col_b, evidence, tau, k)
@@ -76,7 +76,7 @@ class _Consistency(torch.autograd.Function):
             grads[3] += strip_grads[3]
             col_a_grad += strip_grads[4]
         # Pass 3: ∂ln S'^A_j/∂ln α^A_ij = α_ij/S'_j, pushed into A's strip by a linear surrogate.
-        for rows in _common.row_strips(k, strip, 1):
+        for rows in _common.row_strips(k, strip_elements, k):
             with torch.enable_grad():
                 parts = [t.detach().requires_grad_() for t in (xa[rows], ya)]
                 log_a = log_alpha(parts[0] @ parts[1].T, evidence, tau)
@@ -124,5 +124,4 @@ def tcl_consistency_loss_from_embeddings(
     evidence = checks.evidence_kind(evidence)
     tau = checks.tau_value(tau)
     strip_elements = checks.integer(strip_elements, "strip_elements", minimum=1)
-    strip = max(1, strip_elements // x_a.shape[0])
-    return _Consistency.apply(x_a, y_a, x_b, y_b, evidence, tau, strip)
+    return _Consistency.apply(x_a, y_a, x_b, y_b, evidence, tau, strip_elements)

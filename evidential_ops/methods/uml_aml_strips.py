@@ -62,23 +62,23 @@ def uml_aml_loss_from_embeddings(
     clean = named_labels(labels_vt, "labels_vt", v).to(v.dtype)
     aml_tau = checks.positive_number(aml_tau, "aml_tau")
     strip_elements = checks.integer(strip_elements, "strip_elements", minimum=1)
-    strip = max(1, strip_elements // v.shape[0])
-    return _StripAml.apply(v, s, t, clean, aml_tau, strip)
+    return _StripAml.apply(v, s, t, clean, aml_tau, strip_elements)
 
 
 class _StripAml(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, v, s, t, clean, aml_tau: float, strip: int):
+    def forward(ctx, v, s, t, clean, aml_tau: float, strip_elements: int):
         ctx.save_for_backward(v, s, t, clean)
-        ctx.options = (aml_tau, strip)
-        return torch.cat([_strip_aml(v[r], s[r], t[r], v, s, t, clean[r], aml_tau) for r in _common.row_strips(v.shape[0], strip, 1)])
+        ctx.options = (aml_tau, strip_elements)
+        strips = _common.row_strips(v.shape[0], strip_elements, v.shape[0])
+        return torch.cat([_strip_aml(v[r], s[r], t[r], v, s, t, clean[r], aml_tau) for r in strips])
 
     @staticmethod
     def backward(ctx, grad):
         v, s, t, clean = ctx.saved_tensors
-        aml_tau, strip = ctx.options
+        aml_tau, strip_elements = ctx.options
         grads = [torch.zeros_like(x) for x in (v, s, t)]
-        for rows in _common.row_strips(v.shape[0], strip, 1):
+        for rows in _common.row_strips(v.shape[0], strip_elements, v.shape[0]):
             with torch.enable_grad():
                 leaves = [x.detach().requires_grad_() for x in (v[rows], s[rows], t[rows], v, s, t)]
                 out = _strip_aml(*leaves, clean[rows], aml_tau)
