@@ -97,21 +97,20 @@ MIB = 2**20
 DEVICES = {
     "h100-sxm": dict(
         name="NVIDIA H100 SXM5 80 GB", arch=90, sms=132, clock_ghz=1.98, hbm_tbs=3.35, l2_mib=50, l1_kib=256,
-        memory_gib=80, gemm_tflops={"ieee": 67.0, "tf32": 494.7, "bf16": 989.4},
+        gemm_tflops={"ieee": 67.0, "tf32": 494.7, "bf16": 989.4},
         rates=dict(issue=128, fp32=128, fp64=64, mufu=16, int=64, conv=16, mem=32),
         regs_per_sm=65536, threads_per_sm=2048, blocks_per_sm=32,
         l2_tbs=7.0, launch_us=3.0, sync_us=20.0, source="datasheet"),
     "a100-sxm": dict(
         name="NVIDIA A100 SXM4 80 GB", arch=80, sms=108, clock_ghz=1.41, hbm_tbs=2.039, l2_mib=40, l1_kib=192,
-        memory_gib=80, gemm_tflops={"ieee": 19.5, "tf32": 156.0, "bf16": 312.0},
+        gemm_tflops={"ieee": 19.5, "tf32": 156.0, "bf16": 312.0},
         rates=dict(issue=128, fp32=64, fp64=32, mufu=16, int=64, conv=16, mem=32),
         regs_per_sm=65536, threads_per_sm=2048, blocks_per_sm=32,
         l2_tbs=4.5, launch_us=3.0, sync_us=20.0, source="datasheet"),
 }
 # The H200 is the H100's GH100 die with HBM3e: only the memory differs.
-DEVICES["h200"] = dict(DEVICES["h100-sxm"], name="NVIDIA H200 SXM 141 GB", hbm_tbs=4.8, memory_gib=141)
+DEVICES["h200"] = dict(DEVICES["h100-sxm"], name="NVIDIA H200 SXM 141 GB", hbm_tbs=4.8)
 DEVICES = {name: DEVICES[name] for name in ("h100-sxm", "h200", "a100-sxm")}  # the report's order
-ASSUMED = ("l2_tbs", "launch_us", "sync_us")  # the ceilings no datasheet gives
 MEASURABLE = ("hbm_tbs", "l2_tbs", "gemm_tflops", "launch_us", "sync_us")
 
 # The step's inputs per precision (bench/device_bench.py PRECISIONS): bytes of x, y and the
@@ -458,7 +457,7 @@ def _triton_modules():
 def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dict) -> dict:
     """Kernels and extra memory of a Triton step (launch.loss_forward + launch.loss_backward)."""
     configs, launch = _triton_modules()
-    from evidential_ops.config import TERMS
+    from evidential_ops.config import EVIDENCE_KINDS, TERMS
 
     evidence, tau, terms = loss_cases()[loss]
     e_in = PRECISIONS[precision]["input_bytes"]
@@ -510,7 +509,7 @@ def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dic
     if one_pass:
         out.append(Kernel("forward", "reduce_partials_kernel", 1, dram={"partials read": partial_bytes,
                                                                         "column statistics": ns * k * 8}))
-    if launch._overflow_possible(EVIDENCE_INDEX[evidence], _torch_dtype(precision), 1.0 / tau, k):
+    if launch._overflow_possible(EVIDENCE_KINDS.index(evidence), _torch_dtype(precision), 1.0 / tau, k):
         out.append(Kernel("forward", "overflow check (isinf, any, one host read)", 8, dram={"statistics": 4 * k * 8},
                           syncs=1, note=f"{evidence} evidence, τ = {tau}: _overflow_possible"))
     out.append(Kernel("forward", "line losses and casts", 4, dram={"statistics": 2 * 7 * k * 8}))
@@ -583,9 +582,6 @@ def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dic
                                dy_in_pass=plan.dy_in_pass, extra_mib=plan.extra_bytes / MIB, config=gr.name(),
                                programs_per_sm=per_sm_g))
     return dict(kernels=out, memory=memory, plans=plans)
-
-
-EVIDENCE_INDEX = {"exp": 0, "relu": 1, "softplus": 2, "exp_tanh": 3}
 
 
 def _torch_dtype(precision: str):

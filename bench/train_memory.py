@@ -61,10 +61,13 @@ def main(argv=None) -> int:
     parser.add_argument("--out", type=Path, help="also write the markdown table here")
     args = parser.parse_args(argv)
     rows = []
+    floors = {}  # (method, K): the floor run, which no chunk setting changes (batch FLOOR_BATCH)
     for case in args.cases.split(","):
         method, k, *chunk = case.split(":")
         chunk = chunk[0] if chunk else None
-        floor_mib, _, _ = run_case(method, int(k), FLOOR_BATCH, 1)
+        if (method, k) not in floors:
+            floors[method, k] = run_case(method, int(k), FLOOR_BATCH, 1)[0]
+        floor_mib = floors[method, k]
         peak_mib, seconds, step = run_case(method, int(k), int(k), 2, chunk)
         rows.append((method, int(k), "auto" if chunk is None else chunk, peak_mib, floor_mib, step, seconds))
         print(f"{method} K={k} chunk {rows[-1][2]}: peak {peak_mib:.0f} MiB (batch {FLOOR_BATCH}: {floor_mib:.0f} "
