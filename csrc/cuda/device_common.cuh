@@ -122,14 +122,6 @@ inline bool float32_elements(const SimilarityView& s, double inv_tau) {
 // hand each to one out-of-line function (rare_element_stats, rare_element_gradient), a branch
 // one lane per row takes.
 
-// Sum over the 32 lanes of a warp by a fixed butterfly; lane 0's result is the one used, and it
-// is the same on every run.
-__device__ __forceinline__ double warp_sum(double v) {
-#pragma unroll
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int offset = 16; offset > 0; offset >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));

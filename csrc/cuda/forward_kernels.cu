@@ -7,8 +7,9 @@
 //      kernels' double-precision math) for float64 views, the float32 element math for float32 and
 //      half views (device_common.cuh: float32 evidence). The columns' sums (float64) stay in
 //      registers and end up in col_partial[group]; each row's sum over the block's 256 columns is
-//      the thread's own columns in order, a warp butterfly, then a fixed-order sum over the block's
-//      warps, into row_partial[column block]. The
+//      the thread's own columns in order, then the warp's 32 lanes in lane order (staged in shared
+//      memory, a few rows at a time), then the block's warps in order, into row_partial[column
+//      block]. The
 //      target element of a row (column row0 + i + target_offset) is stored, not summed, as
 //      α_target of its row and of its column (a unique writer for each).
 //   2. reduce_row_partials: row i's statistics = Σ over column blocks, in block order.
@@ -22,9 +23,8 @@ namespace {
 constexpr int kRowChunk = 32;  // rows whose warp sums are staged in shared memory at a time
 
 // On the float32 path a thread takes kColumnsPerThread of its block's kThreads columns, so that
-// the warp butterfly of a row's sums (per statistic slot: five double shuffles and adds) serves
-// that many elements; the thread's own columns are added up first, in column order (fixed:
-// results stay run-to-run exact). Blocks still cover kThreads columns each (the row partials'
+// the warp's reduction of a row's sums serves that many elements; the thread's own columns are
+// added up first, in column order (fixed: results stay run-to-run exact). Blocks still cover kThreads columns each (the row partials'
 // layout, strip_plan.h), with fewer threads. Two columns, not four: with four the column
 // accumulators and the out-of-line calls of the rare elements push ptxas into spills (at 128
 // registers and uncapped alike). The float64 path keeps one column per thread.
@@ -34,11 +34,12 @@ __host__ __device__ constexpr int forward_threads(bool float32) { return kThread
 static_assert(forward_threads(true) % 32 == 0, "whole warps");
 
 // Minimum blocks per multiprocessor of the float32 path: 4 blocks of 128 threads (<= 128
-// registers, the occupancy of element_min_blocks' 2 blocks of 256); 3 for the instantiation with
-// every term, which spills 20 bytes at 128. Left free, ptxas aims lower and spills around the
-// out-of-line calls of the rare elements. The float64 path as before (none).
-__host__ __device__ constexpr int forward_min_blocks(bool float32, bool all_terms) {
-  return float32 ? (all_terms ? 3 : 2 * columns_per_thread(true)) : element_min_blocks(false);
+// registers, the occupancy of element_min_blocks' 2 blocks of 256); 3 where the KL joins the
+// Fisher terms (no method's set: TCL is the KL alone, UML the Fisher terms alone), which spill 8
+// to 28 bytes at 128. Left free, ptxas aims lower and spills around the out-of-line calls of the
+// rare elements. The float64 path as before (none).
+__host__ __device__ constexpr int forward_min_blocks(bool float32, bool kl_and_fisher) {
+  return float32 ? (kl_and_fisher ? 3 : 2 * columns_per_thread(true)) : element_min_blocks(false);
 }
 
 // Statistic slot k (LineStat k + 1: rest, kl_h, squares, fisher, log_trigamma, remainder) is
@@ -46,6 +47,38 @@ __host__ __device__ constexpr int forward_min_blocks(bool float32, bool all_term
 __host__ __device__ constexpr bool slot_enabled(int k, bool kl, bool fmse, bool logdet) {
   return k == 0 || k == 2 || (k == 1 && kl) || (k == 3 && fmse) || ((k == 4 || k == 5) && logdet);
 }
+
+__host__ __device__ constexpr int enabled_slots(bool kl, bool fmse, bool logdet) {
+  int n = 0;
+  for (int k = 0; k < kStatSlots; ++k) n += slot_enabled(k, kl, fmse, logdet) ? 1 : 0;
+  return n;
+}
+
+// The slot whose position among the enabled ones is c (the staging buffer holds those only).
+__host__ __device__ constexpr int slot_of_compact(int c, bool kl, bool fmse, bool logdet) {
+  for (int k = 0; k < kStatSlots; ++k) {
+    if (slot_enabled(k, kl, fmse, logdet) && c-- == 0) return k;
+  }
+  return -1;
+}
+
+// A row's sum over a warp's lanes: each lane stores its row sums in shared memory, and after
+// kStageRows rows the warp adds them up, one lane per (slot, row), the 32 lanes in order. A warp
+// butterfly instead costs five double shuffles (ten SHFL, each at a quarter of the FFMA rate) and
+// five DADD per row and slot on every lane; staged, a lane stores once per row and slot and the
+// adds are shared out over the lanes: the largest per-element cost of the float32 forward after
+// the element functions (`python bench/static_profile.py` before and after). Rows of 33 doubles:
+// the lanes of a half-warp then read 16 different banks. kStageRows: the most rows (up to 8) whose
+// buffer fits beside the warp sums in the 48 KiB of static shared memory.
+constexpr int kStageLanes = 33;
+constexpr int kStaticSharedBytes = 48 * 1024;
+__host__ __device__ constexpr int stage_rows(int warps, int slots) {
+  const int free_bytes = kStaticSharedBytes - kRowChunk * kStatSlots * warps * static_cast<int>(sizeof(double));
+  int rows = 8;
+  while (rows > 1 && warps * slots * rows * kStageLanes * static_cast<int>(sizeof(double)) > free_bytes) rows /= 2;
+  return rows;
+}
+static_assert(kRowChunk % 8 == 0, "a row chunk holds whole stages");
 
 inline int slot_mask(const TermFlags& t) {
   int mask = 0;
@@ -113,12 +146,15 @@ __device__ __forceinline__ void add_element(const ForwardArgs& a, std::int64_t l
 }
 
 template <bool kFloat32, bool kKl, bool kFmse, bool kLogdet>
-__global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(kFloat32, kKl && kFmse && kLogdet))
+__global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(kFloat32, kKl && (kFmse || kLogdet)))
     forward_stats_kernel(const ForwardArgs a) {
   constexpr int kColumns = columns_per_thread(kFloat32);
   constexpr int kForwardThreads = forward_threads(kFloat32);
   constexpr int kForwardWarps = kForwardThreads / 32;
+  constexpr int kSlots = enabled_slots(kKl, kFmse, kLogdet);
+  constexpr int kStageRows = stage_rows(kForwardWarps, kSlots);
   __shared__ double warp_sums[kRowChunk][kStatSlots][kForwardWarps];
+  __shared__ double lane_rows[kForwardWarps][kSlots * kStageRows][kStageLanes];  // [slot·rows + row][lane]
   const int lane = threadIdx.x & 31;
   const int warp = threadIdx.x >> 5;
   // Columns j0 + 32c (c < kColumns): a warp's loads of one c are consecutive columns.
@@ -142,62 +178,78 @@ __global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(
 
   for (std::int64_t chunk = range.begin; chunk < range.end; chunk += kRowChunk) {
     const int n = static_cast<int>(range.end - chunk < kRowChunk ? range.end - chunk : kRowChunk);
-    // Row r's line, the element offset of (row, j0) and the row's target column relative to j0
+    // The row's line, the element offset of (row, j0) and the row's target column relative to j0
     // (line + target_offset − j0, if targets), advanced by a row at a time: additions, not 64-bit
     // multiplies, per row.
     std::int64_t line = a.s.row0 + chunk;
     std::int64_t at0 = chunk * a.s.row_stride + first_offset;
     std::int64_t target_delta = a.has_targets ? line + a.target_offset - j0 : -1;  // -1: no column
     const std::int64_t target_step = a.has_targets ? 1 : 0;
-    for (int r = 0; r < n; ++r, ++line, at0 += a.s.row_stride, target_delta += target_step) {
-      // This row's sums over the thread's columns, in column order: one butterfly per row for
-      // kColumns elements.
-      double row[kStatSlots];
+    // Rows in stages of kStageRows: each lane's row sums are staged in shared memory, then the warp
+    // adds them up.
+    for (int first = 0; first < n; first += kStageRows) {
+      const int staged = n - first < kStageRows ? n - first : kStageRows;
+      for (int sr = 0; sr < staged; ++sr, ++line, at0 += a.s.row_stride, target_delta += target_step) {
+        // This row's sums over the thread's columns, in column order: one warp reduction per row
+        // for kColumns elements.
+        double row[kStatSlots];
 #pragma unroll
-      for (int k = 0; k < kStatSlots; ++k) row[k] = 0.0;
+        for (int k = 0; k < kStatSlots; ++k) row[k] = 0.0;
 #pragma unroll
-      for (int cc = 0; cc < kColumns; ++cc) {
-        if (cc >= columns) break;
-        const std::int64_t j = j0 + 32 * cc;
-        const std::int64_t at = at0 + cc * column_step;
-        const bool target = target_delta == 32 * cc;
-        double c[kStatSlots];
+        for (int cc = 0; cc < kColumns; ++cc) {
+          if (cc >= columns) break;
+          const std::int64_t j = j0 + 32 * cc;
+          const std::int64_t at = at0 + cc * column_step;
+          const bool target = target_delta == 32 * cc;
+          double c[kStatSlots];
 #pragma unroll
-        for (int k = 0; k < kStatSlots; ++k) c[k] = 0.0;
-        if constexpr (kFloat32) {
-          const float s = load_similarity<float>(a.s, at);
-          const kn::EvidenceValueF32 v = evidence_of(a.evidence, s * inv_tau_f);
-          if (target || !(v.alpha < kInfinityF)) {  // NaN too: it comes out NaN either way
-            const ElementStats e = rare_element_stats<kKl, kFmse, kLogdet>(a.evidence, s, a.inv_tau);
-            add_element<kKl, kFmse, kLogdet>(a, line, j, target, e.alpha, e.square, e.f, c);
-          } else if (fitted) {
-            const ElementStats e = element_stats_f32<kKl, kFmse, kLogdet, true>(v.alpha, v.alpha);
-            add_element<kKl, kFmse, kLogdet>(a, line, j, false, e.alpha, e.square, e.f, c);
-          } else {  // never a target: add_element's selects and stores fold away
-            const ElementStats e = element_stats_f32<kKl, kFmse, kLogdet>(v.alpha, v.alpha);
-            add_element<kKl, kFmse, kLogdet>(a, line, j, false, e.alpha, e.square, e.f, c);
+          for (int k = 0; k < kStatSlots; ++k) c[k] = 0.0;
+          if constexpr (kFloat32) {
+            const float s = load_similarity<float>(a.s, at);
+            const kn::EvidenceValueF32 v = evidence_of(a.evidence, s * inv_tau_f);
+            if (target || !(v.alpha < kInfinityF)) {  // NaN too: it comes out NaN either way
+              const ElementStats e = rare_element_stats<kKl, kFmse, kLogdet>(a.evidence, s, a.inv_tau);
+              add_element<kKl, kFmse, kLogdet>(a, line, j, target, e.alpha, e.square, e.f, c);
+            } else if (fitted) {
+              const ElementStats e = element_stats_f32<kKl, kFmse, kLogdet, true>(v.alpha, v.alpha);
+              add_element<kKl, kFmse, kLogdet>(a, line, j, false, e.alpha, e.square, e.f, c);
+            } else {  // never a target: add_element's selects and stores fold away
+              const ElementStats e = element_stats_f32<kKl, kFmse, kLogdet>(v.alpha, v.alpha);
+              add_element<kKl, kFmse, kLogdet>(a, line, j, false, e.alpha, e.square, e.f, c);
+            }
+          } else {
+            const double alpha =
+                evidence_of(a.evidence, load_similarity<double>(a.s, at) * a.inv_tau).alpha;
+            const kn::ElementForward f = kn::element_forward<kKl, kFmse, kLogdet>(alpha);
+            const double scaled = alpha * kn::kSquareScale;
+            add_element<kKl, kFmse, kLogdet>(a, line, j, target, alpha, scaled * scaled, f, c);
           }
-        } else {
-          const double alpha =
-              evidence_of(a.evidence, load_similarity<double>(a.s, at) * a.inv_tau).alpha;
-          const kn::ElementForward f = kn::element_forward<kKl, kFmse, kLogdet>(alpha);
-          const double scaled = alpha * kn::kSquareScale;
-          add_element<kKl, kFmse, kLogdet>(a, line, j, target, alpha, scaled * scaled, f, c);
-        }
 #pragma unroll
-        for (int k = 0; k < kStatSlots; ++k) {
-          column[cc][k] += c[k];
-          row[k] = cc == 0 ? c[k] : row[k] + c[k];  // the first column's value itself, not 0 + it
+          for (int k = 0; k < kStatSlots; ++k) {
+            column[cc][k] += c[k];
+            row[k] = cc == 0 ? c[k] : row[k] + c[k];  // the first column's value itself, not 0 + it
+          }
+        }
+        if (want_rows) {
+          int compact = 0;  // a constant per unrolled k
+#pragma unroll
+          for (int k = 0; k < kStatSlots; ++k) {
+            if (slot_enabled(k, kKl, kFmse, kLogdet)) lane_rows[warp][compact++ * kStageRows + sr][lane] = row[k];
+          }
         }
       }
-      if (want_rows) {
+      if (want_rows) {  // uniform over the block
+        __syncwarp();
+#pragma unroll  // straight-line code: one or two (slot, row) pairs per lane
+        for (int p = lane; p < kSlots * kStageRows; p += 32) {
+          if (p % kStageRows >= staged) continue;
+          const double* lanes = lane_rows[warp][p];
+          double sum = lanes[0];
 #pragma unroll
-        for (int k = 0; k < kStatSlots; ++k) {
-          if (slot_enabled(k, kKl, kFmse, kLogdet)) {
-            const double v = warp_sum(row[k]);
-            if (lane == 0) warp_sums[r][k][warp] = v;
-          }
+          for (int l = 1; l < 32; ++l) sum += lanes[l];
+          warp_sums[first + p % kStageRows][slot_of_compact(p / kStageRows, kKl, kFmse, kLogdet)][warp] = sum;
         }
+        __syncwarp();
       }
     }
     if (want_rows) {

@@ -173,6 +173,12 @@ Launch<Params...> launcher(dim3 grid, dim3 block, void (*kernel)(Params...)) {
 
 inline void __syncthreads() { eo_emulation::wait_at(0); }
 
+// The calling thread's warp: every lane waits for the others (a full-warp mask only).
+inline void __syncwarp(unsigned int mask = 0xffffffffu) {
+  if (mask != 0xffffffffu) eo_emulation::fail("__syncwarp with a partial mask");
+  eo_emulation::wait_at(1 + static_cast<int>(eo_emulation::state().current->idx.x / 32));
+}
+
 // Every lane publishes its value, waits for the warp, reads its partner's, waits again.
 template <typename T>
 T __shfl_xor_sync(unsigned int, T value, int lane_mask) {
