@@ -249,9 +249,10 @@ def profile_row(profile: dict, backend: str, method: str, direction: str) -> dic
 
 
 def per_element(row: dict) -> dict:
-    """Instructions per element by class in the row's hot loop."""
+    """Instructions per element by class in the row's hot loop, plus its share of the stage
+    around it (the CUDA forward's warp reduction: static_profile.stage_share)."""
     n = row["elements_per_iteration"]
-    return {k: v / n for k, v in row["hot"]["own"].items()}
+    return {k: v / n + static_profile.stage_share(row, k) for k, v in row["hot"]["own"].items()}
 
 
 # ------------------------------------------------------------------------ CUDA strip plan (port)

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -590,6 +591,41 @@ def cuda_elements_per_iteration(direction: str) -> int:
     return int(match.group(1)) if match else 1
 
 
+def _source_ints(path: str) -> dict:
+    """The `constexpr int kName = <integer product>;` constants of a source file."""
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    return {m.group(1): math.prod(int(f) for f in m.group(2).split("*"))
+            for m in re.finditer(r"constexpr\s+(?:int|std::int64_t)\s+(k\w+)\s*=\s*(\d+(?:\s*\*\s*\d+)*)\s*;", text)}
+
+
+def cuda_stage_rows(method: str) -> int:
+    """Rows per warp stage of forward_stats_kernel's float32 path (forward_kernels.cu stage_rows,
+    ported): after that many iterations of its row loop, the warp adds up the rows' lane sums
+    staged in shared memory, in the enclosing loop's own body."""
+    forward = _source_ints(os.path.join(ROOT, "csrc", "cuda", "forward_kernels.cu"))
+    plan = _source_ints(os.path.join(ROOT, "csrc", "cuda", "strip_plan.h"))
+    kl, fmse, logdet = METHODS[method]["flags"]
+    slots = sum(1 for k in range(plan["kStatSlots"])
+                if k in (0, 2) or (k == 1 and kl) or (k == 3 and fmse) or (k in (4, 5) and logdet))
+    warps = plan["kThreads"] // forward["kColumnsPerThread"] // 32
+    free = forward["kStaticSharedBytes"] - forward["kRowChunk"] * plan["kStatSlots"] * warps * 8
+    rows = 8
+    while rows > 1 and warps * slots * rows * forward["kStageLanes"] * 8 > free:
+        rows //= 2
+    return rows
+
+
+def stage_share(row: dict, key: str) -> float:
+    """Instructions of class `key` per element in the stage around a CUDA forward's row loop (its
+    own body, once per stage_rows iterations of the row loop); 0 for every other kernel."""
+    stage = row.get("stage")
+    if not stage or not row.get("elements_per_iteration"):
+        return 0.0
+    value = stage["own"][key] if key in stage["own"] else stage[key]
+    return (value or 0) / (stage["rows"] * row["elements_per_iteration"])
+
+
 def profile_cuda(nvcc: str, nvdisasm: str, methods, directions, builds, workdir: str) -> tuple:
     """Rows of the CUDA builds `builds` ("cuda", "cuda-path") for the methods and directions, and
     the whole-kernel counts of every <kKl, kFmse, kLogdet> instantiation of the shipped build."""
@@ -640,6 +676,10 @@ def profile_cuda(nvcc: str, nvdisasm: str, methods, directions, builds, workdir:
             else:
                 elements = cuda_elements_per_iteration(direction)
                 row["elements_per_iteration"] = elements
+                hot = row["hot"]
+                stage = next((lp for lp in row["loops"] if hot is not None and hot["header"] in lp["nested"]), None)
+                if direction == "fwd" and stage is not None:
+                    row["stage"] = dict(own=stage["own"], max_path=stage["max_path"], rows=cuda_stage_rows(method))
                 if build == "cuda-path" and row["hot"] is not None:
                     loads = _float32_s_loads(row["hot"]["opcodes"])
                     row["s_loads_in_loop"] = loads
@@ -690,10 +730,11 @@ def profile_triton(methods, directions, dtype_path: str, nvdisasm: str, workdir:
 
 
 def _per_element(row: dict, key: str) -> float | None:
+    """Per element: the hot loop's own body, plus its share of the stage around it (CUDA forward)."""
     if row.get("hot") is None or not row.get("elements_per_iteration"):
         return None
     value = row["hot"]["own"][key] if key in row["hot"]["own"] else row["hot"][key]
-    return None if value is None else value / row["elements_per_iteration"]
+    return None if value is None else value / row["elements_per_iteration"] + stage_share(row, key)
 
 
 def _fmt(x, digits=1) -> str:
@@ -735,18 +776,22 @@ def markdown(report: dict) -> str:
         "elements one thread handles per iteration (elem/it). Static: both sides of every branch are "
         "counted; \"max path\" is the longest path through that body, an upper bound on what one "
         "iteration issues (slow-path subroutines aside). FP64 includes conversions to or from float64; "
-        "mem includes constant loads; DMUL+DFMA is part of FP64.",
+        "mem includes constant loads; DMUL+DFMA is part of FP64. CUDA forward: plus the share of each element in "
+        "the warp's stage reduction around the row loop (its own body, once per stage of rows: \"stage\" column, "
+        "included in the others).",
         "",
         "## Instructions per element in the hot loop",
         "",
-        "| kernel | build | elem/it | total | max path | FP64 | DMUL+DFMA | "
+        "| kernel | build | elem/it | total | max path | stage | FP64 | DMUL+DFMA | "
         + " | ".join(CLASS_TITLES[c] for c in CLASSES[1:]) + " |",
-        "|---|---|---:|---:|---:|---:|---:|" + "---:|" * (len(CLASSES) - 1),
+        "|---|---|---:|---:|---:|---:|---:|---:|" + "---:|" * (len(CLASSES) - 1),
     ]
     for row in report["rows"]:
         if row.get("hot") is None:
             continue
-        cells = [_per_element(row, k) for k in ("total", "max_path", "fp64", "dmul_dfma", *CLASSES[1:])]
+        cells = [_per_element(row, k) for k in ("total", "max_path")]
+        cells.append(round(stage_share(row, "total"), 1) if row.get("stage") else None)
+        cells += [_per_element(row, k) for k in ("fp64", "dmul_dfma", *CLASSES[1:])]
         lines.append(f"| {_title(row)} | {_build(row)} | {_fmt(row['elements_per_iteration'])} | "
                      + " | ".join(_fmt(c) for c in cells) + " |")
     lines += [
