@@ -31,9 +31,76 @@ EO_HOST_DEVICE float float_of(std::uint32_t u) {
   return x;
 }
 
+// ---- The GPU's approximate reciprocal and exponential (SPEC §2 "Float32 element math").
+// An IEEE float division is a dozen instructions on the GPU with a slow-path branch, and exp_f
+// below thirty; the hardware's approximations are one MUFU instruction each: rcp.approx.ftz.f32
+// (PTX ISA: at most 1 ulp; results below 2^-126 flushed to 0) and ex2.approx.ftz.f32 (CUDA's
+// exp2f, 2 ulp). The GPU element code takes them wherever the last bits of a quotient or of an
+// exponential are absorbed by what they feed (each use says why); the CPU keeps the IEEE
+// operations and exp_f (its SIMD division is cheap, and its bits stay those the sweeps measured).
+// The CPU emulation of the CUDA kernels (csrc/tests/test_cuda_emulated.cpp, built with
+// EO_EMULATED_GPU_APPROXIMATIONS) moves the CPU's result by up to kEmulatedApproxUlps ulps, chosen
+// by a hash of the arguments: a larger error than the hardware's, so that the emulated tolerances,
+// derived with it, cover the GPU's.
+constexpr int kEmulatedApproxUlps = 2;
+
+#if !defined(__CUDA_ARCH__) && defined(EO_EMULATED_GPU_APPROXIMATIONS)
+// y moved by −kEmulatedApproxUlps..kEmulatedApproxUlps ulps (finite nonzero y only), picked by key.
+inline float emulated_approximation(float y, std::uint32_t key) {
+  if (!(y != 0.0f) || !(y - y == 0.0f)) return y;
+  std::uint32_t h = key * 0x9E3779B1u;
+  h ^= h >> 15;
+  h *= 0x85EBCA77u;
+  h ^= h >> 13;
+  const int steps = static_cast<int>(h % (2 * kEmulatedApproxUlps + 1)) - kEmulatedApproxUlps;
+  std::uint32_t u = bits_of(y);
+  // Away from zero is + on the bits of a positive y and of a negative one alike.
+  u = static_cast<std::uint32_t>(static_cast<std::int64_t>(u) + steps);
+  const float moved = float_of(u);
+  return moved - moved == 0.0f && (moved > 0.0f) == (y > 0.0f) ? moved : y;
+}
+#endif
+
+// 1/b. The GPU's result is within 1 ulp for |b| <= 2^126, 0 beyond (1/b below 2^-126).
+EO_HOST_DEVICE float approx_reciprocal(float b) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
+  return r;
+#elif defined(EO_EMULATED_GPU_APPROXIMATIONS)
+  return emulated_approximation(1.0f / b, bits_of(b));
+#else
+  return 1.0f / b;
+#endif
+}
+
+// a/b. The GPU's result, a·rcp(b), is within 2 ulp for |b| <= 2^126; beyond it is 0.
+EO_HOST_DEVICE float approx_divide(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return a * approx_reciprocal(b);
+#elif defined(EO_EMULATED_GPU_APPROXIMATIONS)
+  return emulated_approximation(a / b, bits_of(a) * 0x2545F491u ^ bits_of(b));
+#else
+  return a / b;
+#endif
+}
+
 // exp(x) for float x: +inf above kMaxExpArgF, 0 below kMinExpArgF, subnormal results in between
-// rounded once (2^n is applied as two normal factors, so no intermediate leaves the range).
+// rounded once (2^n is applied as two normal factors, so no intermediate leaves the range). On the
+// GPU: 2^(hi + lo), hi = x·log2 e rounded, lo its rounding error and x times log2 e's (|lo| <=
+// 2^-17), as ex2(hi)·(1 + lo·ln 2): within 3 ulp (ex2's 2, the rest below ½); +inf from x ≈ 88.72
+// (as here; an α that comes out infinite is redone in double by the kernels), results below
+// 2^-126 flushed to 0 (they enter α = 1 + e, or a ρ, as nothing).
 EO_HOST_DEVICE float exp_f(float x) {
+#if defined(__CUDA_ARCH__)
+  constexpr float kLog2eLoF = 1.92596299e-8f;  // log2 e − kLog2eF
+  constexpr float kLn2F = 0.693147182f;
+  const float hi = x * kLog2eF;
+  const float lo = __fmaf_rn(x, kLog2eF, -hi) + x * kLog2eLoF;
+  float p;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(p) : "f"(hi));
+  return __fmaf_rn(p, lo * kLn2F, p);
+#else
   const float xc = min_of(max_of(x, kMinExpArgF), kMaxExpArgF);
   const float n = (xc * kLog2eF + kRoundMagicF) - kRoundMagicF;  // round(x / ln 2), exact
   const float r = (xc - n * kLn2HiF) - n * kLn2LoF;             // |r| <= 0.347
@@ -51,7 +118,12 @@ EO_HOST_DEVICE float exp_f(float x) {
   const float scale_b = float_of(static_cast<std::uint32_t>(k - half + 127) << 23);
   const float result = (e_r * scale_a) * scale_b;
   const float huge = x > kMaxExpArgF ? __builtin_inff() : result;
+#if defined(EO_EMULATED_GPU_APPROXIMATIONS)
+  return emulated_approximation(x < kMinExpArgF ? 0.0f : huge, bits_of(x) ^ 0x5bd1e995u);
+#else
   return x < kMinExpArgF ? 0.0f : huge;
+#endif
+#endif
 }
 
 // ln(x) = k·ln 2 + ln(1 + f) of a finite, normal float x > 0: k and the part of ln(1 + f) below
@@ -72,7 +144,9 @@ EO_HOST_DEVICE LogPartsF32 log_parts_f(float x) {
   // ln(1 + f) = 2 atanh(s), s = f/(2 + f), |s| <= 0.172: 2s + s·R(s²), R = Σ 2s^2j/(2j + 1)
   // (j <= 5; the next term is below 2^-30 relative), arranged as f − (½f² − s(½f² + R)) so that
   // the leading f is exact.
-  const float s = f / (2.0f + f);
+  // s enters only s·(½f² + R), at most 0.043 of the result: the GPU's 2-ulp quotient moves the
+  // logarithm by less than 0.1 ulp.
+  const float s = approx_divide(f, 2.0f + f);
   const float z = s * s;
   float big_r = 2.0f / 11.0f;
   big_r = big_r * z + 2.0f / 9.0f;
@@ -109,7 +183,7 @@ EO_HOST_DEVICE LogPairF32 log_f_pair(float x, float n) {
 // ln(1 + y) for float y >= 0, accurate for tiny y too: the rounding of 1 + y is corrected.
 EO_HOST_DEVICE float log1p_f(float y) {
   const float u = 1.0f + y;
-  const float correction = ((u - 1.0f) - y) / u;
+  const float correction = approx_divide((u - 1.0f) - y, u);  // the rounding of 1 + y: tiny next to the result
   return select(u == 1.0f, y, log_f(u) - correction);
 }
 

@@ -31,6 +31,10 @@ EO_HOST_DEVICE double exp_of(double x) { return exp_d(x); }
 EO_HOST_DEVICE float exp_of(float x) { return exp_f(x); }
 EO_HOST_DEVICE double log1p_of(double y) { return log1p_d(y); }
 EO_HOST_DEVICE float log1p_of(float y) { return log1p_f(y); }
+// a/b: IEEE in double; in float the GPU's approximate quotient (elementary_f32.h approx_divide):
+// every ρ below is a product of a few such values, and its error reaches ∂L/∂s as a relative one.
+EO_HOST_DEVICE double quotient_of(double a, double b) { return a / b; }
+EO_HOST_DEVICE float quotient_of(float a, float b) { return approx_divide(a, b); }
 
 // One source for both precisions: the same operations in T, so a float64 input keeps float64 math.
 template <EvidenceKind kKind, typename T>
@@ -40,28 +44,30 @@ EO_HOST_DEVICE EvidenceValueOf<T> evidence_value(T x) {
   if constexpr (kKind == EvidenceKind::kExp) {
     const T e = exp_of(x);
     out.alpha = e + kOne;
-    out.rho = select(e < static_cast<T>(__builtin_inf()), e / out.alpha, kOne);  // inf/inf would be NaN
+    // e/α = 1 to the precision of either type from α = 2^126 on (the approximate float quotient
+    // stops there), and inf/inf would be NaN.
+    out.rho = select(out.alpha < static_cast<T>(0x1p126), quotient_of(e, out.alpha), kOne);
   } else if constexpr (kKind == EvidenceKind::kRelu) {
     const bool positive = x > kZero;
     out.alpha = select(positive, x, kZero) + kOne;
-    out.rho = select(positive, kOne / out.alpha, kZero);
+    out.rho = select(positive, quotient_of(kOne, out.alpha), kZero);
   } else if constexpr (kKind == EvidenceKind::kSoftplus) {
     // softplus(x) = max(x, 0) + ln(1 + e^-|x|), exact for every x; g' = sigmoid(x).
     const T small = exp_of(-(x < kZero ? -x : x));
     const T softplus = select(x > kZero, x, kZero) + log1p_of(small);
-    const T sigmoid = select(x > kZero, kOne, small) / (kOne + small);
+    const T sigmoid = quotient_of(select(x > kZero, kOne, small), kOne + small);
     out.alpha = softplus + kOne;
-    out.rho = sigmoid / out.alpha;
+    out.rho = quotient_of(sigmoid, out.alpha);
   } else {
     // With q = e^{-2|x|} <= 1: tanh = ±(1 − q)/(1 + q) and 1 − tanh² = 4q/(1 + q)², the latter
     // without the cancellation of 1 − t·t (which loses all relative accuracy for |x| > 10).
     const T q = exp_of(static_cast<T>(-2) * (x < kZero ? -x : x));
-    const T inv = kOne / (kOne + q);
+    const T inv = quotient_of(kOne, kOne + q);
     const T magnitude = (kOne - q) * inv;
     const T t = select(x < kZero, -magnitude, magnitude);
     const T e = exp_of(t);
     out.alpha = e + kOne;
-    out.rho = e * (static_cast<T>(4) * q * inv * inv) / out.alpha;
+    out.rho = quotient_of(e * (static_cast<T>(4) * q * inv * inv), out.alpha);
   }
   // A NaN similarity (only with check_finite=False) stays NaN instead of being clamped to a
   // plausible evidence: garbage in, visible garbage out, as in the reference.

@@ -73,7 +73,7 @@ EO_HOST_DEVICE PolygammasF32 polygammas(float x) {
   const LogPairF32 logs = log_f_pair(finite_argument(x), kFitCentreLog2F32);
   g.s = select(g.series, 0.0f, logs.log_scaled);
   g.log_z = logs.log_x;
-  g.inv_z = 1.0f / x;
+  g.inv_z = approx_reciprocal(x);  // u enters the series as u·c next to 1 or ln x: its last bits do not
   fill_polygammas(x, g);
   return g;
 }
@@ -97,7 +97,7 @@ EO_HOST_DEVICE PolygammasF32 polygammas_of_class(float x) {
   const LogPairF32 logs = log_f_pair(finite_argument(x), kFitCentreLog2F32);
   g.s = kClass == kSeriesClass ? 0.0f : logs.log_scaled;
   g.log_z = logs.log_x;
-  g.inv_z = 1.0f / x;
+  g.inv_z = approx_reciprocal(x);  // u enters the series as u·c next to 1 or ln x: its last bits do not
   fill_polygammas(x, g);
   return g;
 }
@@ -176,7 +176,9 @@ EO_HOST_DEVICE float fisher_slope(float x, const PolygammasF32& g) {
 }
 
 // x·ψ2(x)/ψ1(x) = (x²ψ2)/(xψ1) ∈ [−1.462, −1] (the logdet gradient's per-element ratio).
-EO_HOST_DEVICE float tetragamma_trigamma_ratio(const PolygammasF32& g) { return g.x2_tetragamma / g.x_trigamma; }
+EO_HOST_DEVICE float tetragamma_trigamma_ratio(const PolygammasF32& g) {
+  return approx_divide(g.x2_tetragamma, g.x_trigamma);
+}
 
 }  // namespace EO_ISA
 }  // namespace evidential_ops
