@@ -620,10 +620,10 @@ def stage_share(row: dict, key: str) -> float:
     """Instructions of class `key` per element in the stage around a CUDA forward's row loop (its
     own body, once per stage_rows iterations of the row loop); 0 for every other kernel."""
     stage = row.get("stage")
-    if not stage or not row.get("elements_per_iteration"):
+    if not stage:
         return 0.0
     value = stage["own"][key] if key in stage["own"] else stage[key]
-    return (value or 0) / (stage["rows"] * row["elements_per_iteration"])
+    return (value or 0) / stage["elements"]
 
 
 def profile_cuda(nvcc: str, nvdisasm: str, methods, directions, builds, workdir: str) -> tuple:
@@ -679,11 +679,16 @@ def profile_cuda(nvcc: str, nvdisasm: str, methods, directions, builds, workdir:
                 hot = row["hot"]
                 stage = next((lp for lp in row["loops"] if hot is not None and hot["header"] in lp["nested"]), None)
                 if direction == "fwd" and stage is not None:
-                    row["stage"] = dict(own=stage["own"], max_path=stage["max_path"], rows=cuda_stage_rows(method))
+                    row["stage"] = dict(own=stage["own"], max_path=stage["max_path"], rows=cuda_stage_rows(method),
+                                        elements=cuda_stage_rows(method) * elements)
                 if build == "cuda-path" and row["hot"] is not None:
                     loads = _float32_s_loads(row["hot"]["opcodes"])
                     row["s_loads_in_loop"] = loads
-                    if loads != elements:
+                    if loads and loads % elements == 0 and loads != elements:
+                        # the compiler unrolled the row loop: that many rows per iteration
+                        row["elements_per_iteration"] = loads
+                        row["unrolled_rows"] = loads // elements
+                    elif loads != elements:
                         row["warning"] = (f"{loads} float32 loads of s in the loop body, {elements} elements "
                                           f"expected: elements per iteration taken as {elements}")
             rows.append(row)
@@ -841,6 +846,11 @@ def markdown(report: dict) -> str:
                          f"`{symbol}` | {lp['header']}{'*' if lp['hot'] else ''} | {', '.join(lp['ranges'])} | "
                          f"{lp['depth']} | {lp['body']} | {lp['own']['total']} | {_fmt(lp['max_path'])} | "
                          f"{lp['calls']} |")
+    unrolled = [f"{_title(r)} {_build(r)}: the compiler unrolled the row loop {r['unrolled_rows']}×, so its body "
+                f"holds {r['elements_per_iteration']} elements (its loads of s)" for r in report["rows"]
+                if r.get("unrolled_rows")]
+    if unrolled:
+        lines += ["", "Unrolled row loops:", ""] + [f"- {u}" for u in unrolled]
     warnings = [f"{_title(r)} {_build(r)}: {r['warning']}" for r in report["rows"] if r.get("warning")]
     if warnings:
         lines += ["", "## Warnings", ""] + [f"- {w}" for w in warnings]
