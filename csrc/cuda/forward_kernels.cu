@@ -37,9 +37,10 @@ static_assert(forward_threads(true) % 32 == 0, "whole warps");
 // registers, the occupancy of element_min_blocks' 2 blocks of 256); 3 where the KL joins the
 // Fisher terms (no method's set: TCL is the KL alone, UML the Fisher terms alone), which spill 8
 // to 28 bytes at 128. Left free, ptxas aims lower and spills around the out-of-line calls of the
-// rare elements. The float64 path as before (none).
+// rare elements. The float64 path 1: with none, ptxas held two of its logdet instantiations to 80
+// registers on sm_80 and spilled 12-16 bytes.
 __host__ __device__ constexpr int forward_min_blocks(bool float32, bool kl_and_fisher) {
-  return float32 ? (kl_and_fisher ? 3 : 2 * columns_per_thread(true)) : element_min_blocks(false);
+  return float32 ? (kl_and_fisher ? 3 : 2 * columns_per_thread(true)) : 1;
 }
 
 // Statistic slot k (LineStat k + 1: rest, kl_h, squares, fisher, log_trigamma, remainder) is
