@@ -58,14 +58,12 @@ per precision, an empty launch, a host read) overrides them. Writes OUT (markdow
 
 from __future__ import annotations
 
-import argparse
 import copy
 import glob
 import hashlib
 import json
 import math
 import os
-import re
 import sys
 from dataclasses import dataclass, field
 
@@ -260,10 +258,7 @@ def per_element(row: dict) -> dict:
 
 def strip_constants(path: str = STRIP_PLAN_H) -> dict:
     """The `constexpr` integers of strip_plan.h (kThreads, kStatSlots, kTargetBlocks, ...)."""
-    with open(path, encoding="utf-8") as handle:
-        text = handle.read()
-    found = {m.group(1): int(m.group(2)) for m in
-             re.finditer(r"constexpr\s+(?:int|std::int64_t)\s+(k\w+)\s*=\s*(\d+)\s*;", text)}
+    found = static_profile.source_ints(path)
     needed = ("kThreads", "kStatSlots", "kTargetBlocks", "kMinGroupRows", "kMaxRowGroups", "kAlignment",
               "kScalarBytes", "kDefaultWorkspaceMiB")
     missing = [n for n in needed if n not in found]
@@ -903,11 +898,7 @@ def to_json(report: dict, detailed_device: str) -> str:
 
 def main(argv=None) -> int:
     """Command line (see the module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split("\n\n", 2)[2])
-    parser.add_argument("--out", default=DEFAULT_OUT, help="markdown report; the JSON goes next to it "
-                        "(default: %(default)s)")
+    parser = static_profile.report_parser(__doc__, DEFAULT_OUT)
     parser.add_argument("--device", nargs="+", choices=tuple(DEVICES), default=list(DEVICES),
                         help="the first gets the per-kernel breakdown and is the one --compare uses")
     parser.add_argument("--ceilings", help="JSON of measured ceilings (--measure-ceilings) for the first device")

@@ -591,7 +591,7 @@ def cuda_elements_per_iteration(direction: str) -> int:
     return int(match.group(1)) if match else 1
 
 
-def _source_ints(path: str) -> dict:
+def source_ints(path: str) -> dict:
     """The `constexpr int kName = <integer product>;` constants of a source file."""
     with open(path, encoding="utf-8") as handle:
         text = handle.read()
@@ -603,8 +603,8 @@ def cuda_stage_rows(method: str) -> int:
     """Rows per warp stage of forward_stats_kernel's float32 path (forward_kernels.cu stage_rows,
     ported): after that many iterations of its row loop, the warp adds up the rows' lane sums
     staged in shared memory, in the enclosing loop's own body."""
-    forward = _source_ints(os.path.join(ROOT, "csrc", "cuda", "forward_kernels.cu"))
-    plan = _source_ints(os.path.join(ROOT, "csrc", "cuda", "strip_plan.h"))
+    forward = source_ints(os.path.join(ROOT, "csrc", "cuda", "forward_kernels.cu"))
+    plan = source_ints(os.path.join(ROOT, "csrc", "cuda", "strip_plan.h"))
     kl, fmse, logdet = METHODS[method]["flags"]
     slots = sum(1 for k in range(plan["kStatSlots"])
                 if k in (0, 2) or (k == 1 and kl) or (k == 3 and fmse) or (k in (4, 5) and logdet))
@@ -865,13 +865,20 @@ def _commit() -> str:
     return commit + ("+uncommitted changes to csrc/ or evidential_ops/" if dirty.stdout.strip() else "")
 
 
+def report_parser(doc: str, default_out: str) -> argparse.ArgumentParser:
+    """The command line of a bench script that writes a markdown report (and its JSON): the
+    module docstring's first paragraph as description, its third on as epilog, and --out."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=doc.split("\n\n", 2)[2])
+    parser.add_argument("--out", default=default_out, help="markdown report; the JSON goes next to it "
+                        "(default: %(default)s)")
+    return parser
+
+
 def main(argv=None) -> int:
     """Command line (see the module docstring); 0 also where nothing could be compiled."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog=__doc__.split("\n\n", 2)[2])
-    parser.add_argument("--out", default=DEFAULT_OUT, help="markdown report; the JSON goes next to it "
-                        "(default: %(default)s)")
+    parser = report_parser(__doc__, DEFAULT_OUT)
     parser.add_argument("--label", help="name of this profile in the report's title (default: from --out, "
                         "static_profile_<label>.md, else 'current')")
     parser.add_argument("--backend", nargs="+", choices=("cuda", "cuda-path", "triton"),
