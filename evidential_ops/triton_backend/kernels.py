@@ -554,6 +554,9 @@ def grad_fused_kernel(
         cols = c0 + tl.arange(0, BLOCK_N)
         cmask = cols < n_other
         cols64 = cols.to(tl.int64)
+        # s read again in BLOCK_K steps rather than as a_blk·b_blkᵀ: holding the column block through
+        # the element math spills on sm_90 (aot_check, default tile: 44-436 bytes stored); it is
+        # loaded after G instead.
         s = _s_tile(a_ptr, b_ptr, rows, cols, rmask, cmask, stride_ai, stride_ak, stride_bj, stride_bk, D,
                     False, PRECISION, CT, BLOCK_M, BLOCK_N, BLOCK_K)
         valid = rmask[:, None] & cmask[None, :]
