@@ -210,10 +210,17 @@ def occupancy(registers: int, threads: int, c: dict) -> int:
 # ---------------------------------------------------------------------------- static profile
 
 
+def model_inputs() -> list:
+    """What the model reads, sorted: the CUDA kernels and the kernel math they compile
+    (csrc/kernels/), the Triton backend, the benchmark helpers, this script and the profiler."""
+    return sorted(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*")) +
+                  glob.glob(os.path.join(ROOT, "csrc", "kernels", "*.h")) +
+                  glob.glob(os.path.join(ROOT, "evidential_ops", "triton_backend", "*.py")) +
+                  [os.path.join(ROOT, "evidential_ops", "benchmark.py"), __file__, static_profile.__file__])
+
+
 def _source_mtime() -> float:
-    paths = glob.glob(os.path.join(ROOT, "csrc", "cuda", "*")) + glob.glob(
-        os.path.join(ROOT, "evidential_ops", "triton_backend", "*.py")) + [static_profile.__file__]
-    return max(os.path.getmtime(p) for p in paths)
+    return max(os.path.getmtime(p) for p in model_inputs())
 
 
 def load_profile(path: str | None = None, refresh_to: str = DEFAULT_PROFILE) -> dict | None:
@@ -640,13 +647,10 @@ def _verdict(value: float, limit: float | None, fmt: str) -> str:
 
 
 def inputs_digest() -> str:
-    """sha256 (12 hex digits) of what the model reads: the kernel sources, the launch code, this
-    script and the static profiler; the same digest, the same report."""
-    paths = sorted(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*")) +
-                   glob.glob(os.path.join(ROOT, "evidential_ops", "triton_backend", "*.py")) +
-                   [os.path.join(ROOT, "evidential_ops", "benchmark.py"), __file__, static_profile.__file__])
+    """sha256 (12 hex digits) of what the model reads (model_inputs); the same digest, the same
+    report."""
     digest = hashlib.sha256()
-    for p in paths:
+    for p in model_inputs():
         with open(p, "rb") as handle:
             digest.update(os.path.relpath(p, ROOT).encode() + b"\0" + handle.read())
     return digest.hexdigest()[:12]

@@ -679,8 +679,9 @@ def profile_cuda(nvcc: str, nvdisasm: str, methods, directions, builds, workdir:
                 hot = row["hot"]
                 stage = next((lp for lp in row["loops"] if hot is not None and hot["header"] in lp["nested"]), None)
                 if direction == "fwd" and stage is not None:
-                    row["stage"] = dict(own=stage["own"], max_path=stage["max_path"], rows=cuda_stage_rows(method),
-                                        elements=cuda_stage_rows(method) * elements)
+                    rows_per_stage = cuda_stage_rows(method)
+                    row["stage"] = dict(own=stage["own"], max_path=stage["max_path"], rows=rows_per_stage,
+                                        elements=rows_per_stage * elements)
                 if build == "cuda-path" and row["hot"] is not None:
                     loads = _float32_s_loads(row["hot"]["opcodes"])
                     row["s_loads_in_loop"] = loads

@@ -6,7 +6,8 @@
 // The element kernels give one thread to each column of a strip of s (the float32 forward: two
 // columns, 32 apart) and let it walk down the rows of its row group (blockIdx.y): the loads of a
 // warp are consecutive columns (coalesced), a column's sums stay in registers, and a row's sum is
-// a fixed butterfly over the warp and then over the block's warps, so every reduction has a fixed order: no atomics on floating-point
+// the warp's lanes in lane order (staged in shared memory) and then the block's warps in order, so
+// every reduction has a fixed order: no atomics on floating-point
 // values anywhere, and results do not depend on scheduling. The per-element math is csrc/kernels/'s,
 // shared with the CPU: float64 for float64 views, the float32 element math (SPEC §2 "Float32 element
 // math") for float32 and half views, chosen by the launchers from the view's kind.
