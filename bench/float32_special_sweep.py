@@ -22,6 +22,9 @@ Points (every one a float32, the full sweep a superset of the reduced one):
   8 and of the zeros of ψ (1.4616) and ln ψ1 (1.4263);
 - α in (2^24, FLT_MAX]: 256 per binade, plus FLT_MAX and the 64 floats below it;
 - ln α in [ln 8, 1000] for the log-space entry (α beyond FLT_MAX), log-spaced;
+- t in [−1, 1] for exp_tanh's functions of t (at α = 1 + e^t): evenly spaced in value (2^-15 apart,
+  65537 points), plus every float within 64 ulps of ±1 and
+  the zero of ln ψ1 (t1 = ln(x1 − 1) ≈ −0.853);
 - exp on [−104, 88.73], log on [FLT_MIN, FLT_MAX], log1p on [0, FLT_MAX]: their edges plus even
   spacing (exp) or every binade (log, log1p).
 """
@@ -113,6 +116,20 @@ def log_alpha_points(reduced: bool) -> np.ndarray:
     return np.unique(np.asarray([p for p in pts if p >= f32(math.log(8.0))], dtype=np.float32))
 
 
+def tanh_trigamma_one() -> float:
+    with mp.workdps(30):
+        return float(mp.log(mp.findroot(lambda t: mp.psi(1, t) - 1, 1.43) - 1))
+
+
+def tanh_points(reduced: bool) -> np.ndarray:
+    step = 2.0**-9 if reduced else 2.0**-15
+    near = 4 if reduced else 64
+    pts = list(np.arange(-1.0, 1.0 + step / 2, step))
+    for x in (-1.0, 1.0, tanh_trigamma_one()):
+        pts += around(x, near)
+    return np.unique(np.asarray([p for p in pts if -1.0 <= p <= 1.0], dtype=np.float32))
+
+
 def exp_points(reduced: bool) -> np.ndarray:
     full = np.linspace(-103.97, 88.72, 200001).astype(np.float32)
     pts = list(full[:: 100 if reduced else 1])
@@ -179,6 +196,15 @@ def log_alpha_reference(log_x: float) -> list[float]:
         return [float(t) for i, t in enumerate(v) if i != 1]  # no lgamma in log space
 
 
+def tanh_reference(t: float) -> list[float]:
+    """The 'tanh' list at α = 1 + e^t (exactly, from the float32 t)."""
+    with mp.workdps(BASE_DPS + 10):
+        v = alpha_definitions(1 + mp.exp(mpf(t)))
+        # the driver's order: kl_h_plus_one, x_kl_v, x_trigamma, log_trigamma, remainder,
+        # x_remainder_prime, fisher_slope, tetragamma_trigamma_ratio
+        return [float(v[i]) for i in (5, 6, 2, 7, 8, 9, 10, 11)]
+
+
 def exp_reference(x: float) -> list[float]:
     with mp.workdps(BASE_DPS):
         return [float(mp.exp(mpf(x)))]
@@ -202,6 +228,7 @@ DOMAINS = {
     "log_alpha": (log_alpha_points, log_alpha_reference, [
         ("ln α in [ln 8, ln FLT_MAX]", 0.0, float(f32(LOG_FLT_MAX)) * (1 + 2**-23)),
         ("ln α in (ln FLT_MAX, 1000]", float(f32(LOG_FLT_MAX)) * (1 + 2**-23), math.inf)]),
+    "tanh": (tanh_points, tanh_reference, [("t in [−1, 0)", -1.0, 0.0), ("t in [0, 1]", 0.0, math.inf)]),
     "exp": (exp_points, exp_reference, [
         ("x in [−104, ln FLT_MIN) (subnormal e^x)", -math.inf, math.log(FLT_MIN)),
         ("x in [ln FLT_MIN, 88.72]", math.log(FLT_MIN), math.inf)]),

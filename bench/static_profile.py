@@ -546,7 +546,7 @@ namespace evidential_ops {{
 namespace cuda {{
 template <typename T>
 __device__ __forceinline__ auto path_evidence(int, T x) {{ return evidence_of({evidence}, x); }}
-__device__ __forceinline__ bool path_fitted(int) {{ return fitted_evidence({evidence}); }}
+__device__ __forceinline__ bool path_of_tanh(int) {{ return tanh_evidence({evidence}); }}
 template <typename T>
 __device__ __forceinline__ T path_load(SimilarityView s, std::int64_t at) {{
   s.kind = ScalarKind::kFloat32;
@@ -559,7 +559,7 @@ __device__ __forceinline__ void path_store(void* out, ScalarKind, std::int64_t a
 }}  // namespace cuda
 }}  // namespace evidential_ops
 #define evidence_of path_evidence
-#define fitted_evidence path_fitted
+#define tanh_evidence path_of_tanh
 #define load_similarity path_load
 #define store_gradient path_store
 #include "cuda/{file}"

@@ -179,6 +179,35 @@ def _special_f32_kernel(x_ptr, o_ptr, n, BEYOND: tl.constexpr, BLOCK: tl.constex
         tl.store(o_ptr + k * BLOCK + i, values[k], mask=m)
 
 
+F32_TANH_FUNCTIONS = ("kl_h_plus_one", "x_kl_v", "x_trigamma", "log_trigamma", "remainder", "x_remainder_prime",
+                      "fisher_slope", "tetragamma_trigamma_ratio")
+
+
+@triton.jit
+def _tanh_f32_kernel(t_ptr, o_ptr, n, BLOCK: tl.constexpr):
+    """F32_TANH_FUNCTIONS at α = 1 + e^t (exp_tanh's functions of t). Output (8, BLOCK)."""
+    i = tl.arange(0, BLOCK)
+    m = i < n
+    t = tl.load(t_ptr + i, mask=m, other=0.0)
+    h, xt, lt, r = sp.element_forward_of_tanh_f32(t, True, True, True)
+    kv, fs, ratio, xrp = sp.element_backward_of_tanh_f32(t, True, True, True)
+    values = (h, kv, xt, lt, r, xrp, fs, ratio)
+    for k in tl.static_range(8):
+        tl.store(o_ptr + k * BLOCK + i, values[k], mask=m)
+
+
+def _tanh_f32_values(t: np.ndarray) -> dict[str, np.ndarray]:
+    block = triton.next_power_of_2(max(16, t.size))
+    ts = torch.from_numpy(t.astype(np.float32)).to(device())
+    out = torch.zeros(8 * block, dtype=torch.float32, device=device())
+    _tanh_f32_kernel[(1,)](ts, out, t.size, block, enable_fp_fusion=False)
+    return dict(zip(F32_TANH_FUNCTIONS, out.view(8, block)[:, : t.size].cpu().numpy()))
+
+
+def _domain_values(domain: str, x: np.ndarray) -> dict[str, np.ndarray]:
+    return _tanh_f32_values(x) if domain == "tanh" else _special_f32_values(x, domain == "log_alpha")
+
+
 def _special_f32_values(x: np.ndarray, beyond: bool) -> dict[str, np.ndarray]:
     block = triton.next_power_of_2(max(16, x.size))
     xs = torch.from_numpy(x.astype(np.float32)).to(device())
@@ -190,12 +219,12 @@ def _special_f32_values(x: np.ndarray, beyond: bool) -> dict[str, np.ndarray]:
     return result
 
 
-@pytest.mark.parametrize("domain", ["alpha", "log_alpha", "exp", "log", "log1p"])
+@pytest.mark.parametrize("domain", ["alpha", "log_alpha", "tanh", "exp", "log", "log1p"])
 def test_triton_float32_special_functions_within_the_spec_ulp_bounds(domain):
     table = _reference_table()[domain]
     x = table["x"]
     beyond = domain == "log_alpha"
-    got = _special_f32_values(x, beyond)
+    got = _domain_values(domain, x)
     checked = 0
     for k, name in enumerate(table["functions"]):
         for interval, (lo, hi) in enumerate(zip(table["lo"], table["hi"])):
@@ -247,8 +276,10 @@ def _float32_grid() -> dict[str, np.ndarray]:
     alpha = [np.geomspace(1.0, 8.0, 20000), np.geomspace(8.0, 2.0**24, 4000), np.geomspace(2.0**24, FLT_MAX, 2000)]
     alpha += [around(v) for v in (2.0, 4.0, 8.0, 1.4616321325302124, 1.4262551069259644)]
     alpha += [np.arange(bits(1.0), bits(1.0) + 33).astype(np.uint32).view(np.float32)]
+    tanh = [np.linspace(-1.0, 1.0, 20001), -around(1.0)[:33], around(1.0)[:33], -around(0.8527172)]
     return {"alpha": np.unique(np.concatenate(alpha).astype(np.float32)),
             "log_alpha": np.geomspace(88.7229, 1000.0, 500).astype(np.float32),
+            "tanh": np.unique(np.concatenate(tanh).astype(np.float32)),
             "exp": np.linspace(-103.97, 88.72, 20001).astype(np.float32),
             "log": np.geomspace(FLT_MIN, FLT_MAX, 20001).astype(np.float32),
             "log1p": np.concatenate([[0.0], np.geomspace(1e-38, FLT_MAX, 20000)]).astype(np.float32)}
@@ -273,7 +304,7 @@ def test_triton_float32_special_functions_are_the_cpp_ones_bit_for_bit():
             x.tofile(f"{tmp}/in.bin")
             subprocess.run([driver, domain, f"{tmp}/in.bin", f"{tmp}/out.bin"], check=True)
             cpp = np.fromfile(f"{tmp}/out.bin", dtype=np.float32).reshape(len(names[domain]), 2, x.size)
-        got = _special_f32_values(x, domain == "log_alpha")
+        got = _domain_values(domain, x)
         for k, name in enumerate(names[domain]):
             if domain == "log_alpha" and name in ("remainder", "x_remainder_prime"):
                 continue
@@ -443,7 +474,7 @@ def _evidence_f32_kernel(x_ptr, o_ptr, n, EVIDENCE: tl.constexpr, BLOCK: tl.cons
     i = tl.arange(0, BLOCK)
     m = i < n
     x = tl.load(x_ptr + i, mask=m, other=1.0)
-    alpha, rho, e_r, k, beyond = sp.evidence_f32(x, EVIDENCE)
+    alpha, rho, e_r, k, beyond, _t = sp.evidence_f32(x, EVIDENCE)
     alpha64 = tl.where(beyond, sp.ldexp_f64(e_r.to(tl.float64), k), alpha.to(tl.float64))
     a_m = tl.where(beyond, e_r, alpha)
     a_k = tl.where(beyond, k, 0)

@@ -277,7 +277,7 @@ EvidenceValue evidence_of(int kind, double x) {
     case EvidenceKind::kSoftplus: return double_evidence<EvidenceKind::kSoftplus>(x);
     case EvidenceKind::kExpTanh: return double_evidence<EvidenceKind::kExpTanh>(x);
   }
-  return EvidenceValue{0.0, 0.0};
+  return EvidenceValue{0.0, 0.0, 0.0};
 }
 
 template <bool kKl, bool kFmse, bool kLogdet>

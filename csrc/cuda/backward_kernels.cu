@@ -42,20 +42,15 @@ __device__ EO_OUT_OF_LINE double element_gradient_f64(const double* row_constant
   return coefficient * rho * inv_tau;
 }
 
-// ∂L/∂s of one element of the float32 path from its α_f, ρ_f and both lines' narrowed constants.
-// kFitted: α is known to be below the series (kn::alpha_always_fitted): the fits only.
-template <bool kKl, bool kFmse, bool kLogdet, bool kFitted = false>
+// ∂L/∂s of one element of the float32 path from its α_f, ρ_f, its element factors f and both lines'
+// narrowed constants.
+template <bool kKl, bool kFmse, bool kLogdet>
 __device__ __forceinline__ float element_gradient_f32(float alpha_f, float rho_f, bool on, float inv_tau_f,
+                                                      const kn::ElementBackwardF32& f,
                                                       const kn::LineGradientF32& row,
                                                       const kn::LineGradientF32& column) {
   const float on_target = on ? 1.0f : 0.0f;
   const float off = 1.0f - on_target;
-  kn::ElementBackwardF32 f;
-  if constexpr (kFitted) {
-    f = kn::element_backward_f32<kKl, kFmse, kLogdet>(alpha_f, kn::polygammas_of_class<0>(alpha_f));
-  } else {
-    f = kn::element_backward_f32<kKl, kFmse, kLogdet>(alpha_f);
-  }
   const float coefficient = kn::line_share<kKl, kFmse, kLogdet>(alpha_f, off, on_target, f, row) +
                             kn::line_share<kKl, kFmse, kLogdet>(alpha_f, off, on_target, f, column);
   return coefficient * rho_f * inv_tau_f;  // ∂L/∂s = (α∂L/∂α)·(g'(x)/α)·(1/τ)
@@ -75,6 +70,7 @@ __device__ EO_OUT_OF_LINE float rare_element_gradient(int evidence, double inv_t
                                                       std::int64_t n_cols, std::int64_t line, std::int64_t j,
                                                       float s, bool on, bool double_map, float inv_tau_f) {
   double alpha, rho;
+  float tanh = 0.0f;
   if (double_map) {
     const kn::EvidenceValue d = evidence_of(evidence, static_cast<double>(s) * inv_tau);
     alpha = d.alpha;
@@ -83,12 +79,18 @@ __device__ EO_OUT_OF_LINE float rare_element_gradient(int evidence, double inv_t
     const kn::EvidenceValueF32 v = evidence_of(evidence, s * inv_tau_f);
     alpha = v.alpha;
     rho = v.rho;
+    tanh = v.tanh;
   }
   const float alpha_f = static_cast<float>(alpha), rho_f = static_cast<float>(rho);
   const bool beyond = !(alpha <= kFloatMax);  // NaN too
   if (!beyond) {
+    // exp_tanh's functions of t where the loop took them (the float map), so that a finite result is
+    // the loop's own.
+    const kn::ElementBackwardF32 f = !double_map && tanh_evidence(evidence)
+                                         ? kn::element_backward_f32_of_tanh<kKl, kFmse, kLogdet>(tanh)
+                                         : kn::element_backward_f32<kKl, kFmse, kLogdet>(alpha_f);
     const float g = element_gradient_f32<kKl, kFmse, kLogdet>(
-        alpha_f, rho_f, on, inv_tau_f,
+        alpha_f, rho_f, on, inv_tau_f, f,
         kn::narrow_line_gradient(kn::load_line_gradient(kn::gradient_arrays(row_constants, n_rows), line)),
         kn::narrow_line_gradient(kn::load_line_gradient(kn::gradient_arrays(col_constants, n_cols), j)));
     if (fabsf(g) <= kFloatMaxF) return g;
@@ -110,7 +112,7 @@ __global__ void __launch_bounds__(kThreads, element_min_blocks(kFloat32)) gradie
     const kn::LineGradientF32 column = kn::narrow_line_gradient(
         active ? kn::load_line_gradient(kn::gradient_arrays(a.col_constants, a.n_cols), j) : zero_line_gradient());
     const float inv_tau_f = static_cast<float>(a.inv_tau);
-    const bool fitted = fitted_evidence(a.evidence);  // uniform over the launch
+    const bool of_tanh = tanh_evidence(a.evidence);  // uniform over the launch
     for (std::int64_t chunk = range.begin; chunk < range.end; chunk += kRowChunk) {
       const int n = static_cast<int>(range.end - chunk < kRowChunk ? range.end - chunk : kRowChunk);
       if (static_cast<int>(threadIdx.x) < n) {
@@ -132,10 +134,14 @@ __global__ void __launch_bounds__(kThreads, element_min_blocks(kFloat32)) gradie
         const bool double_map = on || !(v.alpha < kInfinityF);  // NaN too: NaN either way
         float g = 0.0f;
         if (!double_map) {
-          if (fitted) {
-            g = element_gradient_f32<kKl, kFmse, kLogdet, true>(v.alpha, v.rho, on, inv_tau_f, row_lines[r], column);
+          if (of_tanh) {  // exp_tanh: the functions from t = tanh x
+            g = element_gradient_f32<kKl, kFmse, kLogdet>(
+                v.alpha, v.rho, on, inv_tau_f, kn::element_backward_f32_of_tanh<kKl, kFmse, kLogdet>(v.tanh),
+                row_lines[r], column);
           } else {
-            g = element_gradient_f32<kKl, kFmse, kLogdet>(v.alpha, v.rho, on, inv_tau_f, row_lines[r], column);
+            g = element_gradient_f32<kKl, kFmse, kLogdet>(v.alpha, v.rho, on, inv_tau_f,
+                                                          kn::element_backward_f32<kKl, kFmse, kLogdet>(v.alpha),
+                                                          row_lines[r], column);
           }
         }
         if (double_map || !(fabsf(g) <= kFloatMaxF)) {

@@ -79,10 +79,10 @@ __device__ __forceinline__ auto evidence_of(int kind, T x) {
   }
 }
 
-// Whether the launch's evidence map keeps every α below the series (element_terms.h
-// alpha_always_fitted): a uniform branch to the element code that evaluates the fits only.
-__device__ __forceinline__ bool fitted_evidence(int kind) {
-  return kn::alpha_always_fitted(static_cast<kn::EvidenceKind>(kind));
+// Whether the launch's evidence map gives its α's functions as polynomials in t = tanh x
+// (element_terms.h has_tanh_functions): a uniform branch to the element code that evaluates those.
+__device__ __forceinline__ bool tanh_evidence(int kind) {
+  return kn::has_tanh_functions(static_cast<kn::EvidenceKind>(kind));
 }
 
 // The float32 element math (SPEC §2 "Float32 element math") for float32, float16 and bfloat16

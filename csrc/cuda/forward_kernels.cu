@@ -100,17 +100,18 @@ __device__ __forceinline__ ElementStats element_stats_f64(double alpha) {
   return ElementStats{alpha, scaled * scaled, kn::element_forward<kKl, kFmse, kLogdet>(alpha)};
 }
 
-// The float32 path's statistics of an α <= FLT_MAX: float32 functions, widened. kFitted: α is
-// known to be below the series (kn::alpha_always_fitted), so only the fits are evaluated.
-template <bool kKl, bool kFmse, bool kLogdet, bool kFitted = false>
+// The float32 path's statistics of an α <= FLT_MAX: float32 functions, widened.
+template <bool kKl, bool kFmse, bool kLogdet>
 __device__ __forceinline__ ElementStats element_stats_f32(float alpha_f, double alpha) {
-  kn::ElementForwardF32 f;
-  if constexpr (kFitted) {
-    f = kn::element_forward_f32<kKl, kFmse, kLogdet>(alpha_f, kn::polygammas_of_class<0>(alpha_f));
-  } else {
-    f = kn::element_forward_f32<kKl, kFmse, kLogdet>(alpha_f);
-  }
+  const kn::ElementForwardF32 f = kn::element_forward_f32<kKl, kFmse, kLogdet>(alpha_f);
   return ElementStats{alpha, kn::square_statistic(alpha_f), kn::widen_from_float(alpha_f, f)};
+}
+
+// The same for exp_tanh evidence, the functions from t = tanh x (kn::has_tanh_functions).
+template <bool kKl, bool kFmse, bool kLogdet>
+__device__ __forceinline__ ElementStats element_stats_f32_of_tanh(float alpha_f, float t) {
+  const kn::ElementForwardF32 f = kn::element_forward_f32_of_tanh<kKl, kFmse, kLogdet>(t);
+  return ElementStats{alpha_f, kn::square_statistic(alpha_f), kn::widen_from_float(alpha_f, f)};
 }
 
 // A rare element of the float32 path (device_common.cuh: float32 evidence): a line's target, or
@@ -163,7 +164,7 @@ __global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(
   const bool want_rows = a.row_partial != nullptr;  // uniform over the launch
   const RowRange range = group_rows(a.s.rows);
   const float inv_tau_f = static_cast<float>(a.inv_tau);  // narrowed once (float32 path only)
-  const bool fitted = fitted_evidence(a.evidence);       // uniform over the launch
+  const bool of_tanh = tanh_evidence(a.evidence);       // uniform over the launch
 
   // The thread's columns inside the strip: the first `columns` of its kColumns.
   const std::int64_t beyond = a.s.cols - j0;
@@ -211,8 +212,8 @@ __global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(
             if (target || !(v.alpha < kInfinityF)) {  // NaN too: it comes out NaN either way
               const ElementStats e = rare_element_stats<kKl, kFmse, kLogdet>(a.evidence, s, a.inv_tau);
               add_element<kKl, kFmse, kLogdet>(a, line, j, target, e.alpha, e.square, e.f, c);
-            } else if (fitted) {
-              const ElementStats e = element_stats_f32<kKl, kFmse, kLogdet, true>(v.alpha, v.alpha);
+            } else if (of_tanh) {
+              const ElementStats e = element_stats_f32_of_tanh<kKl, kFmse, kLogdet>(v.alpha, v.tanh);
               add_element<kKl, kFmse, kLogdet>(a, line, j, false, e.alpha, e.square, e.f, c);
             } else {  // never a target: add_element's selects and stores fold away
               const ElementStats e = element_stats_f32<kKl, kFmse, kLogdet>(v.alpha, v.alpha);

@@ -90,12 +90,10 @@ struct ElementForwardF32 {
   float remainder;      // r(α)
 };
 
-// Evidence maps whose α never reaches the series (α < kSeriesFromF32 = 8 for every x): exp_tanh's
-// α = 1 + e^{tanh x} <= 1 + e. Their elements are all of the fitted class, so element code can take
-// polygammas_of_class<0> and evaluate no series, no 1/α and no select between the two forms (a
-// NaN α is NaN on either branch).
-EO_HOST_DEVICE constexpr bool alpha_always_fitted(EvidenceKind kind) { return kind == EvidenceKind::kExpTanh; }
-static_assert(1.0f + 2.7182819f < kSeriesFromF32, "exp_tanh's α stays below the series");
+// Evidence maps whose α is 1 + e^t with t = tanh x ∈ [−1, 1] given by the map (EvidenceValueOf::tanh):
+// exp_tanh. Element code takes element_*_f32_of_tanh(t) for them: one polynomial in t per function,
+// no ln α, no series, no 1/α and no select between forms (a NaN t is NaN throughout).
+EO_HOST_DEVICE constexpr bool has_tanh_functions(EvidenceKind kind) { return kind == EvidenceKind::kExpTanh; }
 
 // g = polygammas(alpha), or polygammas_of_class<k>(alpha) for an alpha of class k (same values).
 template <bool kKl, bool kFmse, bool kLogdet>
@@ -119,6 +117,20 @@ EO_HOST_DEVICE ElementForwardF32 element_forward_f32(float alpha) {
   } else {
     return ElementForwardF32{0.0f, 0.0f, 0.0f, 0.0f};
   }
+}
+
+// The same at α = 1 + e^t for exp_tanh evidence, from t = tanh x (evidence.h EvidenceValueOf::tanh):
+// one polynomial in t per function, no logarithm (special_functions_f32.h "of_tanh").
+template <bool kKl, bool kFmse, bool kLogdet>
+EO_HOST_DEVICE ElementForwardF32 element_forward_f32_of_tanh(float t) {
+  ElementForwardF32 out = {0.0f, 0.0f, 0.0f, 0.0f};
+  if constexpr (kKl) out.kl_h_plus_one = kl_h_plus_one_tanh_fit(t);
+  if constexpr (kFmse) out.x_trigamma = x_trigamma_tanh_fit(t);
+  if constexpr (kLogdet) {
+    out.log_trigamma = log_trigamma_of_tanh(t);
+    out.remainder = remainder_tanh_fit(t);
+  }
+  return out;
 }
 
 // ElementForward from the float32 values at α (double, the value the line sums take): h as
@@ -185,6 +197,19 @@ EO_HOST_DEVICE ElementBackwardF32 element_backward_f32(float alpha) {
   } else {
     return ElementBackwardF32{0.0f, 0.0f, 0.0f, 0.0f};
   }
+}
+
+// The same at α = 1 + e^t for exp_tanh evidence (see element_forward_f32_of_tanh).
+template <bool kKl, bool kFmse, bool kLogdet>
+EO_HOST_DEVICE ElementBackwardF32 element_backward_f32_of_tanh(float t) {
+  ElementBackwardF32 out = {0.0f, 0.0f, 0.0f, 0.0f};
+  if constexpr (kKl) out.kl_v = x_kl_v_tanh_fit(t);
+  if constexpr (kFmse) out.fisher_slope = fisher_slope_tanh_fit(t);
+  if constexpr (kLogdet) {
+    out.logdet_ratio = tetragamma_trigamma_ratio_tanh_fit(t);
+    out.logdet_r_prime = x_remainder_prime_tanh_fit(t);
+  }
+  return out;
 }
 
 EO_HOST_DEVICE ElementBackward widen(const ElementBackwardF32& f) {

@@ -14,11 +14,13 @@ namespace EO_ISA {
 // Same order as evidential_ops.config.EVIDENCE_KINDS.
 enum class EvidenceKind : int { kExp = 0, kRelu = 1, kSoftplus = 2, kExpTanh = 3 };
 
-// α = g(x) + 1 and ρ = g'(x)/α in the precision of x.
+// α = g(x) + 1 and ρ = g'(x)/α in the precision of x; for exp_tanh also t = tanh x, the variable
+// of its α's special functions (special_functions_f32.h, "of_tanh"), 0 for the other maps.
 template <typename T>
 struct EvidenceValueOf {
   T alpha;
   T rho;
+  T tanh;
 };
 using EvidenceValue = EvidenceValueOf<double>;
 // The float32 maps (SPEC §2 "Float32 element math"), for float32 and half inputs, with x = s·(1/τ)
@@ -41,6 +43,7 @@ template <EvidenceKind kKind, typename T>
 EO_HOST_DEVICE EvidenceValueOf<T> evidence_value(T x) {
   constexpr T kOne = 1, kZero = 0;
   EvidenceValueOf<T> out;
+  out.tanh = kZero;
   if constexpr (kKind == EvidenceKind::kExp) {
     const T e = exp_of(x);
     out.alpha = e + kOne;
@@ -65,6 +68,7 @@ EO_HOST_DEVICE EvidenceValueOf<T> evidence_value(T x) {
     const T inv = quotient_of(kOne, kOne + q);
     const T magnitude = (kOne - q) * inv;
     const T t = select(x < kZero, -magnitude, magnitude);
+    out.tanh = t;
     const T e = exp_of(t);
     out.alpha = e + kOne;
     out.rho = quotient_of(e * (static_cast<T>(4) * q * inv * inv), out.alpha);

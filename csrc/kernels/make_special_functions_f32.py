@@ -30,6 +30,12 @@ Two kinds of forms, split at x = 8:
   one at a time from the constant term up (the constant as hi + lo), refitting the higher ones
   after each rounding so that they absorb it.
 
+A third form for exp_tanh evidence, whose α = 1 + e^t, t = tanh x ∈ [−1, 1], lies in [1.37, 3.72]:
+each function of α as one polynomial in t itself (`*_tanh_fit`), fitted like the others on [−1, 1]
+(ln ψ1 as (t − t1)·P(t), t1 = ln(x1 − 1) its zero). The element code has t from the map, so it needs
+neither ln α nor a quotient, and x·ψ2/ψ1 is fitted directly instead of divided. As functions of t
+their singularities (α = 0, −1, …: t = ln n + iπ) lie at distance π from [−1, 1]: degrees 9–11.
+
 References are mpmath at 50 digits from the textbook definitions (psi, loggamma).
 """
 
@@ -109,6 +115,10 @@ def x_remainder_prime(x):
 
 def fisher_slope(x):
     return (2 * x + 1) * mp.psi(1, x) + x * (x + 1) * mp.psi(2, x)
+
+
+def tetragamma_trigamma_ratio(x):
+    return x * mp.psi(2, x) / mp.psi(1, x)
 
 
 def digamma_root():
@@ -276,6 +286,8 @@ class Fit:
     """f(x) = offset + m(x)·P(s) on [1, 8), s = ln(x/4); m and offset as given (m = 1 and offset = 0
     unless a zero or a cancellation calls for them)."""
 
+    variable = "s"
+
     def __init__(self, name, fn, multiplier=None, offset=None, centre=LOG_CENTRE, end=SERIES_FROM):
         self.name, self.fn, self.multiplier, self.offset = name, fn, multiplier, offset
         self.centre = centre  # the variable is ln(x/centre), on [1, end)
@@ -309,6 +321,40 @@ class Fit:
                 self.low, self.coefficients, self.max_error = low, coefficients, error
                 return self
         raise RuntimeError(f"{self.name}: no degree below 24 reaches the target on [1, 8)")
+
+
+class TanhFit(Fit):
+    """f(α) = m(t)·P(t) at α = 1 + e^t for t ∈ [−1, 1] (exp_tanh evidence: t = tanh x); m as given
+    (m = 1 unless a zero calls for one), m a function of t."""
+
+    variable = "t"
+
+    def __init__(self, name, fn, multiplier=None):
+        super().__init__(name, fn, multiplier)
+        self.s_begin, self.s_end = -1.0, 1.0
+
+    def target(self, s_values):
+        out = []
+        for t in s_values:
+            t = mpf(float(t))
+            m = self.multiplier(t) if self.multiplier else mpf(1)
+            out.append(float(self.fn(1 + mp.exp(t)) / m))
+        return np.array(out)
+
+    def run(self):
+        # The checks include both ends: t = ±1 exactly is reached (tanh x rounds to 1 from |x| ≈ 9).
+        t_nodes = chebyshev_nodes(NODES)
+        g_nodes = self.target(t_nodes)
+        t_check = -1.0 + np.arange(CHECK_POINTS + 1) * (2.0 / CHECK_POINTS)
+        g_check = self.target(t_check)
+        for degree in range(3, 24):
+            low, coefficients = fit_rounded(t_nodes, g_nodes, degree)
+            exact = [coefficients[0] + low] + coefficients[1:]
+            error = np.max(np.abs(np.polynomial.polynomial.polyval(t_check, exact) / g_check - 1.0))
+            if error <= FIT_TARGET:
+                self.low, self.coefficients, self.max_error = low, coefficients, error
+                return self
+        raise RuntimeError(f"{self.name}: no degree below 24 reaches the target on [−1, 1]")
 
 
 def fit_rounded(s, g, degree) -> list[float]:
@@ -345,13 +391,14 @@ def literal(v: float) -> str:
 def emit_fit(out, name, doc, fit: Fit):
     c = fit.coefficients
     out.append(f"// {doc}")
-    out.append(f"// Degree {len(c) - 1} in s; fit error (relative, float32 coefficients, exact arithmetic) "
+    v = fit.variable
+    out.append(f"// Degree {len(c) - 1} in {v}; fit error (relative, float32 coefficients, exact arithmetic) "
                f"{fit.max_error:.1e}.")
-    out.append(f"EO_HOST_DEVICE float {name}(float s) {{")
+    out.append(f"EO_HOST_DEVICE float {name}(float {v}) {{")
     out.append(f"  float p = {literal(c[-1])};")
     for k in range(len(c) - 2, 0, -1):
-        out.append(f"  p = p * s + {literal(c[k])};")
-    out.append(f"  return (p * s + {literal(fit.low)}) + {literal(c[0])};  // the constant as hi + lo")
+        out.append(f"  p = p * {v} + {literal(c[k])};")
+    out.append(f"  return (p * {v} + {literal(fit.low)}) + {literal(c[0])};  // the constant as hi + lo")
     out.append("}")
     out.append("")
 
@@ -395,7 +442,7 @@ def python_header(constants: list[tuple[str, float]]) -> list[str]:
         'element math"): the Horner steps, coefficients and constants of',
         "csrc/kernels/special_functions_f32_fits.h, written by the same run of the same script, for",
         "special.py. One polynomial on [1, 8) in s = ln(x/4) (h + 1 on [1, 2): in ln x) and asymptotic",
-        "series in u = 1/x for x >= 8. Each literal is its float32 coefficient's exact value as a Python",
+        "series in u = 1/x for x >= 8; for exp_tanh evidence, polynomials in t at x = 1 + e^t. Each literal is its float32 coefficient's exact value as a Python",
         'float, which Triton rounds back to that float32."""',
         "",
         "import triton",
@@ -417,14 +464,15 @@ def python_docstring(text: str) -> list[str]:
 def emit_python_fit(out, name, doc, fit: Fit):
     c = fit.coefficients
     out.append("@triton.jit")
-    out.append(f"def {name}{PY_SUFFIX}(s):")
-    out += python_docstring(f"{doc} Degree {len(c) - 1} in s; fit error (relative, float32 coefficients, exact "
+    v = fit.variable
+    out.append(f"def {name}{PY_SUFFIX}({v}):")
+    out += python_docstring(f"{doc} Degree {len(c) - 1} in {v}; fit error (relative, float32 coefficients, exact "
                             f"arithmetic) {fit.max_error:.1e}. special_functions_f32_fits.h `{name}` (SPEC §2 "
                             '"Float32 element math").')
     out.append(f"    p = {python_literal(c[-1])}")
     for k in range(len(c) - 2, 0, -1):
-        out.append(f"    p = p * s + {python_literal(c[k])}")
-    out.append(f"    return (p * s + {python_literal(fit.low)}) + {python_literal(c[0])}  # the constant as hi + lo")
+        out.append(f"    p = p * {v} + {python_literal(c[k])}")
+    out.append(f"    return (p * {v} + {python_literal(fit.low)}) + {python_literal(c[0])}  # the constant as hi + lo")
     out += ["", ""]
 
 
@@ -449,6 +497,8 @@ def generate(python: list[str] | None = None) -> str:
     x1 = trigamma_one()
     x0_hi, x0_lo = split(x0)
     x1_hi, x1_lo = split(x1)
+    t1 = mp.log(x1 - 1)
+    t1_hi, t1_lo = split(t1)
     one, two = mpf(1), mpf(2)
     fits = {
         "x_trigamma_fit": ("x·ψ1(x).", Fit("xψ1", x_trigamma)),
@@ -476,6 +526,18 @@ def generate(python: list[str] | None = None) -> str:
             " terms' would lose 4 ulps in float32).",
             Fit("f'", fisher_slope, lambda x: x - one, fisher_slope(one)),
         ),
+        "kl_h_plus_one_tanh_fit": ("h + 1 at x = 1 + e^t (exp_tanh: h + 1 ∈ [−0.98, −0.29], no zero).",
+                                   TanhFit("h+1(t)", kl_h_plus_one)),
+        "x_kl_v_tanh_fit": ("x·v(x) at x = 1 + e^t.", TanhFit("xv(t)", x_kl_v)),
+        "x_trigamma_tanh_fit": ("x·ψ1(x) at x = 1 + e^t.", TanhFit("xψ1(t)", x_trigamma)),
+        "log_trigamma_tanh_fit": ("ln ψ1(x) at x = 1 + e^t, = (t − t1)·P(t) (t1 = ln(x1 − 1): ψ1(1 + e^t1) = 1).",
+                                  TanhFit("lnψ1(t)", log_trigamma, lambda t: t - t1)),
+        "remainder_tanh_fit": ("r(x) at x = 1 + e^t.", TanhFit("r(t)", remainder)),
+        "x_remainder_prime_tanh_fit": ("x·r'(x) at x = 1 + e^t.", TanhFit("xr'(t)", x_remainder_prime)),
+        "fisher_slope_tanh_fit": ("f'(x) at x = 1 + e^t (∈ [0.55, 0.95]: no offset needed).",
+                                  TanhFit("f'(t)", fisher_slope)),
+        "tetragamma_trigamma_ratio_tanh_fit": ("x·ψ2(x)/ψ1(x) at x = 1 + e^t, fitted rather than divided.",
+                                               TanhFit("xψ2/ψ1(t)", tetragamma_trigamma_ratio)),
     }
     eight = mpf(SERIES_FROM)
     series = {
@@ -499,7 +561,7 @@ def generate(python: list[str] | None = None) -> str:
         "// GENERATED by csrc/kernels/make_special_functions_f32.py: do not edit; rerun the script.",
         "// Coefficients of the float32 special functions (special_functions_f32.h): one polynomial on",
         "// [1, 8) in s = ln(x/4) ∈ [−1.39, 0.69) (h + 1 on [1, 2): in ln x), and asymptotic series in u = 1/x for",
-        "// x >= 8.",
+        "// x >= 8; for exp_tanh evidence (x = 1 + e^t, t = tanh ∈ [−1, 1]) one polynomial in t each.",
         "// Literal Horner steps (a constant array would not be visible in device code).",
         "#pragma once",
         "",
@@ -514,6 +576,9 @@ def generate(python: list[str] | None = None) -> str:
         f"constexpr float kDigammaRootLo = {literal(x0_lo)};",
         f"constexpr float kTrigammaOneHi = {literal(x1_hi)};",
         f"constexpr float kTrigammaOneLo = {literal(x1_lo)};",
+        "// t1 = ln(x1 − 1), the same zero in the variable of the exp_tanh fits (x = 1 + e^t), as hi + lo.",
+        f"constexpr float kTanhTrigammaOneHi = {literal(t1_hi)};",
+        f"constexpr float kTanhTrigammaOneLo = {literal(t1_lo)};",
         "// f'(1) = 3ψ1(1) + 2ψ2(1) = π²/2 − 4ζ(3), the Fisher slope at x = 1, as hi + lo.",
         f"constexpr float kFisherSlopeAtOneHi = {literal(split(fisher_slope(one))[0])};",
         f"constexpr float kFisherSlopeAtOneLo = {literal(split(fisher_slope(one))[1])};",
@@ -525,6 +590,7 @@ def generate(python: list[str] | None = None) -> str:
         python += python_header([
             ("kSeriesFromF32", float(SERIES_FROM)), ("kDigammaRootHi", x0_hi), ("kDigammaRootLo", x0_lo),
             ("kTrigammaOneHi", x1_hi), ("kTrigammaOneLo", x1_lo),
+            ("kTanhTrigammaOneHi", t1_hi), ("kTanhTrigammaOneLo", t1_lo),
             ("kFisherSlopeAtOneHi", split(fisher_slope(one))[0]), ("kFisherSlopeAtOneLo", split(fisher_slope(one))[1]),
             ("kFitCentreF32", float(LOG_CENTRE))])
     for name, (doc, fit) in fits.items():

@@ -180,5 +180,16 @@ EO_HOST_DEVICE float tetragamma_trigamma_ratio(const PolygammasF32& g) {
   return approx_divide(g.x2_tetragamma, g.x_trigamma);
 }
 
+// ---- exp_tanh evidence: the functions at x = 1 + e^t, from t = tanh ∈ [−1, 1] itself (SPEC §2
+// "Float32 element math"). The map forms t on its way to α, so these need neither ln α nor 1/α: one
+// polynomial in t each (special_functions_f32_fits.h `*_tanh_fit`, degrees 9–11; x·ψ2/ψ1 fitted
+// rather than divided). Their value is the function's at the exact 1 + e^t of the float t, not at the
+// rounded α: the two differ by α's own rounding, which the map's error bounds carry in either case.
+
+// ln ψ1(1 + e^t) = (t − t1)·P(t), t1 its zero (relative accuracy kept there).
+EO_HOST_DEVICE float log_trigamma_of_tanh(float t) {
+  return ((t - kTanhTrigammaOneHi) - kTanhTrigammaOneLo) * log_trigamma_tanh_fit(t);
+}
+
 }  // namespace EO_ISA
 }  // namespace evidential_ops

@@ -4,7 +4,7 @@
 // flags, like the kernel tests: the vector code of each variant may round differently.
 //
 //   float32_special_values_<isa> --list                  the function names of each domain
-//   float32_special_values_<isa> DOMAIN IN OUT           DOMAIN: alpha, log_alpha, exp, log, log1p
+//   float32_special_values_<isa> DOMAIN IN OUT           DOMAIN: alpha, log_alpha, tanh, exp, log, log1p
 //
 // IN holds n float32 arguments (raw, native byte order); OUT receives, per function of the
 // domain (in --list order), n results of the scalar code then n results of an `omp simd` loop
@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/element_terms.h"
 #include "kernels/special_functions_f32.h"
 
 #ifndef EO_ISA
@@ -67,6 +68,16 @@ EO_FUNCTION(l_x_remainder_prime, kn::fisher_remainder(x, kn::polygammas_of_log(x
 EO_FUNCTION(l_fisher_slope, kn::fisher_slope(x, kn::polygammas_of_log(x)))
 EO_FUNCTION(l_ratio, kn::tetragamma_trigamma_ratio(kn::polygammas_of_log(x)))
 
+// Domain "tanh": x = t ∈ [−1, 1], the functions at α = 1 + e^t (exp_tanh evidence).
+EO_FUNCTION(t_kl_h_plus_one, (kn::element_forward_f32_of_tanh<true, false, false>(x).kl_h_plus_one))
+EO_FUNCTION(t_x_kl_v, (kn::element_backward_f32_of_tanh<true, false, false>(x).kl_v))
+EO_FUNCTION(t_x_trigamma, (kn::element_forward_f32_of_tanh<false, true, false>(x).x_trigamma))
+EO_FUNCTION(t_log_trigamma, (kn::element_forward_f32_of_tanh<false, false, true>(x).log_trigamma))
+EO_FUNCTION(t_remainder, (kn::element_forward_f32_of_tanh<false, false, true>(x).remainder))
+EO_FUNCTION(t_x_remainder_prime, (kn::element_backward_f32_of_tanh<false, false, true>(x).logdet_r_prime))
+EO_FUNCTION(t_fisher_slope, (kn::element_backward_f32_of_tanh<false, true, false>(x).fisher_slope))
+EO_FUNCTION(t_ratio, (kn::element_backward_f32_of_tanh<false, false, true>(x).logdet_ratio))
+
 EO_FUNCTION(e_exp, kn::exp_f(x))
 EO_FUNCTION(e_log, kn::log_f(x))
 EO_FUNCTION(e_log1p, kn::log1p_f(x))
@@ -90,6 +101,12 @@ const std::vector<Function> kLogAlpha = {
     EO_ENTRY(l_remainder, "remainder"),       EO_ENTRY(l_x_remainder_prime, "x_remainder_prime"),
     EO_ENTRY(l_fisher_slope, "fisher_slope"), EO_ENTRY(l_ratio, "tetragamma_trigamma_ratio"),
 };
+const std::vector<Function> kTanh = {
+    EO_ENTRY(t_kl_h_plus_one, "kl_h_plus_one"), EO_ENTRY(t_x_kl_v, "x_kl_v"),
+    EO_ENTRY(t_x_trigamma, "x_trigamma"),       EO_ENTRY(t_log_trigamma, "log_trigamma"),
+    EO_ENTRY(t_remainder, "remainder"),         EO_ENTRY(t_x_remainder_prime, "x_remainder_prime"),
+    EO_ENTRY(t_fisher_slope, "fisher_slope"),   EO_ENTRY(t_ratio, "tetragamma_trigamma_ratio"),
+};
 const std::vector<Function> kExp = {EO_ENTRY(e_exp, "exp")};
 const std::vector<Function> kLog = {EO_ENTRY(e_log, "log")};
 const std::vector<Function> kLog1p = {EO_ENTRY(e_log1p, "log1p")};
@@ -99,7 +116,8 @@ struct Domain {
   const std::vector<Function>* functions;
 };
 const Domain kDomains[] = {
-    {"alpha", &kAlpha}, {"log_alpha", &kLogAlpha}, {"exp", &kExp}, {"log", &kLog}, {"log1p", &kLog1p}};
+    {"alpha", &kAlpha}, {"log_alpha", &kLogAlpha}, {"tanh", &kTanh},
+    {"exp", &kExp},     {"log", &kLog},            {"log1p", &kLog1p}};
 
 }  // namespace
 

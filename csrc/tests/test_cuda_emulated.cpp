@@ -110,6 +110,23 @@ auto backward_any(ec::TermFlags t, T a) {
   }
 }
 
+// exp_tanh's element functions from t = tanh x (element_terms.h element_*_f32_of_tanh).
+kn::ElementForwardF32 forward_of_tanh_any(ec::TermFlags t, float tanh) {
+  kn::ElementForwardF32 out{};
+  kn::with_term_flags(t, [&](auto kl, auto fmse, auto logdet) {
+    out = kn::element_forward_f32_of_tanh<decltype(kl)::value, decltype(fmse)::value, decltype(logdet)::value>(tanh);
+  });
+  return out;
+}
+
+kn::ElementBackwardF32 backward_of_tanh_any(ec::TermFlags t, float tanh) {
+  kn::ElementBackwardF32 out{};
+  kn::with_term_flags(t, [&](auto kl, auto fmse, auto logdet) {
+    out = kn::element_backward_f32_of_tanh<decltype(kl)::value, decltype(fmse)::value, decltype(logdet)::value>(tanh);
+  });
+  return out;
+}
+
 // ---------------------------------------------------------------- the float32 path, element by element
 
 constexpr double kFloatMax = 3.4028234663852886e38;
@@ -123,14 +140,19 @@ struct PathEvidence {
   double alpha, rho;     // what the line sums and the double math see
   bool beyond;           // α > FLT_MAX: float64 element math
   bool rare;             // the double map (a target, or the float32 α infinite)
-  double at() const { return beyond ? alpha : alpha_f; }  // the element functions' argument
+  float tanh = 0.0f;     // exp_tanh: t = tanh x of the float map
+  bool of_tanh = false;  // the element functions from t (exp_tanh, not rare)
+  double at() const { return beyond ? alpha : alpha_f; }  // α of the line sums and of p = α/S
   double rho_at() const { return beyond ? rho : rho_f; }
+  // The α at which the element functions are evaluated: 1 + e^t exactly for the functions of t,
+  // otherwise at().
+  double functions_at() const { return of_tanh ? 1.0 + std::exp(static_cast<double>(tanh)) : at(); }
 };
 
 PathEvidence float32_path(int kind, double s, double inv_tau, bool target) {
   const float sf = static_cast<float>(s);  // a stored float32 or half value: exact
   const kn::EvidenceValueF32 v = evidence_any(kind, sf * static_cast<float>(inv_tau));
-  PathEvidence e{v.alpha, v.rho, v.alpha, v.rho, false, false};
+  PathEvidence e{v.alpha, v.rho, v.alpha, v.rho, false, false, v.tanh, kind == 3};
   if (target || !(v.alpha < std::numeric_limits<float>::infinity())) {
     const kn::EvidenceValue d = evidence_any(kind, static_cast<double>(sf) * inv_tau);
     e = PathEvidence{static_cast<float>(d.alpha), static_cast<float>(d.rho), d.alpha, d.rho, !(d.alpha <= kFloatMax),
@@ -154,7 +176,8 @@ Contribution contribution_f64(ec::TermFlags flags, double alpha) {
 Contribution contribution_f32(ec::TermFlags flags, const PathEvidence& e) {
   if (e.beyond) return contribution_f64(flags, e.alpha);
   return Contribution{e.alpha, kn::square_statistic(e.alpha_f),
-                      kn::widen_from_float(e.alpha_f, forward_any(flags, e.alpha_f))};
+                      kn::widen_from_float(e.alpha_f, e.of_tanh ? forward_of_tanh_any(flags, e.tanh)
+                                                                : forward_any(flags, e.alpha_f))};
 }
 
 // ------------------------------------------------------------------------- s in some storage
@@ -410,11 +433,12 @@ Lines gradient_constants(const Stats& st, std::int64_t m, std::int64_t n, std::i
   return out;
 }
 
-// ∂L/∂s in float64 from α, ρ and both lines' constants (the float64 path's expression).
+// ∂L/∂s in float64 from α, ρ and both lines' constants (the float64 path's expression); the element
+// functions at functions_at if given (exp_tanh's functions of t: 1 + e^t), else at α.
 double gradient_f64(ec::TermFlags flags, double alpha, double rho, bool on, const kn::LineGradient& row,
-                    const kn::LineGradient& col, double inv_tau) {
+                    const kn::LineGradient& col, double inv_tau, double functions_at = 0.0) {
   const double on_target = on ? 1.0 : 0.0;
-  const kn::ElementBackward f = backward_any(flags, alpha);
+  const kn::ElementBackward f = backward_any(flags, functions_at > 0.0 ? functions_at : alpha);
   return (kn::line_share(alpha, 1.0 - on_target, on_target, f, row) +
           kn::line_share(alpha, 1.0 - on_target, on_target, f, col)) *
          rho * inv_tau;
@@ -427,7 +451,7 @@ float gradient_f32(ec::TermFlags flags, const PathEvidence& e, bool on, const kn
   if (in_double != nullptr) *in_double = true;
   if (!e.beyond) {
     const float on_target = on ? 1.0f : 0.0f;
-    const kn::ElementBackwardF32 f = backward_any(flags, e.alpha_f);
+    const kn::ElementBackwardF32 f = e.of_tanh ? backward_of_tanh_any(flags, e.tanh) : backward_any(flags, e.alpha_f);
     const float g = (kn::line_share(e.alpha_f, 1.0f - on_target, on_target, f, kn::narrow_line_gradient(row)) +
                      kn::line_share(e.alpha_f, 1.0f - on_target, on_target, f, kn::narrow_line_gradient(col))) *
                     e.rho_f * static_cast<float>(inv_tau);
@@ -711,7 +735,13 @@ Accuracy reference_at_path_alpha(const Stored& s, int evidence, double inv_tau, 
       const bool target = i == j;
       const PathEvidence e = float32_path(evidence, s.values[i * n + j], inv_tau, target);
       const double at = e.at();
-      const Contribution c = contribution_f64(flags, at);
+      Contribution c = contribution_f64(flags, at);
+      if (e.of_tanh) {
+        // The functions at 1 + e^t; the fisher statistic's α(α + 1) factor the kernels' α_f.
+        const double at_t = e.functions_at();
+        c.f = forward_any(flags, at_t);
+        c.f.fisher *= (at * (at + 1.0)) / (at_t * (at_t + 1.0));
+      }
       const double h = c.f.kl_h, fisher = c.f.fisher, lt = c.f.log_trigamma, r = c.f.remainder;
       double value[7] = {0.0, e.alpha, h, c.square, fisher, lt, r};
       double tol[7] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
@@ -985,7 +1015,7 @@ void test_float32_accuracy(std::mt19937_64& rng) {
           const double v = s.values[i * k + j];
           const PathEvidence e = float32_path(c.evidence, v, inv_tau, on);
           const kn::LineGradient row = line_of(lines.rows, k, i), col = line_of(lines.cols, k, j);
-          const double want = gradient_f64(flags, e.at(), e.rho_at(), on, row, col, inv_tau);
+          const double want = gradient_f64(flags, e.at(), e.rho_at(), on, row, col, inv_tau, e.functions_at());
           bool in_double = false;
           gradient_f32(flags, e, on, row, col, inv_tau, &in_double);
           ++routes[in_double && !e.beyond ? kNonFiniteRoute : route_of(e, on)];
@@ -994,7 +1024,7 @@ void test_float32_accuracy(std::mt19937_64& rng) {
           const float want_f = static_cast<float>(want);
           double tol = 0.0;
           if (!e.beyond) {
-            const kn::ElementBackward f = backward_any(flags, e.at());
+            const kn::ElementBackward f = backward_any(flags, e.functions_at());
             const double magnitude = share_magnitude(e.at(), on ? 1.0 : 0.0, f, row) +
                                      share_magnitude(e.at(), on ? 1.0 : 0.0, f, col);
             tol = ((kGradientUlps * kU + 1e-13) * magnitude + share_floor(e.at(), row) + share_floor(e.at(), col)) *

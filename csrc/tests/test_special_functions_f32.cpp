@@ -226,6 +226,10 @@ int run_special_functions_f32_tests(int, char**) {
                ref::k_alpha_interval_hi, ref::k_alpha_bound);
   check_domain(f, "log_alpha", log_alpha, ref::k_log_alpha_x, ref::k_log_alpha_reference, ref::k_log_alpha_interval_lo,
                ref::k_log_alpha_interval_hi, ref::k_log_alpha_bound);
+  const std::vector<std::string> tanh = {"kl_h_plus_one", "x_kl_v", "x_trigamma", "log_trigamma", "remainder",
+                                         "x_remainder_prime", "fisher_slope", "tetragamma_trigamma_ratio"};
+  check_domain(f, "tanh", tanh, ref::k_tanh_x, ref::k_tanh_reference, ref::k_tanh_interval_lo,
+               ref::k_tanh_interval_hi, ref::k_tanh_bound);
   check_domain(f, "exp", {"exp"}, ref::k_exp_x, ref::k_exp_reference, ref::k_exp_interval_lo, ref::k_exp_interval_hi,
                ref::k_exp_bound);
   check_domain(f, "log", {"log"}, ref::k_log_x, ref::k_log_reference, ref::k_log_interval_lo, ref::k_log_interval_hi,

@@ -42,6 +42,8 @@ from ..config import EVIDENCE_KINDS
 # global names it calls and copies @triton.jit functions, but not a module such as `sp`.
 from .special import (
     digamma_difference,
+    element_backward_of_tanh_f32,
+    element_forward_of_tanh_f32,
     element_polygammas_f32,
     evidence_alpha,
     evidence_f32,
@@ -72,11 +74,8 @@ from .special import (
 NUM_LINE_STATS = 7
 NUM_GRADIENT_FIELDS = 9
 
-# The EVIDENCE index of exp_tanh, the map whose α never reaches the
-# special functions' series (element_terms.h alpha_always_fitted): the backward's element code
-# evaluates the fits only for it. The forward (stats_kernel) keeps both forms: without the series,
-# ptxas allocates its default float32 configuration on sm_90 128 registers and spills 24 bytes
-# (aot_check), where with them it takes 168 and spills none.
+# The EVIDENCE index of exp_tanh, whose α = 1 + e^t has its functions as polynomials in t = tanh x
+# (element_terms.h has_tanh_functions): the element code of both directions evaluates those.
 EXP_TANH = tl.constexpr(EVIDENCE_KINDS.index("exp_tanh"))
 
 
@@ -150,13 +149,21 @@ def _element_stats_f32(s, inv_tau32, EVIDENCE: tl.constexpr, MSE: tl.constexpr, 
     α(α + 1)ψ1(α), ln ψ1(α), r(α)) (zeros for the terms not enabled). exp evidence beyond FLT_MAX
     (x > 88.7) keeps α in float64 (e_r·2^n, exact) and enters the series as ln α = x."""
     x = s * inv_tau32
-    alpha, _rho, e_r, n, beyond = evidence_f32(x, EVIDENCE)
+    alpha, _rho, e_r, n, beyond, t = evidence_f32(x, EVIDENCE)
     alpha64 = tl.where(beyond, ldexp_f64(e_r.to(tl.float64), n), alpha.to(tl.float64))
     zero = tl.zeros_like(alpha64)
     sq, kl_h_plus_one, fisher, lt, rr = zero, zero, zero, zero, zero
     if MSE:
         sq = scaled_square_f64(tl.where(beyond, e_r, alpha), tl.where(beyond, n, 0))
-    if KL or FMSE or LOGDET:
+    if EVIDENCE == EXP_TANH:
+        # α = 1 + e^t, t = tanh x: the functions of t (no ln α, no series); α <= 1 + e, never beyond.
+        f_h, f_xt, f_lt, f_r = element_forward_of_tanh_f32(t, KL, FMSE, LOGDET)
+        kl_h_plus_one = f_h.to(tl.float64)
+        # α(α + 1)ψ1 = α·(αψ1) + αψ1 in float32 (element_terms.h widen_from_float): α < 4, no overflow
+        fisher = (alpha * f_xt + f_xt).to(tl.float64)
+        lt = f_lt.to(tl.float64)
+        rr = f_r.to(tl.float64)
+    elif KL or FMSE or LOGDET:
         series, s_fit, log_z, inv_z, _digamma, _lgamma, x_trigamma, _x2_tetragamma = \
             element_polygammas_f32(alpha, beyond, x)
         if KL:
@@ -427,14 +434,16 @@ def _element_backward_f32(s, inv_tau32, o_inv_s, t_inv_s, EVIDENCE: tl.constexpr
     the float64 1/S of each line without a float64 product (exp evidence: α and 1/S as mantissa and
     exponent, so that α beyond FLT_MAX, or 1/S below FLT_MIN, keeps p exact)."""
     x = s * inv_tau32
-    alpha, rho, e_r, n, beyond = evidence_f32(x, EVIDENCE)
+    alpha, rho, e_r, n, beyond, t = evidence_f32(x, EVIDENCE)
     f_kv = tl.zeros_like(alpha)
     f_slope = tl.zeros_like(alpha)
     f_ratio = tl.zeros_like(alpha)
     f_xrp = tl.zeros_like(alpha)
-    if KL or FMSE or LOGDET:
+    if EVIDENCE == EXP_TANH:
+        f_kv, f_slope, f_ratio, f_xrp = element_backward_of_tanh_f32(t, KL, FMSE, LOGDET)
+    elif KL or FMSE or LOGDET:
         series, s_fit, log_z, inv_z, _digamma, _lgamma, x_trigamma, x2_tetragamma = \
-            element_polygammas_f32(alpha, beyond, x, EVIDENCE == EXP_TANH)
+            element_polygammas_f32(alpha, beyond, x)
         if KL:
             f_kv = x_kl_v_f32(series, s_fit, inv_z)
         if FMSE:

@@ -48,6 +48,16 @@ from .special_f32_fits import (
     remainder_fit_f32,
     remainder_series_f32,
     x2_tetragamma_fit_f32,
+    fisher_slope_tanh_fit_f32,
+    kl_h_plus_one_tanh_fit_f32,
+    log_trigamma_tanh_fit_f32,
+    remainder_tanh_fit_f32,
+    tetragamma_trigamma_ratio_tanh_fit_f32,
+    x_kl_v_tanh_fit_f32,
+    x_remainder_prime_tanh_fit_f32,
+    x_trigamma_tanh_fit_f32,
+    TANH_TRIGAMMA_ONE_HI,
+    TANH_TRIGAMMA_ONE_LO,
     x2_tetragamma_series_f32,
     x_kl_v_fit_f32,
     x_kl_v_series_f32,
@@ -566,7 +576,9 @@ def log1p_f32(y):
 @triton.jit
 def evidence_f32(x, EVIDENCE: tl.constexpr):
     """The evidence maps of SPEC §1 in float32 at x = s·(1/τ) (a float32 product): (α, ρ, e_r, n,
-    beyond), α = g(x) + 1 and ρ = g'(x)/α as evidence.h's evidence_value<kKind>(float x).
+    beyond, t), α = g(x) + 1 and ρ = g'(x)/α as evidence.h's evidence_value<kKind>(float x), and for
+    exp_tanh t = tanh x, the variable of its α's functions (`element_forward_of_tanh_f32`; 0 for the
+    other maps).
 
     exp evidence beyond FLT_MAX (beyond: e^x rounds to +inf, x >= 88.7228) gives α = +inf and ρ = 1,
     as in C++; there
@@ -574,6 +586,7 @@ def evidence_f32(x, EVIDENCE: tl.constexpr):
     reduction as α itself, which `ldexp_f64` turns into the float64 α exactly and ln α = x feeds the
     series (`element_polygammas_f32`). Other kinds: beyond is false, e_r and n unused. A NaN x stays
     NaN in α and ρ."""
+    t = tl.zeros(x.shape, tl.float32)
     if EVIDENCE == 0:
         e_r, n = exp_reduction_f32(x, EXP_DOUBLE_ARG_F32)
         e = exp_from_reduction_f32(x, e_r, n)
@@ -607,7 +620,7 @@ def evidence_f32(x, EVIDENCE: tl.constexpr):
             rho = tl.math.div_rn(e * (4.0 * q * inv * inv), alpha)
     alpha = tl.where(x == x, alpha, x)
     rho = tl.where(x == x, rho, x)
-    return alpha, rho, e_r, n, beyond
+    return alpha, rho, e_r, n, beyond, t
 
 
 @triton.jit
@@ -682,7 +695,7 @@ def _fill_polygammas_f32(x, series, s, log_z, inv_z):
 
 
 @triton.jit
-def element_polygammas_f32(x, beyond, log_x, FITTED: tl.constexpr = False):
+def element_polygammas_f32(x, beyond, log_x):
     """special_functions_f32.h polygammas(x) for float32 x >= 1 (+inf gives the x → ∞ limits of
     every scaled function), or where `beyond`, polygammas_of_log(log_x) for α = e^log_x beyond
     FLT_MAX (x = +inf there): SPEC §2 "Float32 element math". Returns (series, s, log_z, inv_z, ψ,
@@ -692,15 +705,8 @@ def element_polygammas_f32(x, beyond, log_x, FITTED: tl.constexpr = False):
     Beyond FLT_MAX, u = 1/x is 0 here where polygammas_of_log takes exp(−log_x) (below 2^-128,
     subnormal up to log_x = 104): each series is its u → 0 limit then, which is its float32 value
     for all but the functions that are themselves O(u) (r, x·r'), and those enter the losses only
-    beside terms of order one ((N − 1)/2 in the logdet, the logdet ratio in its gradient).
-
-    FITTED: the caller's evidence map keeps every α below the series (element_terms.h
-    alpha_always_fitted: exp_tanh, α <= 1 + e), so the series branch is constant false and the
-    compiler drops the series, 1/x and the selects (a NaN x is NaN on either branch)."""
-    if FITTED:
-        series = tl.full(x.shape, 0, tl.int1)
-    else:
-        series = x >= SERIES_FROM_F32
+    beside terms of order one ((N − 1)/2 in the logdet, the logdet ratio in its gradient)."""
+    series = x >= SERIES_FROM_F32
     xf = tl.where(x < inf_f32(x), x, FLT_MAX_F32)  # finite_argument: its series limits are exact
     log_z, log_quarter = log_and_quarter_log_f32(xf)  # x/4: exact
     s = tl.where(series, 0.0, log_quarter)
@@ -764,6 +770,39 @@ def fisher_slope_f32(x, series, s, inv_z):
     x_fit = tl.where(series, 1.0, x)
     fit = ((x_fit - 1.0) * fisher_slope_fit_f32(s) + FISHER_SLOPE_AT_ONE_LO) + FISHER_SLOPE_AT_ONE_HI
     return tl.where(series, fisher_slope_series_f32(inv_z), fit)
+
+
+@triton.jit
+def element_forward_of_tanh_f32(t, KL: tl.constexpr, FMSE: tl.constexpr, LOGDET: tl.constexpr):
+    """(h + 1, xψ1, ln ψ1, r) at α = 1 + e^t from exp_tanh's t = tanh x ∈ [−1, 1] (element_terms.h
+    element_forward_f32_of_tanh; SPEC §2 "Float32 element math"): one polynomial in t each, no ln α;
+    zeros for the terms not enabled."""
+    zero = tl.zeros_like(t)
+    kl_h_plus_one, x_trigamma, log_trigamma, remainder = zero, zero, zero, zero
+    if KL:
+        kl_h_plus_one = kl_h_plus_one_tanh_fit_f32(t)
+    if FMSE:
+        x_trigamma = x_trigamma_tanh_fit_f32(t)
+    if LOGDET:
+        log_trigamma = ((t - TANH_TRIGAMMA_ONE_HI) - TANH_TRIGAMMA_ONE_LO) * log_trigamma_tanh_fit_f32(t)
+        remainder = remainder_tanh_fit_f32(t)
+    return kl_h_plus_one, x_trigamma, log_trigamma, remainder
+
+
+@triton.jit
+def element_backward_of_tanh_f32(t, KL: tl.constexpr, FMSE: tl.constexpr, LOGDET: tl.constexpr):
+    """(x·v, f', xψ2/ψ1, x·r') at α = 1 + e^t (element_terms.h element_backward_f32_of_tanh): the
+    ratio fitted, not divided; zeros for the terms not enabled."""
+    zero = tl.zeros_like(t)
+    kl_v, fisher_slope, ratio, x_r_prime = zero, zero, zero, zero
+    if KL:
+        kl_v = x_kl_v_tanh_fit_f32(t)
+    if FMSE:
+        fisher_slope = fisher_slope_tanh_fit_f32(t)
+    if LOGDET:
+        ratio = tetragamma_trigamma_ratio_tanh_fit_f32(t)
+        x_r_prime = x_remainder_prime_tanh_fit_f32(t)
+    return kl_v, fisher_slope, ratio, x_r_prime
 
 
 @triton.jit

@@ -3,7 +3,7 @@
 element math"): the Horner steps, coefficients and constants of
 csrc/kernels/special_functions_f32_fits.h, written by the same run of the same script, for
 special.py. One polynomial on [1, 8) in s = ln(x/4) (h + 1 on [1, 2): in ln x) and asymptotic
-series in u = 1/x for x >= 8. Each literal is its float32 coefficient's exact value as a Python
+series in u = 1/x for x >= 8; for exp_tanh evidence, polynomials in t at x = 1 + e^t. Each literal is its float32 coefficient's exact value as a Python
 float, which Triton rounds back to that float32."""
 
 import triton
@@ -14,6 +14,8 @@ DIGAMMA_ROOT_HI = tl.constexpr(1.4616321325302124)
 DIGAMMA_ROOT_LO = tl.constexpr(1.243815006546356e-08)
 TRIGAMMA_ONE_HI = tl.constexpr(1.4262551069259644)
 TRIGAMMA_ONE_LO = tl.constexpr(1.328911469755667e-08)
+TANH_TRIGAMMA_ONE_HI = tl.constexpr(-0.8527172207832336)
+TANH_TRIGAMMA_ONE_LO = tl.constexpr(-1.7438534172242726e-08)
 FISHER_SLOPE_AT_ONE_HI = tl.constexpr(0.1265745908021927)
 FISHER_SLOPE_AT_ONE_LO = tl.constexpr(-2.8958904163545185e-09)
 FIT_CENTRE_F32 = tl.constexpr(4.0)
@@ -213,6 +215,145 @@ def fisher_slope_fit_f32(s):
     p = p * s + 0.22901080548763275
     p = p * s + -0.33525577187538147
     return (p * s + 1.1930571197638073e-08) + 0.2756791114807129  # the constant as hi + lo
+
+
+@triton.jit
+def kl_h_plus_one_tanh_fit_f32(t):
+    """h + 1 at x = 1 + e^t (exp_tanh: h + 1 ∈ [−0.98, −0.29], no zero). Degree 9 in t; fit error
+    (relative, float32 coefficients, exact arithmetic) 4.6e-09. special_functions_f32_fits.h
+    `kl_h_plus_one_tanh_fit` (SPEC §2 "Float32 element math")."""
+    p = -7.881681995058898e-06
+    p = p * t + -2.4039793515839847e-06
+    p = p * t + 9.284121915698051e-05
+    p = p * t + -4.188324965070933e-05
+    p = p * t + -0.0009024656610563397
+    p = p * t + 0.0016880850307643414
+    p = p * t + 0.008851117454469204
+    p = p * t + -0.057122912257909775
+    p = p * t + -0.3550659418106079
+    return (p * t + 8.051539879261327e-09) + -0.5772156715393066  # the constant as hi + lo
+
+
+@triton.jit
+def x_kl_v_tanh_fit_f32(t):
+    """x·v(x) at x = 1 + e^t. Degree 9 in t; fit error (relative, float32 coefficients, exact
+    arithmetic) 9.9e-09. special_functions_f32_fits.h `x_kl_v_tanh_fit` (SPEC §2 "Float32 element
+    math")."""
+    p = -1.1157899280078709e-05
+    p = p * t + -2.5167510102619417e-05
+    p = p * t + 0.0001289949577767402
+    p = p * t + 0.0002474603825248778
+    p = p * t + -0.0011802518274635077
+    p = p * t + -0.001742288121022284
+    p = p * t + 0.010998481884598732
+    p = p * t + 0.010180351324379444
+    p = p * t + -0.1265745609998703
+    return (p * t + -1.1341849237567203e-08) + 0.7101318836212158  # the constant as hi + lo
+
+
+@triton.jit
+def x_trigamma_tanh_fit_f32(t):
+    """x·ψ1(x) at x = 1 + e^t. Degree 9 in t; fit error (relative, float32 coefficients, exact
+    arithmetic) 4.4e-09. special_functions_f32_fits.h `x_trigamma_tanh_fit` (SPEC §2 "Float32
+    element math")."""
+    p = -1.3779931578028481e-05
+    p = p * t + -1.83886440936476e-05
+    p = p * t + 0.00016142928507179022
+    p = p * t + 0.00018701257067732513
+    p = p * t + -0.00150450156070292
+    p = p * t + -0.0013628163142129779
+    p = p * t + 0.014157275669276714
+    p = p * t + 0.008178611285984516
+    p = p * t + -0.1632935255765915
+    return (p * t + 2.14885016447397e-08) + 1.2898681163787842  # the constant as hi + lo
+
+
+@triton.jit
+def log_trigamma_tanh_fit_f32(t):
+    """ln ψ1(x) at x = 1 + e^t, = (t − t1)·P(t) (t1 = ln(x1 − 1): ψ1(1 + e^t1) = 1). Degree 9 in t;
+    fit error (relative, float32 coefficients, exact arithmetic) 3.7e-09.
+    special_functions_f32_fits.h `log_trigamma_tanh_fit` (SPEC §2 "Float32 element math")."""
+    p = -3.7737061120424187e-06
+    p = p * t + -8.075325240497477e-06
+    p = p * t + 4.5596818381454796e-05
+    p = p * t + 9.048267384059727e-05
+    p = p * t + -0.0004904818488284945
+    p = p * t + -0.0007751174853183329
+    p = p * t + 0.006218770053237677
+    p = p * t + 0.005799482110887766
+    p = p * t + -0.1316179782152176
+    return (p * t + 2.0641008902089197e-08) + -0.5143641829490662  # the constant as hi + lo
+
+
+@triton.jit
+def remainder_tanh_fit_f32(t):
+    """r(x) at x = 1 + e^t. Degree 9 in t; fit error (relative, float32 coefficients, exact
+    arithmetic) 1.2e-08. special_functions_f32_fits.h `remainder_tanh_fit` (SPEC §2 "Float32 element
+    math")."""
+    p = -4.321645974414423e-06
+    p = p * t + -3.331969651299005e-07
+    p = p * t + 4.3801064748549834e-05
+    p = p * t + 1.0292091246810742e-05
+    p = p * t + -0.0003437288978602737
+    p = p * t + -0.00011321117199258879
+    p = p * t + 0.0027661004569381475
+    p = p * t + 0.0008024386479519308
+    p = p * t + -0.0284323301166296
+    return (p * t + 1.6517882617250734e-09) + 0.05054609477519989  # the constant as hi + lo
+
+
+@triton.jit
+def x_remainder_prime_tanh_fit_f32(t):
+    """x·r'(x) at x = 1 + e^t. Degree 11 in t; fit error (relative, float32 coefficients, exact
+    arithmetic) 6.3e-09. special_functions_f32_fits.h `x_remainder_prime_tanh_fit` (SPEC §2 "Float32
+    element math")."""
+    p = -9.956958137991023e-07
+    p = p * t + 2.489733105903724e-06
+    p = p * t + 1.0412621122668497e-05
+    p = p * t + -1.8470633222023025e-05
+    p = p * t + -7.805531640769914e-05
+    p = p * t + 8.343332592630759e-05
+    p = p * t + 0.000535262341145426
+    p = p * t + -0.0002944674633909017
+    p = p * t + -0.0036621405743062496
+    p = p * t + 0.0007762742461636662
+    p = p * t + 0.03164202719926834
+    return (p * t + 4.3491185652833053e-10) + -0.056864671409130096  # the constant as hi + lo
+
+
+@triton.jit
+def fisher_slope_tanh_fit_f32(t):
+    """f'(x) at x = 1 + e^t (∈ [0.55, 0.95]: no offset needed). Degree 10 in t; fit error (relative,
+    float32 coefficients, exact arithmetic) 3.1e-09. special_functions_f32_fits.h
+    `fisher_slope_tanh_fit` (SPEC §2 "Float32 element math")."""
+    p = -1.8266431652591564e-05
+    p = p * t + 1.0305467185389716e-05
+    p = p * t + 0.00019689732289407402
+    p = p * t + -0.00013466370000969619
+    p = p * t + -0.0015164236538112164
+    p = p * t + 0.0014833413297310472
+    p = p * t + 0.010363949462771416
+    p = p * t + -0.016373831778764725
+    p = p * t + -0.06041092798113823
+    p = p * t + 0.2123664766550064
+    return (p * t + -9.254930155577767e-11) + 0.7999874949455261  # the constant as hi + lo
+
+
+@triton.jit
+def tetragamma_trigamma_ratio_tanh_fit_f32(t):
+    """x·ψ2(x)/ψ1(x) at x = 1 + e^t, fitted rather than divided. Degree 9 in t; fit error (relative,
+    float32 coefficients, exact arithmetic) 8.2e-09. special_functions_f32_fits.h
+    `tetragamma_trigamma_ratio_tanh_fit` (SPEC §2 "Float32 element math")."""
+    p = 1.1990591701760422e-05
+    p = p * t + -3.078868758166209e-05
+    p = p * t + -0.0001396123698214069
+    p = p * t + 0.00024977404973469675
+    p = p * t + 0.0012557633453980088
+    p = p * t + -0.001399252563714981
+    p = p * t + -0.011088781990110874
+    p = p * t + 0.006660958752036095
+    p = p * t + 0.1199067234992981
+    return (p * t + 5.257933466396025e-08) + -1.2531942129135132  # the constant as hi + lo
 
 
 @triton.jit
