@@ -470,11 +470,12 @@ EVIDENCE_BOUNDS = {"exp": (1.5, 3.0), "relu": (0.5, 1.0), "softplus": (3.17, 6.6
 
 @triton.jit
 def _evidence_f32_kernel(x_ptr, o_ptr, n, EVIDENCE: tl.constexpr, BLOCK: tl.constexpr):
-    """(α in float64 as the stats kernel forms it, ρ, (α·2^-511)², α·(1/(4α)) as the backward's p)."""
+    """(α in float64 as the stats kernel forms it, ρ, (α·2^-511)², α·(1/(4α)) as the backward's p, t:
+    exp_tanh's tanh x)."""
     i = tl.arange(0, BLOCK)
     m = i < n
     x = tl.load(x_ptr + i, mask=m, other=1.0)
-    alpha, rho, e_r, k, beyond, _t = sp.evidence_f32(x, EVIDENCE)
+    alpha, rho, e_r, k, beyond, t = sp.evidence_f32(x, EVIDENCE)
     alpha64 = tl.where(beyond, sp.ldexp_f64(e_r.to(tl.float64), k), alpha.to(tl.float64))
     a_m = tl.where(beyond, e_r, alpha)
     a_k = tl.where(beyond, k, 0)
@@ -483,6 +484,7 @@ def _evidence_f32_kernel(x_ptr, o_ptr, n, EVIDENCE: tl.constexpr, BLOCK: tl.cons
     tl.store(o_ptr + BLOCK + i, rho.to(tl.float64), mask=m)
     tl.store(o_ptr + 2 * BLOCK + i, sp.scaled_square_f64(a_m, a_k), mask=m)
     tl.store(o_ptr + 3 * BLOCK + i, sp.scaled_product_f32(a_m, a_k, s_m, s_k).to(tl.float64), mask=m)
+    tl.store(o_ptr + 4 * BLOCK + i, t.to(tl.float64), mask=m)
 
 
 @pytest.mark.parametrize("evidence", eo.EVIDENCE_KINDS)
@@ -491,17 +493,20 @@ def test_triton_float32_evidence_and_its_float64_widening(evidence):
     same x, within EVIDENCE_BOUNDS; exp evidence across FLT_MAX (α widened by its exponent bits)
     and beyond DBL_MAX (+inf, for the overflow error); the squares of the MSE statistic and the
     backward's p = α/S formed without a float64 product: one float32 rounding each (0.5), p's 1/S
-    rounded to float32 once more (0.5)."""
+    rounded to float32 once more (0.5); exp_tanh's t (the variable of its functions) within 3 units
+    of 2^-23 absolute of tanh x, 0 for the other maps."""
     import mpmath
 
     x = np.concatenate([np.linspace(-150, 750, 3001), np.linspace(-3, 3, 2001), np.geomspace(1e-30, 1, 201),
                         -np.geomspace(1e-30, 1, 201), [0.0, 88.72283, 88.7228394, 88.72284, 709.78, 709.79]])
     x = x.astype(np.float32)
     block = triton.next_power_of_2(x.size)
-    out = torch.zeros(4 * block, dtype=torch.float64, device=device())
+    out = torch.zeros(5 * block, dtype=torch.float64, device=device())
     _evidence_f32_kernel[(1,)](torch.from_numpy(x).to(device()), out, x.size, eo.EVIDENCE_KINDS.index(evidence), block,
                                enable_fp_fusion=False)
-    alpha, rho, square, p = out.view(4, block)[:, : x.size].cpu().numpy()
+    alpha, rho, square, p, t = out.view(5, block)[:, : x.size].cpu().numpy()
+    want_t = np.tanh(x.astype(np.float64)) if evidence == "exp_tanh" else np.zeros(x.size)
+    assert float(np.abs(t - want_t).max()) <= 3 * 2.0**-23, float(np.abs(t - want_t).max())
     with mpmath.workdps(40):
         def maps(v):
             v = mpmath.mpf(float(v))

@@ -152,7 +152,8 @@ struct PathEvidence {
 PathEvidence float32_path(int kind, double s, double inv_tau, bool target) {
   const float sf = static_cast<float>(s);  // a stored float32 or half value: exact
   const kn::EvidenceValueF32 v = evidence_any(kind, sf * static_cast<float>(inv_tau));
-  PathEvidence e{v.alpha, v.rho, v.alpha, v.rho, false, false, v.tanh, kind == 3};
+  PathEvidence e{v.alpha, v.rho, v.alpha, v.rho, false, false, v.tanh,
+                 kind == static_cast<int>(kn::EvidenceKind::kExpTanh)};
   if (target || !(v.alpha < std::numeric_limits<float>::infinity())) {
     const kn::EvidenceValue d = evidence_any(kind, static_cast<double>(sf) * inv_tau);
     e = PathEvidence{static_cast<float>(d.alpha), static_cast<float>(d.rho), d.alpha, d.rho, !(d.alpha <= kFloatMax),
@@ -737,10 +738,15 @@ Accuracy reference_at_path_alpha(const Stored& s, int evidence, double inv_tau, 
       const double at = e.at();
       Contribution c = contribution_f64(flags, at);
       if (e.of_tanh) {
-        // The functions at 1 + e^t; the fisher statistic's α(α + 1) factor the kernels' α_f.
+        // The functions at α_t = 1 + e^t; the kernels' fisher statistic is (α_f + 1)·(α_tψ1(α_t)).
         const double at_t = e.functions_at();
         c.f = forward_any(flags, at_t);
-        c.f.fisher *= (at * (at + 1.0)) / (at_t * (at_t + 1.0));
+        c.f.fisher *= (at + 1.0) / (at_t + 1.0);
+        // t itself (nothing else checks it: the kernels and this reference both follow it): within
+        // 11kU absolute of tanh of the kernels' own float x = s·float(1/τ) (map_bounds' derivation).
+        const float x = static_cast<float>(s.values[i * n + j]) * static_cast<float>(inv_tau);
+        expect(std::fabs(e.tanh - std::tanh(static_cast<double>(x))) <= 11 * kU,
+               "exp_tanh's t against tanh x at s = " + std::to_string(s.values[i * n + j]));
       }
       const double h = c.f.kl_h, fisher = c.f.fisher, lt = c.f.log_trigamma, r = c.f.remainder;
       double value[7] = {0.0, e.alpha, h, c.square, fisher, lt, r};
