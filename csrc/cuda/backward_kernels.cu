@@ -70,7 +70,7 @@ __device__ EO_OUT_OF_LINE float rare_element_gradient(int evidence, double inv_t
                                                       std::int64_t n_cols, std::int64_t line, std::int64_t j,
                                                       float s, bool on, bool double_map, float inv_tau_f) {
   double alpha, rho;
-  float tanh = 0.0f;
+  float t = 0.0f;  // exp_tanh's tanh x, from the float map
   if (double_map) {
     const kn::EvidenceValue d = evidence_of(evidence, static_cast<double>(s) * inv_tau);
     alpha = d.alpha;
@@ -79,7 +79,7 @@ __device__ EO_OUT_OF_LINE float rare_element_gradient(int evidence, double inv_t
     const kn::EvidenceValueF32 v = evidence_of(evidence, s * inv_tau_f);
     alpha = v.alpha;
     rho = v.rho;
-    tanh = v.tanh;
+    t = v.tanh;
   }
   const float alpha_f = static_cast<float>(alpha), rho_f = static_cast<float>(rho);
   const bool beyond = !(alpha <= kFloatMax);  // NaN too
@@ -87,7 +87,7 @@ __device__ EO_OUT_OF_LINE float rare_element_gradient(int evidence, double inv_t
     // exp_tanh's functions of t where the loop took them (the float map), so that a finite result is
     // the loop's own.
     const kn::ElementBackwardF32 f = !double_map && tanh_evidence(evidence)
-                                         ? kn::element_backward_f32_of_tanh<kKl, kFmse, kLogdet>(tanh)
+                                         ? kn::element_backward_f32_of_tanh<kKl, kFmse, kLogdet>(t)
                                          : kn::element_backward_f32<kKl, kFmse, kLogdet>(alpha_f);
     const float g = element_gradient_f32<kKl, kFmse, kLogdet>(
         alpha_f, rho_f, on, inv_tau_f, f,

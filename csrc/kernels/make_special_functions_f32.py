@@ -331,7 +331,6 @@ class TanhFit(Fit):
 
     def __init__(self, name, fn, multiplier=None):
         super().__init__(name, fn, multiplier)
-        self.s_begin, self.s_end = -1.0, 1.0
 
     def target(self, s_values):
         out = []
@@ -442,8 +441,9 @@ def python_header(constants: list[tuple[str, float]]) -> list[str]:
         'element math"): the Horner steps, coefficients and constants of',
         "csrc/kernels/special_functions_f32_fits.h, written by the same run of the same script, for",
         "special.py. One polynomial on [1, 8) in s = ln(x/4) (h + 1 on [1, 2): in ln x) and asymptotic",
-        "series in u = 1/x for x >= 8; for exp_tanh evidence, polynomials in t at x = 1 + e^t. Each literal is its float32 coefficient's exact value as a Python",
-        'float, which Triton rounds back to that float32."""',
+        "series in u = 1/x for x >= 8; for exp_tanh evidence, polynomials in t at x = 1 + e^t. Each",
+        "literal is its float32 coefficient's exact value as a Python float, which Triton rounds back",
+        'to that float32."""',
         "",
         "import triton",
         "import triton.language as tl",

@@ -9,7 +9,8 @@ Two sets, as in csrc/kernels/:
   a mirror of elementary_f32.h, special_functions_f32.h and evidence.h's float32 maps: the same
   forms, the same fits in s = ln(x/4) below 8 and series in u = 1/x from 8 on, the same branch
   point, h + 1 as the KL statistic, and the coefficients of special_f32_fits.py, which
-  csrc/kernels/make_special_functions_f32.py writes in the same run as the C++ header. Element α
+  csrc/kernels/make_special_functions_f32.py writes in the same run as the C++ header; for exp_tanh
+  evidence its functions as polynomials in t = tanh x (`element_forward_of_tanh_f32`). Element α
   beyond FLT_MAX (exp evidence with x = s/τ > 88.7) enter as ln α = x (`element_polygammas_f32`).
 No libdevice: the Triton interpreter (how CI runs these) cannot execute it, and Triton has no
 digamma anyway. The float32 logarithm and exponential are elementary_f32.h's, not tl.log and
@@ -32,39 +33,39 @@ from .special_f32_fits import (
     FISHER_SLOPE_AT_ONE_LO,
     FIT_CENTRE_F32,
     SERIES_FROM_F32,
+    TANH_TRIGAMMA_ONE_HI,
+    TANH_TRIGAMMA_ONE_LO,
     TRIGAMMA_ONE_HI,
     TRIGAMMA_ONE_LO,
     digamma_fit_f32,
     digamma_tail_series_f32,
     fisher_slope_fit_f32,
     fisher_slope_series_f32,
+    fisher_slope_tanh_fit_f32,
     kl_h_plus_one_fit_f32,
     kl_h_plus_one_near_one_fit_f32,
+    kl_h_plus_one_tanh_fit_f32,
     kl_h_tail_series_f32,
     lgamma_fit_f32,
     lgamma_tail_series_f32,
     log_trigamma_fit_f32,
+    log_trigamma_tanh_fit_f32,
     log_x_trigamma_series_f32,
     remainder_fit_f32,
     remainder_series_f32,
-    x2_tetragamma_fit_f32,
-    fisher_slope_tanh_fit_f32,
-    kl_h_plus_one_tanh_fit_f32,
-    log_trigamma_tanh_fit_f32,
     remainder_tanh_fit_f32,
     tetragamma_trigamma_ratio_tanh_fit_f32,
-    x_kl_v_tanh_fit_f32,
-    x_remainder_prime_tanh_fit_f32,
-    x_trigamma_tanh_fit_f32,
-    TANH_TRIGAMMA_ONE_HI,
-    TANH_TRIGAMMA_ONE_LO,
+    x2_tetragamma_fit_f32,
     x2_tetragamma_series_f32,
     x_kl_v_fit_f32,
     x_kl_v_series_f32,
+    x_kl_v_tanh_fit_f32,
     x_remainder_prime_fit_f32,
     x_remainder_prime_series_f32,
+    x_remainder_prime_tanh_fit_f32,
     x_trigamma_fit_f32,
     x_trigamma_series_f32,
+    x_trigamma_tanh_fit_f32,
 )
 
 
