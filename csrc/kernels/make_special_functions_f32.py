@@ -307,20 +307,24 @@ class Fit:
             out.append(float((self.fn(x) - offset) / m))
         return np.array(out)
 
-    def run(self):
+    def points(self):
+        """(Chebyshev nodes of the fit, points where its error is measured) in the variable."""
         half, mid = (self.s_end - self.s_begin) / 2, (self.s_end + self.s_begin) / 2
-        s_nodes = mid + chebyshev_nodes(NODES) * half
-        g_nodes = self.target(s_nodes)
-        s_check = self.s_begin + (np.arange(CHECK_POINTS) + 0.5) * (2 * half / CHECK_POINTS)  # avoids x = 1
-        g_check = self.target(s_check)
+        check = self.s_begin + (np.arange(CHECK_POINTS) + 0.5) * (2 * half / CHECK_POINTS)  # avoids x = 1
+        return mid + chebyshev_nodes(NODES) * half, check
+
+    def run(self):
+        """The lowest degree whose fit, float32 coefficients, is within FIT_TARGET at every check point."""
+        nodes, check = self.points()
+        g_nodes, g_check = self.target(nodes), self.target(check)
         for degree in range(3, 24):
-            low, coefficients = fit_rounded(s_nodes, g_nodes, degree)
+            low, coefficients = fit_rounded(nodes, g_nodes, degree)
             exact = [coefficients[0] + low] + coefficients[1:]
-            error = np.max(np.abs(np.polynomial.polynomial.polyval(s_check, exact) / g_check - 1.0))
+            error = np.max(np.abs(np.polynomial.polynomial.polyval(check, exact) / g_check - 1.0))
             if error <= FIT_TARGET:
                 self.low, self.coefficients, self.max_error = low, coefficients, error
                 return self
-        raise RuntimeError(f"{self.name}: no degree below 24 reaches the target on [1, 8)")
+        raise RuntimeError(f"{self.name}: no degree below 24 reaches the target on its interval")
 
 
 class TanhFit(Fit):
@@ -328,9 +332,6 @@ class TanhFit(Fit):
     (m = 1 unless a zero calls for one), m a function of t."""
 
     variable = "t"
-
-    def __init__(self, name, fn, multiplier=None):
-        super().__init__(name, fn, multiplier)
 
     def target(self, s_values):
         out = []
@@ -340,20 +341,9 @@ class TanhFit(Fit):
             out.append(float(self.fn(1 + mp.exp(t)) / m))
         return np.array(out)
 
-    def run(self):
+    def points(self):
         # The checks include both ends: t = ±1 exactly is reached (tanh x rounds to 1 from |x| ≈ 9).
-        t_nodes = chebyshev_nodes(NODES)
-        g_nodes = self.target(t_nodes)
-        t_check = -1.0 + np.arange(CHECK_POINTS + 1) * (2.0 / CHECK_POINTS)
-        g_check = self.target(t_check)
-        for degree in range(3, 24):
-            low, coefficients = fit_rounded(t_nodes, g_nodes, degree)
-            exact = [coefficients[0] + low] + coefficients[1:]
-            error = np.max(np.abs(np.polynomial.polynomial.polyval(t_check, exact) / g_check - 1.0))
-            if error <= FIT_TARGET:
-                self.low, self.coefficients, self.max_error = low, coefficients, error
-                return self
-        raise RuntimeError(f"{self.name}: no degree below 24 reaches the target on [−1, 1]")
+        return chebyshev_nodes(NODES), -1.0 + np.arange(CHECK_POINTS + 1) * (2.0 / CHECK_POINTS)
 
 
 def fit_rounded(s, g, degree) -> list[float]:
