@@ -58,19 +58,19 @@ __device__ __forceinline__ float element_gradient_f32(float alpha_f, float rho_f
 
 // A rare element of the float32 path: a line's target or an α beyond float32 (`double_map`: α and
 // ρ from the double map, device_common.cuh: float32 evidence), or one whose float gradient came
-// out non-finite (a line constant beyond FLT_MAX; α and ρ the float map's). The float gradient as
-// the loop forms it (the lines' constants narrowed again, the same values), redone in double
-// where α exceeds FLT_MAX or that gradient is not finite. One out-of-line call per rare element:
-// the loop holds neither the double math nor a second copy of the float functions.
-// (The arguments' members by value: a reference to the kernel's parameters would copy them all
-// to a stack frame.)
+// out non-finite (a line constant beyond FLT_MAX; α and ρ the float map's). For the double map's α
+// within float32, the float gradient as the loop forms it (the lines' constants narrowed again, the
+// same values); redone in double where α exceeds FLT_MAX or that gradient is not finite. The loop's
+// own non-finite float gradient is not formed again: the same inputs would give it again. One
+// out-of-line call per rare element: the loop holds neither the double math nor a second copy of
+// the float functions. (The arguments' members by value: a reference to the kernel's parameters
+// would copy them all to a stack frame.)
 template <bool kKl, bool kFmse, bool kLogdet>
 __device__ EO_OUT_OF_LINE float rare_element_gradient(int evidence, double inv_tau, const double* row_constants,
                                                       std::int64_t n_rows, const double* col_constants,
                                                       std::int64_t n_cols, std::int64_t line, std::int64_t j,
                                                       float s, bool on, bool double_map, float inv_tau_f) {
   double alpha, rho;
-  float t = 0.0f;  // exp_tanh's tanh x, from the float map
   if (double_map) {
     const kn::EvidenceValue d = evidence_of(evidence, static_cast<double>(s) * inv_tau);
     alpha = d.alpha;
@@ -79,18 +79,12 @@ __device__ EO_OUT_OF_LINE float rare_element_gradient(int evidence, double inv_t
     const kn::EvidenceValueF32 v = evidence_of(evidence, s * inv_tau_f);
     alpha = v.alpha;
     rho = v.rho;
-    t = v.tanh;
   }
   const float alpha_f = static_cast<float>(alpha), rho_f = static_cast<float>(rho);
   const bool beyond = !(alpha <= kFloatMax);  // NaN too
-  if (!beyond) {
-    // exp_tanh's functions of t where the loop took them (the float map), so that a finite result is
-    // the loop's own.
-    const kn::ElementBackwardF32 f = !double_map && tanh_evidence(evidence)
-                                         ? kn::element_backward_f32_of_tanh<kKl, kFmse, kLogdet>(t)
-                                         : kn::element_backward_f32<kKl, kFmse, kLogdet>(alpha_f);
+  if (double_map && !beyond) {
     const float g = element_gradient_f32<kKl, kFmse, kLogdet>(
-        alpha_f, rho_f, on, inv_tau_f, f,
+        alpha_f, rho_f, on, inv_tau_f, kn::element_backward_f32<kKl, kFmse, kLogdet>(alpha_f),
         kn::narrow_line_gradient(kn::load_line_gradient(kn::gradient_arrays(row_constants, n_rows), line)),
         kn::narrow_line_gradient(kn::load_line_gradient(kn::gradient_arrays(col_constants, n_cols), j)));
     if (fabsf(g) <= kFloatMaxF) return g;

@@ -100,18 +100,9 @@ __device__ __forceinline__ ElementStats element_stats_f64(double alpha) {
   return ElementStats{alpha, scaled * scaled, kn::element_forward<kKl, kFmse, kLogdet>(alpha)};
 }
 
-// The float32 path's statistics of an α <= FLT_MAX: float32 functions, widened.
-template <bool kKl, bool kFmse, bool kLogdet>
-__device__ __forceinline__ ElementStats element_stats_f32(float alpha_f, double alpha) {
-  const kn::ElementForwardF32 f = kn::element_forward_f32<kKl, kFmse, kLogdet>(alpha_f);
+// The float32 path's statistics of an α <= FLT_MAX from its float32 functions f, widened.
+__device__ __forceinline__ ElementStats element_stats_f32(float alpha_f, double alpha, const kn::ElementForwardF32& f) {
   return ElementStats{alpha, kn::square_statistic(alpha_f), kn::widen_from_float(alpha_f, f)};
-}
-
-// The same for exp_tanh evidence, the functions from t = tanh x (kn::has_tanh_functions).
-template <bool kKl, bool kFmse, bool kLogdet>
-__device__ __forceinline__ ElementStats element_stats_f32_of_tanh(float alpha_f, float t) {
-  const kn::ElementForwardF32 f = kn::element_forward_f32_of_tanh<kKl, kFmse, kLogdet>(t);
-  return ElementStats{alpha_f, kn::square_statistic(alpha_f), kn::widen_from_float(alpha_f, f)};
 }
 
 // A rare element of the float32 path (device_common.cuh: float32 evidence): a line's target, or
@@ -123,7 +114,8 @@ template <bool kKl, bool kFmse, bool kLogdet>
 __device__ EO_OUT_OF_LINE ElementStats rare_element_stats(int kind, float s, double inv_tau) {
   const kn::EvidenceValue d = evidence_of(kind, static_cast<double>(s) * inv_tau);
   if (!(d.alpha <= kFloatMax)) return element_stats_f64<kKl, kFmse, kLogdet>(d.alpha);  // NaN too
-  return element_stats_f32<kKl, kFmse, kLogdet>(static_cast<float>(d.alpha), d.alpha);
+  const float alpha_f = static_cast<float>(d.alpha);
+  return element_stats_f32(alpha_f, d.alpha, kn::element_forward_f32<kKl, kFmse, kLogdet>(alpha_f));
 }
 
 // Element (line, j)'s contributions c[k] to the statistic slots; a target's α is stored instead.
@@ -213,10 +205,13 @@ __global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(
               const ElementStats e = rare_element_stats<kKl, kFmse, kLogdet>(a.evidence, s, a.inv_tau);
               add_element<kKl, kFmse, kLogdet>(a, line, j, target, e.alpha, e.square, e.f, c);
             } else if (of_tanh) {
-              const ElementStats e = element_stats_f32_of_tanh<kKl, kFmse, kLogdet>(v.alpha, v.tanh);
+              // exp_tanh: the functions from t = tanh x (kn::has_tanh_functions)
+              const ElementStats e =
+                  element_stats_f32(v.alpha, v.alpha, kn::element_forward_f32_of_tanh<kKl, kFmse, kLogdet>(v.tanh));
               add_element<kKl, kFmse, kLogdet>(a, line, j, false, e.alpha, e.square, e.f, c);
             } else {  // never a target: add_element's selects and stores fold away
-              const ElementStats e = element_stats_f32<kKl, kFmse, kLogdet>(v.alpha, v.alpha);
+              const ElementStats e =
+                  element_stats_f32(v.alpha, v.alpha, kn::element_forward_f32<kKl, kFmse, kLogdet>(v.alpha));
               add_element<kKl, kFmse, kLogdet>(a, line, j, false, e.alpha, e.square, e.f, c);
             }
           } else {

@@ -774,6 +774,12 @@ def fisher_slope_f32(x, series, s, inv_z):
 
 
 @triton.jit
+def log_trigamma_of_tanh_f32(t):
+    """ln ψ1(1 + e^t) = (t − t1)·P(t), t1 its zero (special_functions_f32.h log_trigamma_of_tanh)."""
+    return ((t - TANH_TRIGAMMA_ONE_HI) - TANH_TRIGAMMA_ONE_LO) * log_trigamma_tanh_fit_f32(t)
+
+
+@triton.jit
 def element_forward_of_tanh_f32(t, KL: tl.constexpr, FMSE: tl.constexpr, LOGDET: tl.constexpr):
     """(h + 1, xψ1, ln ψ1, r) at α = 1 + e^t from exp_tanh's t = tanh x ∈ [−1, 1] (element_terms.h
     element_forward_f32_of_tanh; SPEC §2 "Float32 element math"): one polynomial in t each, no ln α;
@@ -785,7 +791,7 @@ def element_forward_of_tanh_f32(t, KL: tl.constexpr, FMSE: tl.constexpr, LOGDET:
     if FMSE:
         x_trigamma = x_trigamma_tanh_fit_f32(t)
     if LOGDET:
-        log_trigamma = ((t - TANH_TRIGAMMA_ONE_HI) - TANH_TRIGAMMA_ONE_LO) * log_trigamma_tanh_fit_f32(t)
+        log_trigamma = log_trigamma_of_tanh_f32(t)
         remainder = remainder_tanh_fit_f32(t)
     return kl_h_plus_one, x_trigamma, log_trigamma, remainder
 
