@@ -90,16 +90,19 @@ EO_HOST_DEVICE float approx_divide(float a, float b) {
 // GPU: 2^(hi + lo), hi = x·log2 e rounded, lo its rounding error and x times log2 e's (|lo| <=
 // 2^-17), as ex2(hi)·(1 + lo·ln 2): within 3 ulp (ex2's 2, the rest below ½); +inf from x ≈ 88.72
 // (as here; an α that comes out infinite is redone in double by the kernels), results below
-// 2^-126 flushed to 0 (they enter α = 1 + e, or a ρ, as nothing).
+// 2^-126 flushed to 0 (they enter α = 1 + e, or a ρ, as nothing). x is first raised to
+// kMinExpArgF − 64 (whose result is 0 as well), so that −inf, or an x·log2 e below −FLT_MAX, leaves
+// lo finite; where ex2 is +inf the FMA is skipped: inf·(lo·ln 2) + inf is NaN for lo < 0.
 EO_HOST_DEVICE float exp_f(float x) {
 #if defined(__CUDA_ARCH__)
   constexpr float kLog2eLoF = 1.92596299e-8f;  // log2 e − kLog2eF
   constexpr float kLn2F = 0.693147182f;
+  x = fmaxf(x, kMinExpArgF - 64.0f);
   const float hi = x * kLog2eF;
   const float lo = __fmaf_rn(x, kLog2eF, -hi) + x * kLog2eLoF;
   float p;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(p) : "f"(hi));
-  return __fmaf_rn(p, lo * kLn2F, p);
+  return p < __builtin_inff() ? __fmaf_rn(p, lo * kLn2F, p) : p;
 #else
   const float xc = min_of(max_of(x, kMinExpArgF), kMaxExpArgF);
   const float n = (xc * kLog2eF + kRoundMagicF) - kRoundMagicF;  // round(x / ln 2), exact
