@@ -256,8 +256,7 @@ def profile_row(profile: dict, backend: str, method: str, direction: str) -> dic
 def per_element(row: dict) -> dict:
     """Instructions per element by class in the row's hot loop, plus its share of the stage
     around it (the CUDA forward's warp reduction: static_profile.stage_share)."""
-    n = row["elements_per_iteration"]
-    return {k: v / n + static_profile.stage_share(row, k) for k, v in row["hot"]["own"].items()}
+    return {k: static_profile.per_element(row, k) for k in row["hot"]["own"]}
 
 
 # ------------------------------------------------------------------------ CUDA strip plan (port)
@@ -334,11 +333,6 @@ def loss_cases() -> dict:
     return {name: (case.evidence, case.tau, tuple(case.weights)) for name, case in LOSS_CASES.items()}
 
 
-def _slots(terms) -> int:
-    """Statistic slots the CUDA forward sums per element (forward_kernels.cu slot_enabled)."""
-    return 2 + ("kl" in terms) + ("fmse" in terms) + 2 * ("logdet" in terms)
-
-
 # ------------------------------------------------------------------------------ CUDA backend
 
 
@@ -350,7 +344,7 @@ def cuda_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dict,
     e_in = PRECISIONS[precision]["input_bytes"]
     e_prod = 4  # the products of float32 and half inputs are float32 (evidential_cuda.cpp product_type)
     bf16 = precision == "bf16"
-    slots = _slots(terms)
+    slots = static_profile.enabled_slots("kl" in terms, "fmse" in terms, "logdet" in terms)
     fwd_row, bwd_row = profile_row(profile, "cuda", loss, "fwd"), profile_row(profile, "cuda", loss, "bwd")
     fwd_cycles, fwd_pipe, _ = pipe_cycles(per_element(fwd_row), c["rates"])
     bwd_cycles, bwd_pipe, _ = pipe_cycles(per_element(bwd_row), c["rates"])

@@ -586,9 +586,7 @@ def cuda_elements_per_iteration(direction: str) -> int:
     """Elements one thread handles per iteration of its row loop: the forward kernel's
     kColumnsPerThread (its columns, unrolled), 1 for a kernel without that constant (one column
     per thread). The cuda-path build checks it: its loop body loads s once per element."""
-    with open(os.path.join(ROOT, "csrc", "cuda", CUDA_FILES[direction]), encoding="utf-8") as handle:
-        match = re.search(r"constexpr int kColumnsPerThread = (\d+);", handle.read())
-    return int(match.group(1)) if match else 1
+    return source_ints(os.path.join(ROOT, "csrc", "cuda", CUDA_FILES[direction])).get("kColumnsPerThread", 1)
 
 
 def source_ints(path: str) -> dict:
@@ -599,15 +597,19 @@ def source_ints(path: str) -> dict:
             for m in re.finditer(r"constexpr\s+(?:int|std::int64_t)\s+(k\w+)\s*=\s*(\d+(?:\s*\*\s*\d+)*)\s*;", text)}
 
 
+def enabled_slots(kl: bool, fmse: bool, logdet: bool) -> int:
+    """Statistic slots the CUDA forward sums per element for these terms (forward_kernels.cu
+    slot_enabled, ported): rest and squares always, kl h, fisher, and the logdet's two."""
+    return 2 + bool(kl) + bool(fmse) + 2 * bool(logdet)
+
+
 def cuda_stage_rows(method: str) -> int:
     """Rows per warp stage of forward_stats_kernel's float32 path (forward_kernels.cu stage_rows,
     ported): after that many iterations of its row loop, the warp adds up the rows' lane sums
     staged in shared memory, in the enclosing loop's own body."""
     forward = source_ints(os.path.join(ROOT, "csrc", "cuda", "forward_kernels.cu"))
     plan = source_ints(os.path.join(ROOT, "csrc", "cuda", "strip_plan.h"))
-    kl, fmse, logdet = METHODS[method]["flags"]
-    slots = sum(1 for k in range(plan["kStatSlots"])
-                if k in (0, 2) or (k == 1 and kl) or (k == 3 and fmse) or (k in (4, 5) and logdet))
+    slots = enabled_slots(*METHODS[method]["flags"])
     warps = plan["kThreads"] // forward["kColumnsPerThread"] // 32
     free = forward["kStaticSharedBytes"] - forward["kRowChunk"] * plan["kStatSlots"] * warps * 8
     rows = 8
@@ -735,7 +737,7 @@ def profile_triton(methods, directions, dtype_path: str, nvdisasm: str, workdir:
 # ---------------------------------------------------------------------------------- report
 
 
-def _per_element(row: dict, key: str) -> float | None:
+def per_element(row: dict, key: str) -> float | None:
     """Per element: the hot loop's own body, plus its share of the stage around it (CUDA forward)."""
     if row.get("hot") is None or not row.get("elements_per_iteration"):
         return None
@@ -795,9 +797,9 @@ def markdown(report: dict) -> str:
     for row in report["rows"]:
         if row.get("hot") is None:
             continue
-        cells = [_per_element(row, k) for k in ("total", "max_path")]
+        cells = [per_element(row, k) for k in ("total", "max_path")]
         cells.append(round(stage_share(row, "total"), 1) if row.get("stage") else None)
-        cells += [_per_element(row, k) for k in ("fp64", "dmul_dfma", *CLASSES[1:])]
+        cells += [per_element(row, k) for k in ("fp64", "dmul_dfma", *CLASSES[1:])]
         lines.append(f"| {_title(row)} | {_build(row)} | {_fmt(row['elements_per_iteration'])} | "
                      + " | ".join(_fmt(c) for c in cells) + " |")
     lines += [
@@ -947,8 +949,8 @@ def main(argv=None) -> int:
                   rows=rows, cuda_instantiations=instantiations)
     for row in rows:
         print(f"static-profile: {_title(row):14s} {_build(row):46s} "
-              + (f"loop {'+'.join(row['hot']['ranges'])}: {_per_element(row, 'total'):6.1f} instr/elem, "
-                 f"{_per_element(row, 'dmul_dfma'):5.1f} DMUL+DFMA/elem; " if row.get("hot") else "")
+              + (f"loop {'+'.join(row['hot']['ranges'])}: {per_element(row, 'total'):6.1f} instr/elem, "
+                 f"{per_element(row, 'dmul_dfma'):5.1f} DMUL+DFMA/elem; " if row.get("hot") else "")
               + f"{row['counts']['dmul_dfma']} DMUL+DFMA in the kernel, {row['resources'].get('registers')} regs")
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as handle:
