@@ -659,12 +659,13 @@ constexpr double kU = 0x1p-24;  // float32 unit roundoff: a rounding moves a val
 //   the fits' variable s by 0.11 ulp of |s| <= 1.39, which moves P(s) by < 0.25 ulp (|P'/P| <= 2
 //   with the zeros factored out); u = 1/x within 2.5 ulp moves a series a + c·u + … with |c·u| <=
 //   |a|/8 (x >= 8) by < 0.32 ulp, and a series led by ln x by less;
-// - kApproxUlpsInU, to r and x·r', whose series are proportional to u: u's own 2.5 ulp.
-constexpr double kApproxUlps = 0.35, kApproxUlpsInU = 2.5;
+// - kApproxUlpsInU, to r and x·r', whose series are proportional to u: u's own 2.5 ulp (the
+//   emulated kEmulatedApproxUlps on top of the IEEE quotient's ½).
+constexpr double kApproxUlps = 0.35, kApproxUlpsInU = kn::kEmulatedApproxUlps + 0.5;
 constexpr double kUlpsHPlusOne = 2.34 + kApproxUlps, kUlpsXTrigamma = 1.18 + kApproxUlps;
 constexpr double kUlpsLogTrigamma = 2.61 + kApproxUlps, kUlpsRemainder = 2.25 + kApproxUlps + kApproxUlpsInU;
 constexpr double kUlpsXKlV = 1.75 + kApproxUlps, kUlpsFisherSlope = 2.84 + kApproxUlps;
-constexpr double kUlpsRatio = 2.22 + kApproxUlps + 2,  // its quotient within 2.5 ulp instead of ½
+constexpr double kUlpsRatio = 2.22 + kApproxUlps + kn::kEmulatedApproxUlps,  // its quotient within 2.5 ulp instead of ½
     kUlpsXRPrime = 2.32 + kApproxUlps + kApproxUlpsInU;
 
 // The spacing of floats at |y| (the ulp the SPEC's bounds count), taken at |y|·(1 + 2^-18) so that a
