@@ -15,7 +15,9 @@ Two sets, as in csrc/kernels/:
 No libdevice: the Triton interpreter (how CI runs these) cannot execute it, and Triton has no
 digamma anyway. The float32 logarithm and exponential are elementary_f32.h's, not tl.log and
 tl.exp, whose GPU forms are approximations (ln x near 1, the variable of the KL statistic's fit
-there, would lose its relative accuracy); divisions are IEEE (`tl.math.div_rn`), as in C++.
+there, would lose its relative accuracy). Where elementary_f32.h takes the GPU's approximations in
+the CUDA build (the reciprocal, the quotient, exp_f: SPEC §2 "The GPU's approximations"), the
+compiled kernels take the same ones and the interpreter the IEEE forms, the CPU's.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import struct
 
 import triton
 import triton.language as tl
+from triton import knobs
 
 from .special_f32_fits import (
     DIGAMMA_ROOT_HI,
@@ -453,6 +456,8 @@ def _float32(value: float) -> float:
 LN2_HI_F32 = tl.constexpr(355.0 / 512.0)  # 9 bits: n·LN2_HI_F32 is exact for |n| < 2^15
 LN2_LO_F32 = tl.constexpr(_float32(math.log(2.0) - 355.0 / 512.0))
 LOG2E_F32 = tl.constexpr(_float32(1.0 / math.log(2.0)))
+LOG2E_LO_F32 = tl.constexpr(_float32(1.0 / math.log(2.0) - _float32(1.0 / math.log(2.0))))  # log2 e − LOG2E_F32
+LN2_F32 = tl.constexpr(_float32(math.log(2.0)))
 ROUND_MAGIC_F32 = tl.constexpr(1.5 * 2.0**23)  # x + magic rounds x to an integer
 MAX_EXP_ARG_F32 = tl.constexpr(_float32(math.log(3.4028234663852886e38)))  # exp_f: +inf above
 MIN_EXP_ARG_F32 = tl.constexpr(_float32(-150.0 * math.log(2.0)))  # below: e^x rounds to 0
@@ -462,8 +467,9 @@ FLT_MAX_F32 = tl.constexpr(3.4028234663852886e38)
 HALF_LOG_2PI_F32 = tl.constexpr(_float32(0.5 * math.log(2.0 * math.pi)))
 HALF_LOG_2PI_MINUS_HALF_F32 = tl.constexpr(_float32(0.5 * math.log(2.0 * math.pi) - 0.5))
 # Exp evidence's α in float64 beyond FLT_MAX (`evidence_f32`) reduces x up to here: e^x beyond
-# DBL_MAX (x > 709.8) must come out as +inf, which 2^1075 does.
-EXP_DOUBLE_ARG_F32 = tl.constexpr(745.0)
+# DBL_MAX (x > 709.78) must come out as +inf, which e^710 = 1.24·2^1024 does, and n = round(x·log2 e)
+# stays <= 1024, so that e_r·2^n's exponent bits (`alpha_f64_of_f32`) cannot carry into the sign.
+EXP_DOUBLE_ARG_F32 = tl.constexpr(710.0)
 
 
 @triton.jit
@@ -477,6 +483,59 @@ def inf_f32(like):
 def inf_f64(like):
     """+inf as a float64 tensor of `like`'s shape (α beyond DBL_MAX: SPEC §1's overflow error)."""
     return tl.full(like.shape, 0x7FF0000000000000, tl.int64).to(tl.float64, bitcast=True)
+
+
+# The GPU's approximations where elementary_f32.h takes them on the GPU (approx_reciprocal,
+# approx_divide, exp_f), IEEE forms under the interpreter, as elementary_f32.h on the CPU. triton.jit
+# binds a function to the interpreter or the compiler when it is defined, so the choice is made here
+# the same way (TRITON_INTERPRET at import); the interpreter cannot run inline PTX.
+if knobs.runtime.interpret:
+
+    @triton.jit
+    def approx_reciprocal_f32(b):
+        """1/b for float32 b (elementary_f32.h approx_reciprocal): IEEE under the interpreter;
+        compiled, rcp.approx.ftz (within 1 ulp for |b| <= 2^126, 0 beyond)."""
+        return 1.0 / b
+
+    @triton.jit
+    def approx_div_f32(a, b):
+        """a/b for float32 a, b (elementary_f32.h approx_divide): IEEE under the interpreter;
+        compiled, a·rcp.approx(b) (within 2 ulp for |b| <= 2^126, 0 beyond)."""
+        return a / b
+
+    @triton.jit
+    def exp_f32(x):
+        """exp(x) for float32 x (elementary_f32.h exp_f; below 1 ulp under the interpreter, within 3
+        ulp compiled; SPEC §2 "Float32 element math")."""
+        e_r, n = exp_reduction_f32(x, MAX_EXP_ARG_F32)
+        return exp_from_reduction_f32(x, e_r, n)
+
+else:
+
+    @triton.jit
+    def approx_reciprocal_f32(b):
+        """1/b for float32 b (elementary_f32.h approx_reciprocal): rcp.approx.ftz, within 1 ulp for
+        |b| <= 2^126, 0 beyond (IEEE under the interpreter)."""
+        return tl.inline_asm_elementwise("rcp.approx.ftz.f32 $0, $1;", "=r,r", [b], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+
+    @triton.jit
+    def approx_div_f32(a, b):
+        """a/b for float32 a, b (elementary_f32.h approx_divide): a·rcp.approx(b), within 2 ulp for
+        |b| <= 2^126, 0 beyond (IEEE under the interpreter)."""
+        return a * approx_reciprocal_f32(b)
+
+    @triton.jit
+    def exp_f32(x):
+        """exp(x) for float32 x (elementary_f32.h exp_f on the GPU; SPEC §2 "Float32 element math"):
+        2^(hi + lo) as ex2.approx(hi)·(1 + lo·ln 2), within 3 ulp; +inf from x ≈ 88.72, results
+        below 2^-126 flushed to 0 (the polynomial form under the interpreter)."""
+        x = tl.maximum(x, MIN_EXP_ARG_F32 - 64.0)
+        hi = x * LOG2E_F32
+        lo = tl.fma(x, LOG2E_F32, -hi) + x * LOG2E_LO_F32
+        p = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [hi], dtype=tl.float32,
+                                      is_pure=True, pack=1)
+        return tl.where(p < inf_f32(p), tl.fma(p, lo * LN2_F32, p), p)
 
 
 @triton.jit
@@ -517,13 +576,6 @@ def exp_from_reduction_f32(x, e_r, n):
 
 
 @triton.jit
-def exp_f32(x):
-    """exp(x) for float32 x (elementary_f32.h exp_f; below 1 ulp, SPEC §2 "Float32 element math")."""
-    e_r, n = exp_reduction_f32(x, MAX_EXP_ARG_F32)
-    return exp_from_reduction_f32(x, e_r, n)
-
-
-@triton.jit
 def _log_mantissa_f32(x):
     """(k, m) with ln x = k·ln 2 + m for finite normal x > 0: elementary_f32.h log_f's reduction
     (mantissa in [0.707, 1.414]) and its series ln(1 + f) = 2 atanh(f/(2 + f)), m = ln(1 + f)."""
@@ -534,7 +586,7 @@ def _log_mantissa_f32(x):
     mantissa = tl.where(high, mantissa * 0.5, mantissa)
     k = (biased - 127 + high.to(tl.int32)).to(tl.float32)
     f = mantissa - 1.0  # exact
-    s = tl.math.div_rn(f, 2.0 + f)
+    s = approx_div_f32(f, 2.0 + f)
     z = s * s
     big_r = 2.0 / 11.0
     big_r = big_r * z + 2.0 / 9.0
@@ -570,7 +622,7 @@ def log1p_f32(y):
     """ln(1 + y) for float32 y >= 0, the rounding of 1 + y corrected (elementary_f32.h log1p_f; SPEC
     §1's softplus)."""
     u = 1.0 + y
-    correction = tl.math.div_rn((u - 1.0) - y, u)
+    correction = approx_div_f32((u - 1.0) - y, u)
     return tl.where(u == 1.0, y, log_f32(u) - correction)
 
 
@@ -594,7 +646,9 @@ def evidence_f32(x, EVIDENCE: tl.constexpr):
         alpha = e + 1.0
         # e^x rounds to +inf from x = MAX_EXP_ARG_F32 itself (e^x exceeds FLT_MAX from 88.7228391)
         beyond = e == inf_f32(e)
-        rho = tl.where(beyond, 1.0, tl.math.div_rn(e, alpha))  # inf/inf would be NaN
+        # e/α = 1 to float32 precision from α = 2^126 on (the approximate quotient stops there), and
+        # inf/inf would be NaN
+        rho = tl.where(alpha < 8.507059173023462e37, approx_div_f32(e, alpha), 1.0)
     else:
         e_r = x
         n = tl.zeros(x.shape, tl.int32)
@@ -602,23 +656,23 @@ def evidence_f32(x, EVIDENCE: tl.constexpr):
         if EVIDENCE == 1:
             positive = x > 0.0
             alpha = tl.where(positive, x, 0.0) + 1.0
-            rho = tl.where(positive, tl.math.div_rn(1.0, alpha), 0.0)
+            rho = tl.where(positive, approx_div_f32(1.0, alpha), 0.0)
         elif EVIDENCE == 2:
             # softplus(x) = max(x, 0) + ln(1 + e^-|x|), exact for every x; g' = sigmoid(x)
             small = exp_f32(-tl.abs(x))
             softplus = tl.where(x > 0.0, x, 0.0) + log1p_f32(small)
-            sigmoid = tl.math.div_rn(tl.where(x > 0.0, 1.0, small), 1.0 + small)
+            sigmoid = approx_div_f32(tl.where(x > 0.0, 1.0, small), 1.0 + small)
             alpha = softplus + 1.0
-            rho = tl.math.div_rn(sigmoid, alpha)
+            rho = approx_div_f32(sigmoid, alpha)
         else:
             # q = e^{-2|x|}: tanh = ±(1 − q)/(1 + q), 1 − tanh² = 4q/(1 + q)² without cancellation
             q = exp_f32(-2.0 * tl.abs(x))
-            inv = tl.math.div_rn(1.0, 1.0 + q)
+            inv = approx_div_f32(1.0, 1.0 + q)
             magnitude = (1.0 - q) * inv
             t = tl.where(x < 0.0, -magnitude, magnitude)
             e = exp_f32(t)
             alpha = e + 1.0
-            rho = tl.math.div_rn(e * (4.0 * q * inv * inv), alpha)
+            rho = approx_div_f32(e * (4.0 * q * inv * inv), alpha)
     alpha = tl.where(x == x, alpha, x)
     rho = tl.where(x == x, rho, x)
     return alpha, rho, e_r, n, beyond, t
@@ -635,6 +689,20 @@ def ldexp_f64(v, n):
     out = (bits + (n64 << 52)).to(tl.float64, bitcast=True)
     out = tl.where(biased + n64 > 2046, inf_f64(v), out)
     return tl.where(v == v, out, v)
+
+
+@triton.jit
+def alpha_f64_of_f32(alpha, e_r, n, beyond):
+    """α in float64 from `evidence_f32`'s (α, e_r, n, beyond) without a float64 product (SPEC §2
+    "Float32 element math"): α widened, or beyond FLT_MAX e_r·2^n (+inf beyond DBL_MAX; α = e^x + 1
+    is e^x there to float64's precision). `ldexp_f64` of one float64 value for both: its exponent
+    bits plus n (0 where not beyond), and the overflow test on the bits alone, since e_r < 1.42 and
+    n <= 1024 (EXP_DOUBLE_ARG_F32) cannot carry into the sign. A NaN α stays NaN (n is 0 there)."""
+    m = tl.where(beyond, n, 0)
+    bits = tl.where(beyond, e_r, alpha).to(tl.float64).to(tl.int64, bitcast=True) + (m.to(tl.int64) << 52)
+    out = bits.to(tl.float64, bitcast=True)
+    # the exponent field alone: the high word of the bits
+    return tl.where(beyond & ((bits >> 32).to(tl.int32) >= 0x7FF00000), inf_f64(out), out)
 
 
 @triton.jit
@@ -712,7 +780,7 @@ def element_polygammas_f32(x, beyond, log_x):
     log_z, log_quarter = log_and_quarter_log_f32(xf)  # x/4: exact
     s = tl.where(series, 0.0, log_quarter)
     log_z = tl.where(beyond, log_x, log_z)
-    inv_z = tl.math.div_rn(1.0, x)
+    inv_z = approx_div_f32(1.0, x)
     digamma, lgamma, x_trigamma, x2_tetragamma = _fill_polygammas_f32(x, series, s, log_z, inv_z)
     return series, s, log_z, inv_z, digamma, lgamma, x_trigamma, x2_tetragamma
 
@@ -816,4 +884,4 @@ def element_backward_of_tanh_f32(t, KL: tl.constexpr, FMSE: tl.constexpr, LOGDET
 def tetragamma_trigamma_ratio_f32(x_trigamma, x2_tetragamma):
     """x·ψ2(x)/ψ1(x) = (x²ψ2)/(xψ1) ∈ [−1.462, −1], the logdet gradient's per-element ratio (SPEC §2
     logdet), float32: special_functions_f32.h tetragamma_trigamma_ratio."""
-    return tl.math.div_rn(x2_tetragamma, x_trigamma)
+    return approx_div_f32(x2_tetragamma, x_trigamma)
