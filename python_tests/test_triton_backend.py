@@ -31,7 +31,17 @@ def device():
 
 triton = pytest.importorskip("triton")
 tl = triton.language
+from evidential_ops.triton_backend import configs  # noqa: E402
 from evidential_ops.triton_backend import special as sp  # noqa: E402
+
+# Compiled (a GPU), the float32 set takes the GPU's approximate reciprocal, quotient and exp, as
+# elementary_f32.h does in the CUDA build (special.py); the interpreter runs the IEEE forms, the
+# CPU's. The function-level bounds and the bits below are the IEEE forms'; compiled, the kernels'
+# losses and gradients are held to SPEC §5 by the loss-level tests here, as the CUDA build's are by
+# its emulated test (csrc/tests/test_cuda_emulated.cpp), which moves each approximation further.
+COMPILED = not configs.interpreting()
+ieee_forms_only = pytest.mark.skipif(COMPILED, reason="checks the IEEE forms of the float32 set, which only the "
+                                     "interpreter runs (compiled: the GPU's approximations)")
 
 
 @triton.jit
@@ -220,6 +230,7 @@ def _special_f32_values(x: np.ndarray, beyond: bool) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize("domain", ["alpha", "log_alpha", "tanh", "exp", "log", "log1p"])
+@ieee_forms_only
 def test_triton_float32_special_functions_within_the_spec_ulp_bounds(domain):
     table = _reference_table()[domain]
     x = table["x"]
@@ -285,6 +296,7 @@ def _float32_grid() -> dict[str, np.ndarray]:
             "log1p": np.concatenate([[0.0], np.geomspace(1e-38, FLT_MAX, 20000)]).astype(np.float32)}
 
 
+@ieee_forms_only
 def test_triton_float32_special_functions_are_the_cpp_ones_bit_for_bit():
     """Without contraction (the interpreter; a GPU launched with enable_fp_fusion=False) the float32
     set gives the C++ functions' own bits: same forms, coefficients, constants and order of
@@ -455,17 +467,45 @@ def test_triton_one_program_over_several_row_blocks_matches(gen, monkeypatch):
         assert torch.equal(a, b)
 
 
+def test_triton_gradient_programs_sweeping_every_column_block_match(gen, monkeypatch):
+    """A gradient program walks several column blocks with its rows' line constants formed once
+    (launch._column_programs); with GRAD_PROGRAMS_PER_SM = 1 one program per row block walks all of
+    them. The same G either way, bitwise."""
+    from evidential_ops.triton_backend import launch
+
+    x, y = hard_pairs(130, 24, generator=gen)
+    runs = []
+    for per_sm in (launch.GRAD_PROGRAMS_PER_SM, 1):
+        monkeypatch.setattr(launch, "GRAD_PROGRAMS_PER_SM", per_sm)
+        xt, yt = x.clone().to(device()).requires_grad_(), y.clone().to(device()).requires_grad_()
+        eo.evidential_loss(xt, yt, weights=ALL_WEIGHTS, reduction="sum", backend="triton").backward()
+        runs.append((xt.grad, yt.grad))
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
 # Bounds on the float32 evidence maps, in units of 2^-23 relative, each the sum of its steps: exp_f
 # within 1.0 (SPEC's table), log1p_f 1.17, each rounding 0.5, a rounded input's error carried
 # through a step whose relative condition number is at most 1.
 # exp: α = e + 1: 1.0 + 0.5; ρ = e/α: 1.0 + 1.5 + 0.5. Beyond FLT_MAX, e_r·2^n from the same reduction
-#   (its n·ln 2_lo rounds within 0.12 more up to n = 1075): within α's 1.5.
+#   (its n·ln 2_lo rounds within 0.12 more up to n = 1024): within α's 1.5.
 # relu: α = x + 1: 0.5; ρ = 1/α: 0.5 + 0.5.
 # softplus: ln(1 + e^-|x|): 1.0 + 1.17, + max(x, 0): 2.67, + 1: 3.17; sigmoid = (1 or e^-|x|)/(1 + e^-|x|):
 #   1.0 + 1.5 + 0.5; ρ = sigmoid/α: 3.0 + 3.17 + 0.5.
 # exp_tanh: |t| = (1 − q)·1/(1 + q), q = e^-2|x|: absolute error 3 (2.5 relative to |t| <= 1, 0.5 from q);
 #   e = exp(t): 3 + 1; α = e + 1: 4·e/α (<= 2.72/3.72) + 0.5; ρ = e·4q·inv·inv/α: 4 + 1 + 2·2 + 0.5 + 3.4 + 0.5.
 EVIDENCE_BOUNDS = {"exp": (1.5, 3.0), "relu": (0.5, 1.0), "softplus": (3.17, 6.67), "exp_tanh": (3.4, 13.4)}
+# Compiled, the same sums with the GPU's approximations (elementary_f32.h): a reciprocal within 1.0
+# (0.5 above), a quotient a·rcp(b) within 2.0, exp_f within 3.0 (exp evidence's own reduction stays
+# the polynomial), log_f within 1.28 (its quotient s = f/(2 + f) enters ln(1 + f) as s·(f²/2 + R), at
+# most 0.052 of it: 2 ulps of s move the result by 0.11).
+# exp: α 1.5; ρ = e/α: 1.0 + 1.5 + 2.0.
+# relu: α 0.5; ρ = 1·rcp(α): 0.5 + 1.0.
+# softplus: ln(1 + e^-|x|): 3.0 + 1.28, + max(x, 0): 4.78, + 1: 5.28; sigmoid: 3.0 + 3.5 + 2.0;
+#   ρ = sigmoid/α: 8.5 + 5.28 + 2.0.
+# exp_tanh: |t|: absolute error 4.5 (3.0 relative to |t| <= 1, 1.5 from q); e = exp(t): 4.5 + 3;
+#   α = e + 1: 7.5·e/α + 0.5 (6.0); ρ = e·4q·inv·inv/α: 7.5 + 3 + 2·3.0 + 0.5 + 6.0 + 2.0.
+if COMPILED:
+    EVIDENCE_BOUNDS = {"exp": (1.5, 4.5), "relu": (0.5, 1.5), "softplus": (5.28, 15.78), "exp_tanh": (6.0, 25.0)}
 
 
 @triton.jit
@@ -476,7 +516,7 @@ def _evidence_f32_kernel(x_ptr, o_ptr, n, EVIDENCE: tl.constexpr, BLOCK: tl.cons
     m = i < n
     x = tl.load(x_ptr + i, mask=m, other=1.0)
     alpha, rho, e_r, k, beyond, t = sp.evidence_f32(x, EVIDENCE)
-    alpha64 = tl.where(beyond, sp.ldexp_f64(e_r.to(tl.float64), k), alpha.to(tl.float64))
+    alpha64 = sp.alpha_f64_of_f32(alpha, e_r, k, beyond)
     a_m = tl.where(beyond, e_r, alpha)
     a_k = tl.where(beyond, k, 0)
     s_m, s_k = sp.split_f64(0.25 / alpha64)
@@ -494,7 +534,7 @@ def test_triton_float32_evidence_and_its_float64_widening(evidence):
     and beyond DBL_MAX (+inf, for the overflow error); the squares of the MSE statistic and the
     backward's p = α/S formed without a float64 product: one float32 rounding each (0.5), p's 1/S
     rounded to float32 once more (0.5); exp_tanh's t (the variable of its functions) within 3 units
-    of 2^-23 absolute of tanh x, 0 for the other maps."""
+    of 2^-23 absolute of tanh x (4.5 compiled), 0 for the other maps."""
     import mpmath
 
     x = np.concatenate([np.linspace(-150, 750, 3001), np.linspace(-3, 3, 2001), np.geomspace(1e-30, 1, 201),
@@ -506,7 +546,8 @@ def test_triton_float32_evidence_and_its_float64_widening(evidence):
                                enable_fp_fusion=False)
     alpha, rho, square, p, t = out.view(5, block)[:, : x.size].cpu().numpy()
     want_t = np.tanh(x.astype(np.float64)) if evidence == "exp_tanh" else np.zeros(x.size)
-    assert float(np.abs(t - want_t).max()) <= 3 * 2.0**-23, float(np.abs(t - want_t).max())
+    t_bound = (4.5 if COMPILED else 3.0) * 2.0**-23  # EVIDENCE_BOUNDS' |t|
+    assert float(np.abs(t - want_t).max()) <= t_bound, float(np.abs(t - want_t).max())
     with mpmath.workdps(40):
         def maps(v):
             v = mpmath.mpf(float(v))
