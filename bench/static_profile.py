@@ -708,7 +708,7 @@ def profile_triton(methods, directions, dtype_path: str, nvdisasm: str, workdir:
     aot_check.compile_environment()
     target = GPUTarget("cuda", ARCH, 32)
     wanted = {"fwd": ("stats",), "bwd": ("grad_fused", "grad")}
-    rules = {"stats": "tile-sweep", "grad_fused": "tile-sweep", "grad": "tile-once"}
+    rules = {"stats": "tile-sweep", "grad_fused": "tile-sweep", "grad": "tile-sweep"}
     rows = []
     for direction, kernel in ((d, k) for d in directions for k in wanted.get(d, ())):
         for method in methods:

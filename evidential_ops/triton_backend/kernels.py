@@ -53,6 +53,7 @@ from .special import (
     kl_h,
     kl_h_plus_one_f32,
     kl_v,
+    alpha_f64_of_f32,
     ldexp_f64,
     log_trigamma,
     log_trigamma_f32,
@@ -150,7 +151,7 @@ def _element_stats_f32(s, inv_tau32, EVIDENCE: tl.constexpr, MSE: tl.constexpr, 
     (x > 88.7) keeps α in float64 (e_r·2^n, exact) and enters the series as ln α = x."""
     x = s * inv_tau32
     alpha, _rho, e_r, n, beyond, t = evidence_f32(x, EVIDENCE)
-    alpha64 = tl.where(beyond, ldexp_f64(e_r.to(tl.float64), n), alpha.to(tl.float64))
+    alpha64 = alpha_f64_of_f32(alpha, e_r, n, beyond)
     zero = tl.zeros_like(alpha64)
     sq, kl_h_plus_one, fisher, lt, rr = zero, zero, zero, zero, zero
     if MSE:
@@ -179,6 +180,31 @@ def _element_stats_f32(s, inv_tau32, EVIDENCE: tl.constexpr, MSE: tl.constexpr, 
             r, _x_r_prime = fisher_remainder_f32(series, s_fit, inv_z)
             rr = r.to(tl.float64)
     return alpha64, sq, kl_h_plus_one, fisher, lt, rr
+
+
+@triton.jit
+def _row_sum_init(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DEFER: tl.constexpr):
+    """An own-line sum of the stats sweep: per tile position (DEFER) or per row."""
+    if DEFER:
+        return tl.zeros((BLOCK_M, BLOCK_N), tl.float64)
+    else:
+        return tl.zeros((BLOCK_M,), tl.float64)
+
+
+@triton.jit
+def _row_sum_add(acc, tile, DEFER: tl.constexpr):
+    if DEFER:
+        return acc + tile
+    else:
+        return acc + tl.sum(tile, 1)
+
+
+@triton.jit
+def _row_sum_total(acc, DEFER: tl.constexpr):
+    if DEFER:
+        return tl.sum(acc, 1)
+    else:
+        return acc
 
 
 @triton.jit
@@ -212,6 +238,12 @@ def stats_kernel(
     SLOT_FI: tl.constexpr = 1 + MSE + KL
     SLOT_LT: tl.constexpr = 1 + MSE + KL + FMSE
     part = part_ptr + pid * NS * n_other
+    # The own lines' sums kept per tile position and reduced over the columns once, after the
+    # sweep: a reduction along a row of the tile crosses threads (shuffles and float64 adds for
+    # every tile), an element-wise add does not. Each position adds its elements in column order,
+    # so the result is the same for every launch. A float64 tile of registers per sum: up to four
+    # sums (every method's terms; all five terms at once would spill), otherwise per tile.
+    DEFER: tl.constexpr = NS <= 4
     # Row blocks pid, pid + n_programs, ... (the loop bound is a plain argument: Triton's
     # interpreter, 3.6 at least, cannot take a program id as a range bound)
     for it in range(0, blocks_per_program):
@@ -227,12 +259,12 @@ def stats_kernel(
             a_blk = tl.load(a_ptr + rows.to(tl.int64)[:, None] * stride_ai + ks[None, :] * stride_ak,
                             mask=rmask[:, None] & kmask[None, :], other=0.0)
         acc_target = tl.zeros((BLOCK_M,), tl.float64)
-        acc_rest = tl.zeros((BLOCK_M,), tl.float64)
-        acc_sq = tl.zeros((BLOCK_M,), tl.float64)
-        acc_kl = tl.zeros((BLOCK_M,), tl.float64)
-        acc_fi = tl.zeros((BLOCK_M,), tl.float64)
-        acc_lt = tl.zeros((BLOCK_M,), tl.float64)
-        acc_rr = tl.zeros((BLOCK_M,), tl.float64)
+        acc_rest = _row_sum_init(BLOCK_M, BLOCK_N, DEFER)
+        acc_sq = _row_sum_init(BLOCK_M, BLOCK_N, DEFER)
+        acc_kl = _row_sum_init(BLOCK_M, BLOCK_N, DEFER)
+        acc_fi = _row_sum_init(BLOCK_M, BLOCK_N, DEFER)
+        acc_lt = _row_sum_init(BLOCK_M, BLOCK_N, DEFER)
+        acc_rr = _row_sum_init(BLOCK_M, BLOCK_N, DEFER)
         target_s = tl.zeros((BLOCK_M, BLOCK_N), CT)
         for c0 in range(0, n_other, BLOCK_N):
             cols = c0 + tl.arange(0, BLOCK_N)
@@ -257,7 +289,7 @@ def stats_kernel(
                                                                        LOGDET)
             rest_c = tl.where(off, alpha64, 0.0)
             if OWN:
-                acc_rest += tl.sum(rest_c, 1)
+                acc_rest = _row_sum_add(acc_rest, rest_c, DEFER)
             if OTHER:
                 _rmw_partial(part, cols, cmask, tl.sum(rest_c, 0))
             if HAS_TARGET:
@@ -271,39 +303,42 @@ def stats_kernel(
                             (cols - t_off < n_own) & cmask
                         tl.store(other_ptr + cols, tl.sum(target_c, 0), mask=has_target)
                 else:
-                    target_s += tl.where(valid & on_target, s, 0.0)  # one element per row in all: exact
+                    # One element per row in all, kept by a select. Outside `valid` s is 0 (the
+                    # masked loads), and such a target is not stored.
+                    target_s = tl.where(on_target, s, target_s)
             if MSE:
                 sq_c = tl.where(off, sq, 0.0)
                 if OWN:
-                    acc_sq += tl.sum(sq_c, 1)
+                    acc_sq = _row_sum_add(acc_sq, sq_c, DEFER)
                 if OTHER:
                     _rmw_partial(part + SLOT_SQ * n_other, cols, cmask, tl.sum(sq_c, 0))
             if KL:
                 kl_c = tl.where(off, kl_stat, 0.0)
-                row_kl = tl.sum(kl_c, 1)
-                col_kl = tl.sum(kl_c, 0)
-                if not F64:
-                    # Float32 elements give h + 1 (SPEC §2 "Float32 element math"): −1 per summed
-                    # element, added once per line and tile in float64.
-                    summed = off.to(tl.int32)
-                    row_kl -= tl.sum(summed, 1).to(tl.float64)
-                    col_kl -= tl.sum(summed, 0).to(tl.float64)
                 if OWN:
-                    acc_kl += row_kl
+                    acc_kl = _row_sum_add(acc_kl, kl_c, DEFER)
                 if OTHER:
+                    col_kl = tl.sum(kl_c, 0)
+                    if not F64:
+                        # Float32 elements give h + 1 (SPEC §2 "Float32 element math"): −1 per summed
+                        # element, in float64. The tile sums the column's valid rows but its target.
+                        col_target = cols - t_off
+                        col_has_target = HAS_TARGET & (col_target >= rb * BLOCK_M) & \
+                            (col_target < rb * BLOCK_M + BLOCK_M) & (col_target < n_own)
+                        col_kl -= tl.where(cmask, tl.minimum(n_own - rb * BLOCK_M, BLOCK_M)
+                                           - col_has_target.to(tl.int32), 0).to(tl.float64)
                     _rmw_partial(part + SLOT_KL * n_other, cols, cmask, col_kl)
             if FMSE:
                 fi_c = tl.where(off, fisher, 0.0)
                 if OWN:
-                    acc_fi += tl.sum(fi_c, 1)
+                    acc_fi = _row_sum_add(acc_fi, fi_c, DEFER)
                 if OTHER:
                     _rmw_partial(part + SLOT_FI * n_other, cols, cmask, tl.sum(fi_c, 0))
             if LOGDET:
                 lt_c = tl.where(valid, lt, 0.0)
                 rr_c = tl.where(valid, rr, 0.0)
                 if OWN:
-                    acc_lt += tl.sum(lt_c, 1)
-                    acc_rr += tl.sum(rr_c, 1)
+                    acc_lt = _row_sum_add(acc_lt, lt_c, DEFER)
+                    acc_rr = _row_sum_add(acc_rr, rr_c, DEFER)
                 if OTHER:
                     _rmw_partial(part + SLOT_LT * n_other, cols, cmask, tl.sum(lt_c, 0))
                     _rmw_partial(part + (SLOT_LT + 1) * n_other, cols, cmask, tl.sum(rr_c, 0))
@@ -318,18 +353,25 @@ def stats_kernel(
             if OTHER:
                 tl.store(other_ptr + target_col, acc_target, mask=has_target)
         if OWN:
-            tl.store(own_ptr + 1 * n_own + rows, acc_rest, mask=rmask)
+            tl.store(own_ptr + 1 * n_own + rows, _row_sum_total(acc_rest, DEFER), mask=rmask)
             if HAS_TARGET:
                 tl.store(own_ptr + rows, acc_target, mask=rmask)
             if KL:
-                tl.store(own_ptr + 2 * n_own + rows, acc_kl, mask=rmask)
+                row_kl = _row_sum_total(acc_kl, DEFER)
+                if not F64:
+                    # −1 per summed element of h + 1 (as for the columns above): every column of
+                    # the line but its target
+                    own_target = rows + t_off
+                    row_has_target = HAS_TARGET & (own_target >= 0) & (own_target < n_other)
+                    row_kl -= (n_other - row_has_target.to(tl.int32)).to(tl.float64)
+                tl.store(own_ptr + 2 * n_own + rows, row_kl, mask=rmask)
             if MSE:
-                tl.store(own_ptr + 3 * n_own + rows, acc_sq, mask=rmask)
+                tl.store(own_ptr + 3 * n_own + rows, _row_sum_total(acc_sq, DEFER), mask=rmask)
             if FMSE:
-                tl.store(own_ptr + 4 * n_own + rows, acc_fi, mask=rmask)
+                tl.store(own_ptr + 4 * n_own + rows, _row_sum_total(acc_fi, DEFER), mask=rmask)
             if LOGDET:
-                tl.store(own_ptr + 5 * n_own + rows, acc_lt, mask=rmask)
-                tl.store(own_ptr + 6 * n_own + rows, acc_rr, mask=rmask)
+                tl.store(own_ptr + 5 * n_own + rows, _row_sum_total(acc_lt, DEFER), mask=rmask)
+                tl.store(own_ptr + 6 * n_own + rows, _row_sum_total(acc_rr, DEFER), mask=rmask)
         # The next row block read-modify-writes the same partials: its loads must see these
         # stores, also where a value is held by several threads and stored by one of them.
         tl.debug_barrier()
@@ -382,6 +424,25 @@ def _load_constants(ptr, idx, mask, n):
 
 
 @triton.jit
+def _line_constants(ptr, idx, mask, n, EVIDENCE: tl.constexpr, CT: tl.constexpr):
+    """The LineGradient constants of lines idx as the element code reads them, formed once per line
+    (a program's own lines before its column sweep): 1/S as (inv_m, inv_k) and the others in CT.
+    CT = float64: inv_m = 1/S. Float32 element math (SPEC §2 "Float32 element math"): the others
+    narrowed to float32 (line_terms.h narrow_line_gradient's rounding); for exp evidence 1/S split
+    into mantissa and exponent (`split_f64`: α beyond FLT_MAX, or 1/S below FLT_MIN, keep p = α/S
+    exact), otherwise inv_m = float32 1/S (S = Σα within float32's range) and inv_k = 0."""
+    inv_s, c_all, c_off, c_sq, c_fi, c_kv, c_lr, c_lrem, c_t = _load_constants(ptr, idx, mask, n)
+    if CT == tl.float64:  # noqa: SIM300  (Triton constexpr dtype)
+        inv_m, inv_k = inv_s, tl.zeros(idx.shape, tl.int32)
+    elif EVIDENCE == 0:
+        inv_m, inv_k = split_f64(inv_s)
+    else:
+        inv_m, inv_k = inv_s.to(tl.float32), tl.zeros(idx.shape, tl.int32)
+    return (inv_m, inv_k, c_all.to(CT), c_off.to(CT), c_sq.to(CT), c_fi.to(CT), c_kv.to(CT), c_lr.to(CT),
+            c_lrem.to(CT), c_t.to(CT))
+
+
+@triton.jit
 def _line_share(p, off, on_target, f_kv, f_slope, f_ratio, f_xrp, c_all, c_off, c_sq, c_fi, c_kv, c_lr, c_lrem, c_t,
                 MSE: tl.constexpr, KL: tl.constexpr, FMSE: tl.constexpr, LOGDET: tl.constexpr):
     """One line's share of α·∂L/∂α at an element (element_terms.h `line_share`)."""
@@ -427,8 +488,8 @@ def _element_backward_f64(s, inv_tau, o_inv_s, t_inv_s, EVIDENCE: tl.constexpr, 
 
 
 @triton.jit
-def _element_backward_f32(s, inv_tau32, o_inv_s, t_inv_s, EVIDENCE: tl.constexpr, KL: tl.constexpr,
-                          FMSE: tl.constexpr, LOGDET: tl.constexpr):
+def _element_backward_f32(s, inv_tau32, o_inv_m, o_inv_k, t_inv_m, t_inv_k, EVIDENCE: tl.constexpr,
+                          KL: tl.constexpr, FMSE: tl.constexpr, LOGDET: tl.constexpr):
     """`_element_backward_f64` with float32 element math (SPEC §2 "Float32 element math"): x = s·(1/τ)
     and α in float32, element_terms.h element_backward_f32's factors, and p = α/S in float32 from
     the float64 1/S of each line without a float64 product (exp evidence: α and 1/S as mantissa and
@@ -454,42 +515,41 @@ def _element_backward_f32(s, inv_tau32, o_inv_s, t_inv_s, EVIDENCE: tl.constexpr
     if EVIDENCE == 0:
         a_m = tl.where(beyond, e_r, alpha)
         a_k = tl.where(beyond, n, 0)
-        own_m, own_k = split_f64(o_inv_s)
-        other_m, other_k = split_f64(t_inv_s)
-        p_own = scaled_product_f32(a_m, a_k, own_m[:, None], own_k[:, None])
-        p_other = scaled_product_f32(a_m, a_k, other_m[None, :], other_k[None, :])
+        p_own = scaled_product_f32(a_m, a_k, o_inv_m[:, None], o_inv_k[:, None])
+        p_other = scaled_product_f32(a_m, a_k, t_inv_m[None, :], t_inv_k[None, :])
     else:
         # α <= FLT_MAX and S = Σα within float32's range for these maps (α <= x + 2, or e + 1)
-        p_own = alpha * o_inv_s.to(tl.float32)[:, None]
-        p_other = alpha * t_inv_s.to(tl.float32)[None, :]
+        p_own = alpha * o_inv_m[:, None]
+        p_other = alpha * t_inv_m[None, :]
     return rho, f_kv, f_slope, f_ratio, f_xrp, p_own, p_other
 
 
 @triton.jit
-def _gradient_tile(s, rows, cols, valid, t_off, inv_tau, own_ptr, n_own, other_ptr, n_other, rmask, cmask,
+def _gradient_tile(s, rows, cols, valid, t_off, inv_tau,
+                   o_inv_m, o_inv_k, o_all, o_off, o_sq, o_fi, o_kv, o_lr, o_lrem, o_t,
+                   t_inv_m, t_inv_k, t_all, t_off_c, t_sq, t_fi, t_kv, t_lr, t_lrem, t_t,
                    EVIDENCE: tl.constexpr, MSE: tl.constexpr, KL: tl.constexpr, FMSE: tl.constexpr,
                    LOGDET: tl.constexpr, CT: tl.constexpr):
     """∂L/∂s of a tile (CT; 0 outside `valid`): (α∂L/∂α of the own line + of the other line)·ρ/τ,
     element_terms.h line_share with the factors of `_element_backward_f64` (CT = float64) or
-    `_element_backward_f32` (float32 element math, SPEC §2 "Float32 element math")."""
+    `_element_backward_f32` (float32 element math, SPEC §2 "Float32 element math"); o_* and t_* the
+    own and the other lines' `_line_constants`."""
     on_target = (cols[None, :] == rows[:, None] + t_off)
     on = tl.where(on_target, 1.0, 0.0).to(CT)
     off = 1.0 - on
-    o_inv_s, o_all, o_off, o_sq, o_fi, o_kv, o_lr, o_lrem, o_t = _load_constants(own_ptr, rows, rmask, n_own)
-    t_inv_s, t_all, t_off_c, t_sq, t_fi, t_kv, t_lr, t_lrem, t_t = _load_constants(other_ptr, cols, cmask, n_other)
     if CT == tl.float64:  # noqa: SIM300  (Triton constexpr dtype)
         rho, f_kv, f_slope, f_ratio, f_xrp, p_own, p_other = _element_backward_f64(
-            s, inv_tau, o_inv_s, t_inv_s, EVIDENCE, KL, FMSE, LOGDET)
+            s, inv_tau, o_inv_m, t_inv_m, EVIDENCE, KL, FMSE, LOGDET)
     else:
         rho, f_kv, f_slope, f_ratio, f_xrp, p_own, p_other = _element_backward_f32(
-            s, inv_tau.to(tl.float32), o_inv_s, t_inv_s, EVIDENCE, KL, FMSE, LOGDET)
+            s, inv_tau.to(tl.float32), o_inv_m, o_inv_k, t_inv_m, t_inv_k, EVIDENCE, KL, FMSE, LOGDET)
     share = _line_share(p_own, off, on, f_kv, f_slope, f_ratio, f_xrp,
-                        o_all[:, None].to(CT), o_off[:, None].to(CT), o_sq[:, None].to(CT), o_fi[:, None].to(CT),
-                        o_kv[:, None].to(CT), o_lr[:, None].to(CT), o_lrem[:, None].to(CT), o_t[:, None].to(CT),
+                        o_all[:, None], o_off[:, None], o_sq[:, None], o_fi[:, None],
+                        o_kv[:, None], o_lr[:, None], o_lrem[:, None], o_t[:, None],
                         MSE, KL, FMSE, LOGDET)
     share += _line_share(p_other, off, on, f_kv, f_slope, f_ratio, f_xrp,
-                         t_all[None, :].to(CT), t_off_c[None, :].to(CT), t_sq[None, :].to(CT), t_fi[None, :].to(CT),
-                         t_kv[None, :].to(CT), t_lr[None, :].to(CT), t_lrem[None, :].to(CT), t_t[None, :].to(CT),
+                         t_all[None, :], t_off_c[None, :], t_sq[None, :], t_fi[None, :],
+                         t_kv[None, :], t_lr[None, :], t_lrem[None, :], t_t[None, :],
                          MSE, KL, FMSE, LOGDET)
     g = share * rho * inv_tau.to(CT)
     return tl.where(valid, g, 0.0)
@@ -499,31 +559,41 @@ def _gradient_tile(s, rows, cols, valid, t_off, inv_tau, own_ptr, n_own, other_p
 def grad_block_kernel(
     a_ptr, b_ptr, stride_ai, stride_ak, stride_bj, stride_bk,
     g_ptr, stride_gi, stride_gj,
-    own_ptr, n_own, other_ptr, n_other, row0, n_rows,
+    own_ptr, n_own, other_ptr, n_other, row0, n_rows, n_col_programs, blocks_per_program,
     D, t_off, inv_tau: tl.float64,
     EVIDENCE: tl.constexpr, MSE: tl.constexpr, KL: tl.constexpr, FMSE: tl.constexpr, LOGDET: tl.constexpr,
     F64: tl.constexpr, TF32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """G = ∂L/∂s of rows [row0, row0 + n_rows) and every column, one (BLOCK_M, BLOCK_N) tile per
-    program, stored in g's dtype (the input dtype: the operand of the two products that follow,
-    as flash attention rounds dS): the backward where D is too wide for a register accumulator
-    stages G through this strip, and dx, dy become plain tensor-core products of it."""
+    """G = ∂L/∂s of rows [row0, row0 + n_rows) and every column, stored in g's dtype (the input
+    dtype: the operand of the two products that follow, as flash attention rounds dS): the backward
+    where D is too wide for a register accumulator stages G through this strip, and dx, dy become
+    plain tensor-core products of it. Program (r, c) owns the BLOCK_M rows of row block r and walks
+    column blocks c, c + n_col_programs, ... (blocks_per_program of them): its rows' line constants
+    are read and narrowed once for the sweep, not once per tile."""
     CT: tl.constexpr = tl.float64 if F64 else tl.float32
     PRECISION: tl.constexpr = "tf32" if TF32 else "ieee"
     inv_tau = tl.full([], inv_tau, tl.float64)
     local = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rows = row0 + local
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     rmask = local < n_rows
-    cmask = cols < n_other
-    s = _s_tile(a_ptr, b_ptr, rows, cols, rmask, cmask, stride_ai, stride_ak, stride_bj, stride_bk, D,
-                False, PRECISION, CT, BLOCK_M, BLOCK_N, BLOCK_K)
-    valid = rmask[:, None] & cmask[None, :]
-    g = _gradient_tile(s, rows, cols, valid, t_off, inv_tau, own_ptr, n_own, other_ptr, n_other, rmask, cmask,
-                       EVIDENCE, MSE, KL, FMSE, LOGDET, CT)
-    tl.store(g_ptr + local.to(tl.int64)[:, None] * stride_gi + cols.to(tl.int64)[None, :] * stride_gj,
-             g.to(g_ptr.dtype.element_ty), mask=valid)
+    o_inv_m, o_inv_k, o_all, o_off, o_sq, o_fi, o_kv, o_lr, o_lrem, o_t = _line_constants(
+        own_ptr, rows, rmask, n_own, EVIDENCE, CT)
+    g_rows = g_ptr + local.to(tl.int64)[:, None] * stride_gi
+    # (the loop bound is a plain argument: the interpreter cannot take a program id as one)
+    for it in range(0, blocks_per_program):
+        cols = (tl.program_id(1) + it * n_col_programs) * BLOCK_N + tl.arange(0, BLOCK_N)
+        cmask = cols < n_other
+        s = _s_tile(a_ptr, b_ptr, rows, cols, rmask, cmask, stride_ai, stride_ak, stride_bj, stride_bk, D,
+                    False, PRECISION, CT, BLOCK_M, BLOCK_N, BLOCK_K)
+        valid = rmask[:, None] & cmask[None, :]
+        t_inv_m, t_inv_k, t_all, t_off_c, t_sq, t_fi, t_kv, t_lr, t_lrem, t_t = _line_constants(
+            other_ptr, cols, cmask, n_other, EVIDENCE, CT)
+        g = _gradient_tile(s, rows, cols, valid, t_off, inv_tau,
+                           o_inv_m, o_inv_k, o_all, o_off, o_sq, o_fi, o_kv, o_lr, o_lrem, o_t,
+                           t_inv_m, t_inv_k, t_all, t_off_c, t_sq, t_fi, t_kv, t_lr, t_lrem, t_t,
+                           EVIDENCE, MSE, KL, FMSE, LOGDET, CT)
+        tl.store(g_rows + cols.to(tl.int64)[None, :] * stride_gj, g.to(g_ptr.dtype.element_ty), mask=valid)
 
 
 @triton.jit
@@ -559,6 +629,8 @@ def grad_fused_kernel(
     a_blk = tl.load(a_ptr + rows64[:, None] * stride_ai + dks[None, :] * stride_ak,
                     mask=rmask[:, None] & dmask[None, :], other=0.0)
     acc = tl.zeros((BLOCK_M, BLOCK_D), CT)
+    o_inv_m, o_inv_k, o_all, o_off, o_sq, o_fi, o_kv, o_lr, o_lrem, o_t = _line_constants(
+        own_ptr, rows, rmask, n_own, EVIDENCE, CT)
     for c0 in range(0, n_other, BLOCK_N):
         cols = c0 + tl.arange(0, BLOCK_N)
         cmask = cols < n_other
@@ -569,7 +641,11 @@ def grad_fused_kernel(
         s = _s_tile(a_ptr, b_ptr, rows, cols, rmask, cmask, stride_ai, stride_ak, stride_bj, stride_bk, D,
                     False, PRECISION, CT, BLOCK_M, BLOCK_N, BLOCK_K)
         valid = rmask[:, None] & cmask[None, :]
-        g = _gradient_tile(s, rows, cols, valid, t_off, inv_tau, own_ptr, n_own, other_ptr, n_other, rmask, cmask,
+        t_inv_m, t_inv_k, t_all, t_off_c, t_sq, t_fi, t_kv, t_lr, t_lrem, t_t = _line_constants(
+            other_ptr, cols, cmask, n_other, EVIDENCE, CT)
+        g = _gradient_tile(s, rows, cols, valid, t_off, inv_tau,
+                           o_inv_m, o_inv_k, o_all, o_off, o_sq, o_fi, o_kv, o_lr, o_lrem, o_t,
+                           t_inv_m, t_inv_k, t_all, t_off_c, t_sq, t_fi, t_kv, t_lr, t_lrem, t_t,
                            EVIDENCE, MSE, KL, FMSE, LOGDET, CT)
         # Operand of the two products: the input dtype for 16-bit inputs (as flash attention does
         # for dS), float32/float64 otherwise.
@@ -612,7 +688,13 @@ def grad_similarity_kernel(
     r64 = rows.to(tl.int64)
     c64 = cols.to(tl.int64)
     s = tl.load(s_ptr + r64[:, None] * stride_si + c64[None, :] * stride_sj, mask=valid, other=0.0).to(CT)
-    g = _gradient_tile(s, rows, cols, valid, 0, inv_tau, row_ptr, n_rows, col_ptr, n_cols, rmask, cmask,
+    o_inv_m, o_inv_k, o_all, o_off, o_sq, o_fi, o_kv, o_lr, o_lrem, o_t = _line_constants(
+        row_ptr, rows, rmask, n_rows, EVIDENCE, CT)
+    t_inv_m, t_inv_k, t_all, t_off_c, t_sq, t_fi, t_kv, t_lr, t_lrem, t_t = _line_constants(
+        col_ptr, cols, cmask, n_cols, EVIDENCE, CT)
+    g = _gradient_tile(s, rows, cols, valid, 0, inv_tau,
+                       o_inv_m, o_inv_k, o_all, o_off, o_sq, o_fi, o_kv, o_lr, o_lrem, o_t,
+                       t_inv_m, t_inv_k, t_all, t_off_c, t_sq, t_fi, t_kv, t_lr, t_lrem, t_t,
                        EVIDENCE, MSE, KL, FMSE, LOGDET, CT)
     tl.store(ds_ptr + r64[:, None] * stride_di + c64[None, :] * stride_dj, g.to(ds_ptr.dtype.element_ty),
              mask=valid)

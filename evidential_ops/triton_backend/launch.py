@@ -336,6 +336,17 @@ def _sm_count(device: torch.device) -> int:
     return 1
 
 
+# Programs per SM of a grad_block_kernel launch: enough to balance the SMs' work, few enough that
+# each program sweeps several column blocks with its rows' line constants formed once.
+GRAD_PROGRAMS_PER_SM = 4
+
+
+def _column_programs(row_blocks: int, col_blocks: int, device: torch.device) -> int:
+    """Programs along the columns of a grad_block_kernel launch of row_blocks row blocks: about
+    GRAD_PROGRAMS_PER_SM per SM in all, each walking col_blocks / that many column blocks."""
+    return max(1, min(col_blocks, triton_cdiv(GRAD_PROGRAMS_PER_SM * _sm_count(device), row_blocks)))
+
+
 def _line_statistics(source: _Source, t_off: int, evidence: int, inv_tau: float, terms: _Terms | None,
                      has_target: bool, rows: bool, cols: bool, precision: str = "ieee") -> tuple[Tensor, Tensor]:
     """(row_stats (7, M), col_stats (7, N)) float64, zeros for a direction not asked for."""
@@ -563,9 +574,13 @@ def _gradient_strip(a: Tensor, b: Tensor, own_g: Tensor, other_g: Tensor, t_off:
     variant = (bw.kind, tuple(bw.terms.stat_flags().values()), _tf32(a.dtype, precision))
 
     def run(config, out):
-        _launch(kernels.grad_block_kernel, (triton_cdiv(rows, config.block_m), triton_cdiv(n_other, config.block_n)),
+        row_blocks = triton_cdiv(rows, config.block_m)
+        col_blocks = triton_cdiv(n_other, config.block_n)
+        col_programs = _column_programs(row_blocks, col_blocks, a.device)
+        _launch(kernels.grad_block_kernel, (row_blocks, col_programs),
                 a, b, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out, out.stride(0), out.stride(1),
-                own_g, n_own, other_g, n_other, row0, rows, d, t_off, bw.inv_tau,
+                own_g, n_own, other_g, n_other, row0, rows, col_programs, triton_cdiv(col_blocks, col_programs), d,
+                t_off, bw.inv_tau,
                 EVIDENCE=bw.kind, **bw.terms.stat_flags(), F64=int(_compute_f64(a.dtype)),
                 TF32=_tf32(a.dtype, precision), BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                 BLOCK_K=max(config.block_k, 16), num_warps=config.num_warps, num_stages=config.num_stages)
