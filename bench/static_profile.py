@@ -390,10 +390,8 @@ HOT_RULES = {
     "element-load": "the innermost loop with a global load (LDG) in its own body: the per-row loop, the one "
                     "loop that reads s (the forward's other innermost loop adds up shared-memory warp sums)",
     "tile-sweep": "the loop that directly encloses the first innermost loop in address order: the tile "
-                  "product's loop over D (_s_tile) opens the column-block loop's body (stats_kernel, "
+                  "product's loop over D (_s_tile) opens the column-block loop's body (stats_kernel, grad_block_kernel, "
                   "grad_fused_kernel, whose wait for its turn to add into dy is a later nested loop)",
-    "tile-once": "a program's one tile, for a kernel without a column-block loop (grad_block_kernel): the "
-                 "kernel's code outside its loops, the tile product's loop over D being the one loop",
 }
 
 
@@ -406,17 +404,6 @@ def _hot_loop(loops: list, blocks: list, rule: str) -> "Loop | None":
     if rule == "tile-sweep":
         first = min(innermost, key=lambda lp: blocks[lp.header].start, default=None)
         return first.parent if first is not None and first.parent is not None else first
-    if rule == "tile-once":
-        # The whole kernel as one "loop" from its entry to its exits, the real loops nested in it.
-        exits = [i for i, b in enumerate(blocks) if not b.successors]
-        whole = Loop(0, set(range(len(blocks))), exits)
-        whole.children = [lp for lp in loops if lp.parent is None]
-        for lp in whole.children:
-            lp.parent = whole
-        for lp in loops:
-            lp.depth += 1
-        loops.append(whole)
-        return whole
     raise ValueError(f"unknown hot-loop rule {rule!r}")
 
 
