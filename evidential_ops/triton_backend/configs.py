@@ -49,8 +49,8 @@ class TileConfig:
 # hold 16 elements a thread and spill 24-84 bytes in float32.
 # Backward: "grad_fused" (FlashAttention-2 shape, 16-bit inputs with D <= MAX_REGISTER_D) the same
 # tile, its three products on wgmma (Gᵀ·x as (xᵀ·G)ᵀ, whose M is D: with BLOCK_N = 32 rows as M
-# it was mma.sync), 178-255 registers without spills; "grad" (G of a strip of rows, one tile a
-# program) the same tile again. sm_80 has no fused default: with mma.sync the same tile spills
+# it was mma.sync), 178-255 registers without spills; "grad" (G of a strip of rows, a program
+# walking a few column blocks with its rows' constants held) the same tile again. sm_80 has no fused default: with mma.sync the same tile spills
 # 88 bytes (UML) and the transposed product's layout repeats elements; it takes the strips.
 DEFAULTS_BY_ARCH = {
     90: {

@@ -183,25 +183,25 @@ def _element_stats_f32(s, inv_tau32, EVIDENCE: tl.constexpr, MSE: tl.constexpr, 
 
 
 @triton.jit
-def _row_sum_init(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DEFER: tl.constexpr):
-    """An own-line sum of the stats sweep: per tile position (DEFER) or per row."""
-    if DEFER:
+def _row_sum_init(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PER_POSITION: tl.constexpr):
+    """An own-line sum of the stats sweep: per tile position (PER_POSITION) or per row."""
+    if PER_POSITION:
         return tl.zeros((BLOCK_M, BLOCK_N), tl.float64)
     else:
         return tl.zeros((BLOCK_M,), tl.float64)
 
 
 @triton.jit
-def _row_sum_add(acc, tile, DEFER: tl.constexpr):
-    if DEFER:
+def _row_sum_add(acc, tile, PER_POSITION: tl.constexpr):
+    if PER_POSITION:
         return acc + tile
     else:
         return acc + tl.sum(tile, 1)
 
 
 @triton.jit
-def _row_sum_total(acc, DEFER: tl.constexpr):
-    if DEFER:
+def _row_sum_total(acc, PER_POSITION: tl.constexpr):
+    if PER_POSITION:
         return tl.sum(acc, 1)
     else:
         return acc
@@ -242,8 +242,8 @@ def stats_kernel(
     # sweep: a reduction along a row of the tile crosses threads (shuffles and float64 adds for
     # every tile), an element-wise add does not. Each position adds its elements in column order,
     # so the result is the same for every launch. A float64 tile of registers per sum: up to four
-    # sums (every method's terms; all five terms at once would spill), otherwise per tile.
-    DEFER: tl.constexpr = NS <= 4
+    # sums (every method's terms; all six, every term at once, would spill), otherwise per tile.
+    ROW_SUMS_PER_POSITION: tl.constexpr = NS <= 4
     # Row blocks pid, pid + n_programs, ... (the loop bound is a plain argument: Triton's
     # interpreter, 3.6 at least, cannot take a program id as a range bound)
     for it in range(0, blocks_per_program):
@@ -259,12 +259,12 @@ def stats_kernel(
             a_blk = tl.load(a_ptr + rows.to(tl.int64)[:, None] * stride_ai + ks[None, :] * stride_ak,
                             mask=rmask[:, None] & kmask[None, :], other=0.0)
         acc_target = tl.zeros((BLOCK_M,), tl.float64)
-        acc_rest = _row_sum_init(BLOCK_M, BLOCK_N, DEFER)
-        acc_sq = _row_sum_init(BLOCK_M, BLOCK_N, DEFER)
-        acc_kl = _row_sum_init(BLOCK_M, BLOCK_N, DEFER)
-        acc_fi = _row_sum_init(BLOCK_M, BLOCK_N, DEFER)
-        acc_lt = _row_sum_init(BLOCK_M, BLOCK_N, DEFER)
-        acc_rr = _row_sum_init(BLOCK_M, BLOCK_N, DEFER)
+        acc_rest = _row_sum_init(BLOCK_M, BLOCK_N, ROW_SUMS_PER_POSITION)
+        acc_sq = _row_sum_init(BLOCK_M, BLOCK_N, ROW_SUMS_PER_POSITION)
+        acc_kl = _row_sum_init(BLOCK_M, BLOCK_N, ROW_SUMS_PER_POSITION)
+        acc_fi = _row_sum_init(BLOCK_M, BLOCK_N, ROW_SUMS_PER_POSITION)
+        acc_lt = _row_sum_init(BLOCK_M, BLOCK_N, ROW_SUMS_PER_POSITION)
+        acc_rr = _row_sum_init(BLOCK_M, BLOCK_N, ROW_SUMS_PER_POSITION)
         target_s = tl.zeros((BLOCK_M, BLOCK_N), CT)
         for c0 in range(0, n_other, BLOCK_N):
             cols = c0 + tl.arange(0, BLOCK_N)
@@ -289,7 +289,7 @@ def stats_kernel(
                                                                        LOGDET)
             rest_c = tl.where(off, alpha64, 0.0)
             if OWN:
-                acc_rest = _row_sum_add(acc_rest, rest_c, DEFER)
+                acc_rest = _row_sum_add(acc_rest, rest_c, ROW_SUMS_PER_POSITION)
             if OTHER:
                 _rmw_partial(part, cols, cmask, tl.sum(rest_c, 0))
             if HAS_TARGET:
@@ -309,13 +309,13 @@ def stats_kernel(
             if MSE:
                 sq_c = tl.where(off, sq, 0.0)
                 if OWN:
-                    acc_sq = _row_sum_add(acc_sq, sq_c, DEFER)
+                    acc_sq = _row_sum_add(acc_sq, sq_c, ROW_SUMS_PER_POSITION)
                 if OTHER:
                     _rmw_partial(part + SLOT_SQ * n_other, cols, cmask, tl.sum(sq_c, 0))
             if KL:
                 kl_c = tl.where(off, kl_stat, 0.0)
                 if OWN:
-                    acc_kl = _row_sum_add(acc_kl, kl_c, DEFER)
+                    acc_kl = _row_sum_add(acc_kl, kl_c, ROW_SUMS_PER_POSITION)
                 if OTHER:
                     col_kl = tl.sum(kl_c, 0)
                     if not F64:
@@ -324,21 +324,22 @@ def stats_kernel(
                         col_target = cols - t_off
                         col_has_target = HAS_TARGET & (col_target >= rb * BLOCK_M) & \
                             (col_target < rb * BLOCK_M + BLOCK_M) & (col_target < n_own)
-                        col_kl -= tl.where(cmask, tl.minimum(n_own - rb * BLOCK_M, BLOCK_M)
-                                           - col_has_target.to(tl.int32), 0).to(tl.float64)
+                        # (a program's last pass may be past the last row block: no rows there)
+                        block_rows = tl.maximum(tl.minimum(n_own - rb * BLOCK_M, BLOCK_M), 0)
+                        col_kl -= tl.where(cmask, block_rows - col_has_target.to(tl.int32), 0).to(tl.float64)
                     _rmw_partial(part + SLOT_KL * n_other, cols, cmask, col_kl)
             if FMSE:
                 fi_c = tl.where(off, fisher, 0.0)
                 if OWN:
-                    acc_fi = _row_sum_add(acc_fi, fi_c, DEFER)
+                    acc_fi = _row_sum_add(acc_fi, fi_c, ROW_SUMS_PER_POSITION)
                 if OTHER:
                     _rmw_partial(part + SLOT_FI * n_other, cols, cmask, tl.sum(fi_c, 0))
             if LOGDET:
                 lt_c = tl.where(valid, lt, 0.0)
                 rr_c = tl.where(valid, rr, 0.0)
                 if OWN:
-                    acc_lt = _row_sum_add(acc_lt, lt_c, DEFER)
-                    acc_rr = _row_sum_add(acc_rr, rr_c, DEFER)
+                    acc_lt = _row_sum_add(acc_lt, lt_c, ROW_SUMS_PER_POSITION)
+                    acc_rr = _row_sum_add(acc_rr, rr_c, ROW_SUMS_PER_POSITION)
                 if OTHER:
                     _rmw_partial(part + SLOT_LT * n_other, cols, cmask, tl.sum(lt_c, 0))
                     _rmw_partial(part + (SLOT_LT + 1) * n_other, cols, cmask, tl.sum(rr_c, 0))
@@ -353,11 +354,11 @@ def stats_kernel(
             if OTHER:
                 tl.store(other_ptr + target_col, acc_target, mask=has_target)
         if OWN:
-            tl.store(own_ptr + 1 * n_own + rows, _row_sum_total(acc_rest, DEFER), mask=rmask)
+            tl.store(own_ptr + 1 * n_own + rows, _row_sum_total(acc_rest, ROW_SUMS_PER_POSITION), mask=rmask)
             if HAS_TARGET:
                 tl.store(own_ptr + rows, acc_target, mask=rmask)
             if KL:
-                row_kl = _row_sum_total(acc_kl, DEFER)
+                row_kl = _row_sum_total(acc_kl, ROW_SUMS_PER_POSITION)
                 if not F64:
                     # −1 per summed element of h + 1 (as for the columns above): every column of
                     # the line but its target
@@ -366,12 +367,12 @@ def stats_kernel(
                     row_kl -= (n_other - row_has_target.to(tl.int32)).to(tl.float64)
                 tl.store(own_ptr + 2 * n_own + rows, row_kl, mask=rmask)
             if MSE:
-                tl.store(own_ptr + 3 * n_own + rows, _row_sum_total(acc_sq, DEFER), mask=rmask)
+                tl.store(own_ptr + 3 * n_own + rows, _row_sum_total(acc_sq, ROW_SUMS_PER_POSITION), mask=rmask)
             if FMSE:
-                tl.store(own_ptr + 4 * n_own + rows, _row_sum_total(acc_fi, DEFER), mask=rmask)
+                tl.store(own_ptr + 4 * n_own + rows, _row_sum_total(acc_fi, ROW_SUMS_PER_POSITION), mask=rmask)
             if LOGDET:
-                tl.store(own_ptr + 5 * n_own + rows, _row_sum_total(acc_lt, DEFER), mask=rmask)
-                tl.store(own_ptr + 6 * n_own + rows, _row_sum_total(acc_rr, DEFER), mask=rmask)
+                tl.store(own_ptr + 5 * n_own + rows, _row_sum_total(acc_lt, ROW_SUMS_PER_POSITION), mask=rmask)
+                tl.store(own_ptr + 6 * n_own + rows, _row_sum_total(acc_rr, ROW_SUMS_PER_POSITION), mask=rmask)
         # The next row block read-modify-writes the same partials: its loads must see these
         # stores, also where a value is held by several threads and stored by one of them.
         tl.debug_barrier()
@@ -492,8 +493,8 @@ def _element_backward_f32(s, inv_tau32, o_inv_m, o_inv_k, t_inv_m, t_inv_k, EVID
                           KL: tl.constexpr, FMSE: tl.constexpr, LOGDET: tl.constexpr):
     """`_element_backward_f64` with float32 element math (SPEC §2 "Float32 element math"): x = s·(1/τ)
     and α in float32, element_terms.h element_backward_f32's factors, and p = α/S in float32 from
-    the float64 1/S of each line without a float64 product (exp evidence: α and 1/S as mantissa and
-    exponent, so that α beyond FLT_MAX, or 1/S below FLT_MIN, keeps p exact)."""
+    each line's 1/S as `_line_constants` gives it, without a float64 product (exp evidence: α and
+    1/S as mantissa and exponent, so that α beyond FLT_MAX, or 1/S below FLT_MIN, keeps p exact)."""
     x = s * inv_tau32
     alpha, rho, e_r, n, beyond, t = evidence_f32(x, EVIDENCE)
     f_kv = tl.zeros_like(alpha)
@@ -559,7 +560,7 @@ def _gradient_tile(s, rows, cols, valid, t_off, inv_tau,
 def grad_block_kernel(
     a_ptr, b_ptr, stride_ai, stride_ak, stride_bj, stride_bk,
     g_ptr, stride_gi, stride_gj,
-    own_ptr, n_own, other_ptr, n_other, row0, n_rows, n_col_programs, blocks_per_program,
+    own_ptr, n_own, other_ptr, n_other, row0, n_rows, n_col_programs, col_blocks_per_program,
     D, t_off, inv_tau: tl.float64,
     EVIDENCE: tl.constexpr, MSE: tl.constexpr, KL: tl.constexpr, FMSE: tl.constexpr, LOGDET: tl.constexpr,
     F64: tl.constexpr, TF32: tl.constexpr,
@@ -569,7 +570,7 @@ def grad_block_kernel(
     dtype: the operand of the two products that follow, as flash attention rounds dS): the backward
     where D is too wide for a register accumulator stages G through this strip, and dx, dy become
     plain tensor-core products of it. Program (r, c) owns the BLOCK_M rows of row block r and walks
-    column blocks c, c + n_col_programs, ... (blocks_per_program of them): its rows' line constants
+    column blocks c, c + n_col_programs, ... (col_blocks_per_program of them): its rows' line constants
     are read and narrowed once for the sweep, not once per tile."""
     CT: tl.constexpr = tl.float64 if F64 else tl.float32
     PRECISION: tl.constexpr = "tf32" if TF32 else "ieee"
@@ -581,7 +582,7 @@ def grad_block_kernel(
         own_ptr, rows, rmask, n_own, EVIDENCE, CT)
     g_rows = g_ptr + local.to(tl.int64)[:, None] * stride_gi
     # (the loop bound is a plain argument: the interpreter cannot take a program id as one)
-    for it in range(0, blocks_per_program):
+    for it in range(0, col_blocks_per_program):
         cols = (tl.program_id(1) + it * n_col_programs) * BLOCK_N + tl.arange(0, BLOCK_N)
         cmask = cols < n_other
         s = _s_tile(a_ptr, b_ptr, rows, cols, rmask, cmask, stride_ai, stride_ak, stride_bj, stride_bk, D,

@@ -489,7 +489,10 @@ def inf_f64(like):
 # approx_divide, exp_f), IEEE forms under the interpreter, as elementary_f32.h on the CPU. triton.jit
 # binds a function to the interpreter or the compiler when it is defined, so the choice is made here
 # the same way (TRITON_INTERPRET at import); the interpreter cannot run inline PTX.
-if knobs.runtime.interpret:
+# Whether this module's functions run in the interpreter (triton.jit's own test, at import).
+INTERPRETED = bool(knobs.runtime.interpret)
+
+if INTERPRETED:
 
     @triton.jit
     def approx_reciprocal_f32(b):
@@ -636,7 +639,7 @@ def evidence_f32(x, EVIDENCE: tl.constexpr):
     exp evidence beyond FLT_MAX (beyond: e^x rounds to +inf, x >= 88.7228) gives α = +inf and ρ = 1,
     as in C++; there
     e^x = e_r·2^n (e_r float32, n int32; n > 1023 where e^x exceeds double too), from the same
-    reduction as α itself, which `ldexp_f64` turns into the float64 α exactly and ln α = x feeds the
+    reduction as α itself, which `alpha_f64_of_f32` turns into the float64 α exactly and ln α = x feeds the
     series (`element_polygammas_f32`). Other kinds: beyond is false, e_r and n unused. A NaN x stays
     NaN in α and ρ."""
     t = tl.zeros(x.shape, tl.float32)
@@ -697,7 +700,8 @@ def alpha_f64_of_f32(alpha, e_r, n, beyond):
     "Float32 element math"): α widened, or beyond FLT_MAX e_r·2^n (+inf beyond DBL_MAX; α = e^x + 1
     is e^x there to float64's precision). `ldexp_f64` of one float64 value for both: its exponent
     bits plus n (0 where not beyond), and the overflow test on the bits alone, since e_r < 1.42 and
-    n <= 1024 (EXP_DOUBLE_ARG_F32) cannot carry into the sign. A NaN α stays NaN (n is 0 there)."""
+    n <= 1024 (EXP_DOUBLE_ARG_F32) cannot carry into the sign. A NaN α stays NaN (not beyond: its
+    exponent gets 0)."""
     m = tl.where(beyond, n, 0)
     bits = tl.where(beyond, e_r, alpha).to(tl.float64).to(tl.int64, bitcast=True) + (m.to(tl.int64) << 52)
     out = bits.to(tl.float64, bitcast=True)
