@@ -526,15 +526,17 @@ def _element_backward_f32(s, inv_tau32, o_inv_m, o_inv_k, t_inv_m, t_inv_k, EVID
 
 
 @triton.jit
-def _gradient_tile(s, rows, cols, valid, t_off, inv_tau,
-                   o_inv_m, o_inv_k, o_all, o_off, o_sq, o_fi, o_kv, o_lr, o_lrem, o_t,
-                   t_inv_m, t_inv_k, t_all, t_off_c, t_sq, t_fi, t_kv, t_lr, t_lrem, t_t,
+def _gradient_tile(s, rows, cols, valid, cmask, t_off, inv_tau,
+                   o_inv_m, o_inv_k, o_all, o_off, o_sq, o_fi, o_kv, o_lr, o_lrem, o_t, other_ptr, n_other,
                    EVIDENCE: tl.constexpr, MSE: tl.constexpr, KL: tl.constexpr, FMSE: tl.constexpr,
                    LOGDET: tl.constexpr, CT: tl.constexpr):
     """∂L/∂s of a tile (CT; 0 outside `valid`): (α∂L/∂α of the own line + of the other line)·ρ/τ,
     element_terms.h line_share with the factors of `_element_backward_f64` (CT = float64) or
-    `_element_backward_f32` (float32 element math, SPEC §2 "Float32 element math"); o_* and t_* the
-    own and the other lines' `_line_constants`."""
+    `_element_backward_f32` (float32 element math, SPEC §2 "Float32 element math"); o_* the own
+    lines' `_line_constants` (formed once by a caller that sweeps columns), the other lines' read
+    here for the tile's columns."""
+    t_inv_m, t_inv_k, t_all, t_off_c, t_sq, t_fi, t_kv, t_lr, t_lrem, t_t = _line_constants(
+        other_ptr, cols, cmask, n_other, EVIDENCE, CT)
     on_target = (cols[None, :] == rows[:, None] + t_off)
     on = tl.where(on_target, 1.0, 0.0).to(CT)
     off = 1.0 - on
@@ -588,11 +590,8 @@ def grad_block_kernel(
         s = _s_tile(a_ptr, b_ptr, rows, cols, rmask, cmask, stride_ai, stride_ak, stride_bj, stride_bk, D,
                     False, PRECISION, CT, BLOCK_M, BLOCK_N, BLOCK_K)
         valid = rmask[:, None] & cmask[None, :]
-        t_inv_m, t_inv_k, t_all, t_off_c, t_sq, t_fi, t_kv, t_lr, t_lrem, t_t = _line_constants(
-            other_ptr, cols, cmask, n_other, EVIDENCE, CT)
-        g = _gradient_tile(s, rows, cols, valid, t_off, inv_tau,
-                           o_inv_m, o_inv_k, o_all, o_off, o_sq, o_fi, o_kv, o_lr, o_lrem, o_t,
-                           t_inv_m, t_inv_k, t_all, t_off_c, t_sq, t_fi, t_kv, t_lr, t_lrem, t_t,
+        g = _gradient_tile(s, rows, cols, valid, cmask, t_off, inv_tau,
+                           o_inv_m, o_inv_k, o_all, o_off, o_sq, o_fi, o_kv, o_lr, o_lrem, o_t, other_ptr, n_other,
                            EVIDENCE, MSE, KL, FMSE, LOGDET, CT)
         tl.store(g_rows + cols.to(tl.int64)[None, :] * stride_gj, g.to(g_ptr.dtype.element_ty), mask=valid)
 
@@ -642,11 +641,8 @@ def grad_fused_kernel(
         s = _s_tile(a_ptr, b_ptr, rows, cols, rmask, cmask, stride_ai, stride_ak, stride_bj, stride_bk, D,
                     False, PRECISION, CT, BLOCK_M, BLOCK_N, BLOCK_K)
         valid = rmask[:, None] & cmask[None, :]
-        t_inv_m, t_inv_k, t_all, t_off_c, t_sq, t_fi, t_kv, t_lr, t_lrem, t_t = _line_constants(
-            other_ptr, cols, cmask, n_other, EVIDENCE, CT)
-        g = _gradient_tile(s, rows, cols, valid, t_off, inv_tau,
-                           o_inv_m, o_inv_k, o_all, o_off, o_sq, o_fi, o_kv, o_lr, o_lrem, o_t,
-                           t_inv_m, t_inv_k, t_all, t_off_c, t_sq, t_fi, t_kv, t_lr, t_lrem, t_t,
+        g = _gradient_tile(s, rows, cols, valid, cmask, t_off, inv_tau,
+                           o_inv_m, o_inv_k, o_all, o_off, o_sq, o_fi, o_kv, o_lr, o_lrem, o_t, other_ptr, n_other,
                            EVIDENCE, MSE, KL, FMSE, LOGDET, CT)
         # Operand of the two products: the input dtype for 16-bit inputs (as flash attention does
         # for dS), float32/float64 otherwise.
@@ -691,11 +687,8 @@ def grad_similarity_kernel(
     s = tl.load(s_ptr + r64[:, None] * stride_si + c64[None, :] * stride_sj, mask=valid, other=0.0).to(CT)
     o_inv_m, o_inv_k, o_all, o_off, o_sq, o_fi, o_kv, o_lr, o_lrem, o_t = _line_constants(
         row_ptr, rows, rmask, n_rows, EVIDENCE, CT)
-    t_inv_m, t_inv_k, t_all, t_off_c, t_sq, t_fi, t_kv, t_lr, t_lrem, t_t = _line_constants(
-        col_ptr, cols, cmask, n_cols, EVIDENCE, CT)
-    g = _gradient_tile(s, rows, cols, valid, 0, inv_tau,
-                       o_inv_m, o_inv_k, o_all, o_off, o_sq, o_fi, o_kv, o_lr, o_lrem, o_t,
-                       t_inv_m, t_inv_k, t_all, t_off_c, t_sq, t_fi, t_kv, t_lr, t_lrem, t_t,
+    g = _gradient_tile(s, rows, cols, valid, cmask, 0, inv_tau,
+                       o_inv_m, o_inv_k, o_all, o_off, o_sq, o_fi, o_kv, o_lr, o_lrem, o_t, col_ptr, n_cols,
                        EVIDENCE, MSE, KL, FMSE, LOGDET, CT)
     tl.store(ds_ptr + r64[:, None] * stride_di + c64[None, :] * stride_dj, g.to(ds_ptr.dtype.element_ty),
              mask=valid)

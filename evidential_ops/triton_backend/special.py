@@ -488,8 +488,7 @@ def inf_f64(like):
 # The GPU's approximations where elementary_f32.h takes them on the GPU (approx_reciprocal,
 # approx_divide, exp_f), IEEE forms under the interpreter, as elementary_f32.h on the CPU. triton.jit
 # binds a function to the interpreter or the compiler when it is defined, so the choice is made here
-# the same way (TRITON_INTERPRET at import); the interpreter cannot run inline PTX.
-# Whether this module's functions run in the interpreter (triton.jit's own test, at import).
+# the same way (TRITON_INTERPRET at import, INTERPRETED); the interpreter cannot run inline PTX.
 INTERPRETED = bool(knobs.runtime.interpret)
 
 if INTERPRETED:
