@@ -459,6 +459,7 @@ LOG2E_F32 = tl.constexpr(_float32(1.0 / math.log(2.0)))
 LOG2E_LO_F32 = tl.constexpr(_float32(1.0 / math.log(2.0) - _float32(1.0 / math.log(2.0))))  # log2 e − LOG2E_F32
 LN2_F32 = tl.constexpr(_float32(math.log(2.0)))
 ROUND_MAGIC_F32 = tl.constexpr(1.5 * 2.0**23)  # x + magic rounds x to an integer
+ROUND_MAGIC_BITS = tl.constexpr(0x4B400000)  # its bits: those of x + magic minus these are round(x)
 MAX_EXP_ARG_F32 = tl.constexpr(_float32(math.log(3.4028234663852886e38)))  # exp_f: +inf above
 MIN_EXP_ARG_F32 = tl.constexpr(_float32(-150.0 * math.log(2.0)))  # below: e^x rounds to 0
 SQRT2_F32 = tl.constexpr(_float32(math.sqrt(2.0)))
@@ -512,6 +513,12 @@ if INTERPRETED:
         e_r, n = exp_reduction_f32(x, MAX_EXP_ARG_F32)
         return exp_from_reduction_f32(x, e_r, n)
 
+    @triton.jit
+    def exp2_fraction_f32(f):
+        """2^f for float32 f in [0, 1] (`exp_reduction_ex2_f32`'s fraction): correctly rounded here
+        (float64 exp2, rounded once), ex2.approx.ftz compiled (within 2 ulp)."""
+        return tl.exp2(f.to(tl.float64)).to(tl.float32)
+
 else:
 
     @triton.jit
@@ -538,6 +545,13 @@ else:
         p = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [hi], dtype=tl.float32,
                                       is_pure=True, pack=1)
         return tl.where(p < inf_f32(p), tl.fma(p, lo * LN2_F32, p), p)
+
+    @triton.jit
+    def exp2_fraction_f32(f):
+        """2^f for float32 f in [0, 1] (`exp_reduction_ex2_f32`'s fraction): ex2.approx.ftz, within 2
+        ulp (correctly rounded under the interpreter)."""
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [f], dtype=tl.float32,
+                                         is_pure=True, pack=1)
 
 
 @triton.jit
@@ -575,6 +589,35 @@ def exp_from_reduction_f32(x, e_r, n):
     result = (e_r * pow2_f32(half)) * pow2_f32(n - half)
     result = tl.where(x > MAX_EXP_ARG_F32, inf_f32(x), result)
     return tl.where(x < MIN_EXP_ARG_F32, 0.0, result)
+
+
+@triton.jit
+def exp_reduction_ex2_f32(x, upper):
+    """`exp_reduction_f32` in the GPU's form (SPEC §2 "The GPU's approximations"), exp evidence's
+    e^x: (e_r, n) with e^xc = e_r·2^n, xc = x clamped to [MIN_EXP_ARG_F32, upper], n = ⌊xc·log2 e⌋
+    int32 and e_r = 2^(hi − n)·(1 + lo·ln 2), hi + lo = xc·log2 e to twice float32's precision: one
+    ex2.approx (2 ulp) where the Taylor form takes seven FMAs, and n from the rounding's bits
+    instead of a conversion. |lo| <= 2^-13.7 (hi <= 1024): e_r lies in [1, 2] up to 2^-14 relative
+    and the omitted (lo·ln 2)²/2 is below 2^-29 of it. Under the interpreter 2^f is correctly rounded."""
+    xc = tl.minimum(tl.maximum(x, MIN_EXP_ARG_F32), upper)
+    hi = xc * LOG2E_F32
+    lo = tl.fma(xc, LOG2E_F32, -hi) + xc * LOG2E_LO_F32
+    # ⌊hi⌋ as hi − ½ rounded to an integer (hi − ½ is exact): the fraction hi − n, exact, lies in
+    # [0, 1] (1 where a tie rounds hi − ½ down; down to −2^-25 where hi is within 2^-25 below 0).
+    shifted = (hi - 0.5) + ROUND_MAGIC_F32
+    p = exp2_fraction_f32(hi - (shifted - ROUND_MAGIC_F32))
+    n = shifted.to(tl.int32, bitcast=True) - ROUND_MAGIC_BITS
+    return tl.fma(p, lo * LN2_F32, p), n
+
+
+@triton.jit
+def exp_from_reduction_ex2_f32(e_r, n):
+    """e_r·2^n in float32 for `exp_reduction_ex2_f32`'s (e_r, n) as one product: 2^n from its bits
+    with n clamped to [−127, 128], whose ends are 0 and +inf. With e_r in [1, 2] (up to 2^-14) the
+    normal results are those of n in [−126, 127]: +inf where the product exceeds FLT_MAX (from
+    x ≈ 88.72), 0 for n <= −127 (results below 2^-126 flushed, as the GPU's exp_f32 flushes them)."""
+    power = ((tl.minimum(tl.maximum(n, -127), 128) + 127) << 23).to(tl.float32, bitcast=True)
+    return e_r * power
 
 
 @triton.jit
@@ -643,8 +686,8 @@ def evidence_f32(x, EVIDENCE: tl.constexpr):
     NaN in α and ρ."""
     t = tl.zeros(x.shape, tl.float32)
     if EVIDENCE == 0:
-        e_r, n = exp_reduction_f32(x, EXP_DOUBLE_ARG_F32)
-        e = exp_from_reduction_f32(x, e_r, n)
+        e_r, n = exp_reduction_ex2_f32(x, EXP_DOUBLE_ARG_F32)
+        e = exp_from_reduction_ex2_f32(e_r, n)
         alpha = e + 1.0
         # e^x rounds to +inf from x = MAX_EXP_ARG_F32 itself (e^x exceeds FLT_MAX from 88.7228391)
         beyond = e == inf_f32(e)
