@@ -4,8 +4,10 @@
 // Float32 (and half, computed in float32) similarities run the float32 element pipeline of SPEC
 // §2 "Float32 element math", per tile row, in three vectorised loops at full float32 width where
 // the math is float32:
-//   1. the evidence map s -> α, ρ in float32 (x = s·(1/τ) a float32 product);
-//   2. the special functions, 16 columns at a time: a chunk whose α are all below 8 (or all
+//   1. the evidence map s -> α, ρ in float32 (x = s·(1/τ) a float32 product), and exp_tanh's
+//      t = tanh x;
+//   2. the special functions: exp_tanh's as one polynomial in t each (α = 1 + e^t never reaches
+//      the series), over the whole row; the other maps' 16 columns at a time: a chunk whose α are all below 8 (or all
 //      from 8 on) evaluates only the fit (or only the series), a mixed chunk both (SIMD lanes
 //      cannot branch, so grouping is what spares the untaken form). A chunk is 16 consecutive
 //      columns of a tile whose first column is a multiple of 16, so which form an element gets
@@ -66,36 +68,42 @@ constexpr double kFloatMax = 3.4028234663852886e38;  // FLT_MAX
 constexpr std::int64_t kChunk = 16;  // columns per class decision: one AVX-512 float vector
 constexpr float kInfF = __builtin_inff();
 
-// Loop 1: α (and ρ when wanted) of one row in float32; returns whether some α left float32
-// (a float max, not a count: a 64-bit counter would halve the loop's vector width).
-template <EvidenceKind kKind>
-bool evidence_row_f32(const float* s, std::int64_t n, float inv_tau, float* alpha, float* rho) {
+// Loop 1: α (and ρ, exp_tanh's t = tanh x, when wanted) of one row in float32; returns whether
+// some α left float32 (a float max, not a count: a 64-bit counter would halve the loop's vector
+// width).
+template <EvidenceKind kKind, bool kRho, bool kTanh>
+bool evidence_row_f32(const float* s, std::int64_t n, float inv_tau, float* alpha, float* rho, float* tanh) {
   float largest = 0.0f;
-  if (rho == nullptr) {
 #pragma omp simd reduction(max : largest)
-    for (std::int64_t j = 0; j < n; ++j) {
-      const float a = evidence_value<kKind>(s[j] * inv_tau).alpha;
-      alpha[j] = a;
-      largest = largest > a ? largest : a;
-    }
-  } else {
-#pragma omp simd reduction(max : largest)
-    for (std::int64_t j = 0; j < n; ++j) {
-      const EvidenceValueF32 v = evidence_value<kKind>(s[j] * inv_tau);
-      alpha[j] = v.alpha;
-      rho[j] = v.rho;
-      largest = largest > v.alpha ? largest : v.alpha;
-    }
+  for (std::int64_t j = 0; j < n; ++j) {
+    const EvidenceValueF32 v = evidence_value<kKind>(s[j] * inv_tau);
+    alpha[j] = v.alpha;
+    if constexpr (kRho) rho[j] = v.rho;
+    if constexpr (kTanh) tanh[j] = v.tanh;
+    largest = largest > v.alpha ? largest : v.alpha;
   }
   return largest == kInfF;
 }
 
-bool evidence_row_f32(int kind, const float* s, std::int64_t n, float inv_tau, float* alpha, float* rho) {
+template <EvidenceKind kKind>
+bool evidence_row_f32(const float* s, std::int64_t n, float inv_tau, float* alpha, float* rho, float* tanh) {
+  if (tanh != nullptr) {
+    return rho != nullptr ? evidence_row_f32<kKind, true, true>(s, n, inv_tau, alpha, rho, tanh)
+                          : evidence_row_f32<kKind, false, true>(s, n, inv_tau, alpha, rho, tanh);
+  }
+  return rho != nullptr ? evidence_row_f32<kKind, true, false>(s, n, inv_tau, alpha, rho, tanh)
+                        : evidence_row_f32<kKind, false, false>(s, n, inv_tau, alpha, rho, tanh);
+}
+
+// `tanh` only for exp_tanh (the other maps have no t).
+bool evidence_row_f32(int kind, const float* s, std::int64_t n, float inv_tau, float* alpha, float* rho,
+                      float* tanh) {
   switch (static_cast<EvidenceKind>(kind)) {
-    case EvidenceKind::kExp: return evidence_row_f32<EvidenceKind::kExp>(s, n, inv_tau, alpha, rho);
-    case EvidenceKind::kRelu: return evidence_row_f32<EvidenceKind::kRelu>(s, n, inv_tau, alpha, rho);
-    case EvidenceKind::kSoftplus: return evidence_row_f32<EvidenceKind::kSoftplus>(s, n, inv_tau, alpha, rho);
-    case EvidenceKind::kExpTanh: return evidence_row_f32<EvidenceKind::kExpTanh>(s, n, inv_tau, alpha, rho);
+    case EvidenceKind::kExp: return evidence_row_f32<EvidenceKind::kExp>(s, n, inv_tau, alpha, rho, nullptr);
+    case EvidenceKind::kRelu: return evidence_row_f32<EvidenceKind::kRelu>(s, n, inv_tau, alpha, rho, nullptr);
+    case EvidenceKind::kSoftplus:
+      return evidence_row_f32<EvidenceKind::kSoftplus>(s, n, inv_tau, alpha, rho, nullptr);
+    case EvidenceKind::kExpTanh: return evidence_row_f32<EvidenceKind::kExpTanh>(s, n, inv_tau, alpha, rho, tanh);
   }
   return false;
 }
@@ -136,8 +144,8 @@ void for_each_chunk(const float* alpha, std::int64_t cols, const Fn& fn) {
   }
 }
 
-// Loop 2, forward: the ElementForwardF32 fields of n <= kChunk columns into four float columns
-// (kl_h_plus_one, x_trigamma, log_trigamma, remainder; each `stride` long).
+// Loop 2, forward: the ElementForwardF32 fields of n <= kChunk columns of one argument class into
+// four float columns (kl_h_plus_one, x_trigamma, log_trigamma, remainder; each `stride` long).
 template <bool kKl, bool kFmse, bool kLogdet, int kClass>
 void forward_values_f32(const float* alpha, std::int64_t n, float* values, std::int64_t stride) {
 #pragma omp simd
@@ -152,8 +160,26 @@ void forward_values_f32(const float* alpha, std::int64_t n, float* values, std::
   }
 }
 
+// Loop 2, forward, of exp_tanh's columns, from t.
 template <bool kKl, bool kFmse, bool kLogdet>
-void forward_values_row_f32(const float* alpha, std::int64_t cols, float* values) {
+void forward_values_of_tanh_f32(const float* tanh, std::int64_t n, float* values, std::int64_t stride) {
+#pragma omp simd
+  for (std::int64_t j = 0; j < n; ++j) {
+    const ElementForwardF32 f = element_forward_f32_of_tanh<kKl, kFmse, kLogdet>(tanh[j]);
+    if constexpr (kKl) values[j] = f.kl_h_plus_one;
+    if constexpr (kFmse) values[stride + j] = f.x_trigamma;
+    if constexpr (kLogdet) {
+      values[2 * stride + j] = f.log_trigamma;
+      values[3 * stride + j] = f.remainder;
+    }
+  }
+}
+
+// Loop 2, forward, of a row: exp_tanh from t (`tanh` not null: one polynomial in t per function,
+// every column alike), the other maps chunk by chunk from α.
+template <bool kKl, bool kFmse, bool kLogdet>
+void forward_values_row_f32(const float* alpha, const float* tanh, std::int64_t cols, float* values) {
+  if (tanh != nullptr) return forward_values_of_tanh_f32<kKl, kFmse, kLogdet>(tanh, cols, values, cols);
   for_each_chunk(alpha, cols, [&](auto cls, std::int64_t c, std::int64_t n) {
     forward_values_f32<kKl, kFmse, kLogdet, decltype(cls)::value>(alpha + c, n, values + c, cols);
   });
@@ -175,8 +201,24 @@ void backward_values_f32(const float* alpha, std::int64_t n, float* values, std:
   }
 }
 
+// Loop 2, backward, of exp_tanh's columns, from t.
 template <bool kKl, bool kFmse, bool kLogdet>
-void backward_values_row_f32(const float* alpha, std::int64_t cols, float* values) {
+void backward_values_of_tanh_f32(const float* tanh, std::int64_t n, float* values, std::int64_t stride) {
+#pragma omp simd
+  for (std::int64_t j = 0; j < n; ++j) {
+    const ElementBackwardF32 f = element_backward_f32_of_tanh<kKl, kFmse, kLogdet>(tanh[j]);
+    if constexpr (kKl) values[j] = f.kl_v;
+    if constexpr (kFmse) values[stride + j] = f.fisher_slope;
+    if constexpr (kLogdet) {
+      values[2 * stride + j] = f.logdet_ratio;
+      values[3 * stride + j] = f.logdet_r_prime;
+    }
+  }
+}
+
+template <bool kKl, bool kFmse, bool kLogdet>
+void backward_values_row_f32(const float* alpha, const float* tanh, std::int64_t cols, float* values) {
+  if (tanh != nullptr) return backward_values_of_tanh_f32<kKl, kFmse, kLogdet>(tanh, cols, values, cols);
   for_each_chunk(alpha, cols, [&](auto cls, std::int64_t c, std::int64_t n) {
     backward_values_f32<kKl, kFmse, kLogdet, decltype(cls)::value>(alpha + c, n, values + c, cols);
   });
@@ -283,8 +325,8 @@ EvidenceValue evidence_of(int kind, double x) {
 template <bool kKl, bool kFmse, bool kLogdet>
 void forward_tile_impl(const cpu::ForwardTile& t) {
   const std::int64_t cols = t.s.cols, col0 = t.s.col0;
-  // Scratch (doubles): α, the 7 column sinks, then for float32 rows α and 4 value columns in
-  // float (2.5·cols doubles) and the 4-column double table of rows beyond float32.
+  // Scratch (doubles): α, the 7 column sinks, the 4-column double table of rows beyond float32,
+  // then for float32 rows α, 4 value columns and exp_tanh's t in float (3·cols doubles): 15·cols.
   double* alpha = t.scratch;
   // Column accumulators: the real ones, or a private sink when columns are not wanted (one
   // loop shape for both cases; the sink costs a few stores).
@@ -292,6 +334,7 @@ void forward_tile_impl(const cpu::ForwardTile& t) {
   double* table = t.scratch + (1 + kNumLineStats) * cols;
   float* alpha_f = reinterpret_cast<float*>(table + 4 * cols);
   float* values_f = alpha_f + cols;
+  float* tanh_f = static_cast<EvidenceKind>(t.evidence) == EvidenceKind::kExpTanh ? values_f + 4 * cols : nullptr;
   double* col[kNumLineStats];
   for (int k = 0; k < kNumLineStats; ++k) {
     col[k] = t.col_stats != nullptr ? t.col_stats + k * t.col_stride + col0 : sink + k * cols;
@@ -308,8 +351,8 @@ void forward_tile_impl(const cpu::ForwardTile& t) {
     double target_alpha = 0.0;
     if (float32) {
       const float* s = static_cast<const float*>(t.s.data) + i * t.s.ld;
-      const bool beyond = evidence_row_f32(t.evidence, s, cols, inv_tau_f, alpha_f, nullptr);
-      if constexpr (kSpecial) forward_values_row_f32<kKl, kFmse, kLogdet>(alpha_f, cols, values_f);
+      const bool beyond = evidence_row_f32(t.evidence, s, cols, inv_tau_f, alpha_f, nullptr, tanh_f);
+      if constexpr (kSpecial) forward_values_row_f32<kKl, kFmse, kLogdet>(alpha_f, tanh_f, cols, values_f);
       if (!beyond) {
         forward_row<kKl, kFmse, kLogdet, 2>(alpha_f, values_f, cols, target, col, sums);
       } else {
@@ -400,13 +443,15 @@ void backward_row(const void* alpha_in, const void* rho_in, const void* values_i
 template <bool kKl, bool kFmse, bool kLogdet>
 void backward_tile_impl(const cpu::BackwardTile& t) {
   const std::int64_t cols = t.s.cols, col0 = t.s.col0;
-  // Scratch (doubles): α, ρ, the 4-column double table, then α, ρ and 4 value columns in float.
+  // Scratch (doubles): α, ρ, the 4-column double table, then α, ρ, 4 value columns and exp_tanh's
+  // t in float.
   double* alpha = t.scratch;
   double* rho = t.scratch + cols;
   double* table = t.scratch + 2 * cols;
   float* alpha_f = reinterpret_cast<float*>(table + 4 * cols);
   float* rho_f = alpha_f + cols;
   float* values_f = rho_f + cols;
+  float* tanh_f = static_cast<EvidenceKind>(t.evidence) == EvidenceKind::kExpTanh ? values_f + 4 * cols : nullptr;
   const LineGradientArrays rows = gradient_arrays(t.row_constants, t.n_rows);
   const LineGradientArrays cols_constants = gradient_arrays(t.col_constants, t.n_cols);
   constexpr bool kSpecial = kKl || kFmse || kLogdet;
@@ -419,8 +464,8 @@ void backward_tile_impl(const cpu::BackwardTile& t) {
     if (float32) {
       const float* s = static_cast<const float*>(t.s.data) + i * t.s.ld;
       float* out = static_cast<float*>(t.grad) + i * t.grad_ld;
-      const bool beyond = evidence_row_f32(t.evidence, s, cols, inv_tau_f, alpha_f, rho_f);
-      if constexpr (kSpecial) backward_values_row_f32<kKl, kFmse, kLogdet>(alpha_f, cols, values_f);
+      const bool beyond = evidence_row_f32(t.evidence, s, cols, inv_tau_f, alpha_f, rho_f, tanh_f);
+      if constexpr (kSpecial) backward_values_row_f32<kKl, kFmse, kLogdet>(alpha_f, tanh_f, cols, values_f);
       if (!beyond) {
         backward_row<kKl, kFmse, kLogdet, 2>(alpha_f, rho_f, values_f, cols, col0, target, row, cols_constants,
                                              t.inv_tau, out);
