@@ -35,7 +35,7 @@ from evidential_ops.triton_backend import special as sp  # noqa: E402
 
 # Compiled (a GPU), the float32 set takes the GPU's approximate reciprocal, quotient and exp, as
 # elementary_f32.h does in the CUDA build (special.py); the interpreter runs the IEEE forms, the
-# CPU's. The function-level bounds and the bits below are the IEEE forms'; compiled, the kernels'
+# CPU's (exp evidence's e^x excepted: its ex2 reduction, with 2^f correctly rounded). The function-level bounds and the bits below are the IEEE forms'; compiled, the kernels'
 # losses and gradients are held to SPEC §5 by the loss-level tests here, as the CUDA build's are by
 # its emulated test (csrc/tests/test_cuda_emulated.cpp), which moves each approximation further.
 COMPILED = not sp.INTERPRETED

@@ -75,6 +75,7 @@ DEFAULTS_BY_ARCH = {
 # the heaviest term sets; aot_check prints them).
 SPACE = {
     "stats": (
+        TileConfig(64, 32, 16, 8, 3),
         TileConfig(64, 32, 32, 8, 3),
         TileConfig(64, 32, 64, 8, 2),
         TileConfig(64, 64, 32, 8, 3),

@@ -468,8 +468,9 @@ FLT_MAX_F32 = tl.constexpr(3.4028234663852886e38)
 HALF_LOG_2PI_F32 = tl.constexpr(_float32(0.5 * math.log(2.0 * math.pi)))
 HALF_LOG_2PI_MINUS_HALF_F32 = tl.constexpr(_float32(0.5 * math.log(2.0 * math.pi) - 0.5))
 # Exp evidence's α in float64 beyond FLT_MAX (`evidence_f32`) reduces x up to here: e^x beyond
-# DBL_MAX (x > 709.78) must come out as +inf, which e^710 = 1.24·2^1024 does, and n = round(x·log2 e)
-# stays <= 1024, so that e_r·2^n's exponent bits (`alpha_f64_of_f32`) cannot carry into the sign.
+# DBL_MAX (x > 709.78) must come out as +inf, which e^710 = 1.24·2^1024 does, and n = ⌊x·log2 e⌋
+# stays <= 1024 (where e_r <= 1.25), so that e_r·2^n's exponent bits (`alpha_f64_of_f32`) cannot
+# carry into the sign.
 EXP_DOUBLE_ARG_F32 = tl.constexpr(710.0)
 
 
@@ -514,6 +515,12 @@ if INTERPRETED:
         return exp_from_reduction_f32(x, e_r, n)
 
     @triton.jit
+    def rounded_product_f32(a, b):
+        """a·b rounded to float32, never contracted into a later addition (the interpreter does not
+        contract; compiled: mul.rn, which neither LLVM nor ptxas fuses)."""
+        return a * b
+
+    @triton.jit
     def exp2_fraction_f32(f):
         """2^f for float32 f in [0, 1] (`exp_reduction_ex2_f32`'s fraction): correctly rounded here
         (float64 exp2, rounded once), ex2.approx.ftz compiled (within 2 ulp)."""
@@ -545,6 +552,13 @@ else:
         p = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [hi], dtype=tl.float32,
                                       is_pure=True, pack=1)
         return tl.where(p < inf_f32(p), tl.fma(p, lo * LN2_F32, p), p)
+
+    @triton.jit
+    def rounded_product_f32(a, b):
+        """a·b rounded to float32, never contracted into a later addition: mul.rn.f32, which neither
+        LLVM (inline PTX) nor ptxas (.rn) fuses (a plain product under the interpreter)."""
+        return tl.inline_asm_elementwise("mul.rn.f32 $0, $1, $2;", "=r,r,r", [a, b], dtype=tl.float32,
+                                         is_pure=True, pack=1)
 
     @triton.jit
     def exp2_fraction_f32(f):
@@ -600,10 +614,12 @@ def exp_reduction_ex2_f32(x, upper):
     instead of a conversion. |lo| <= 2^-13.7 (hi <= 1024): e_r lies in [1, 2] up to 2^-14 relative
     and the omitted (lo·ln 2)²/2 is below 2^-29 of it. Under the interpreter 2^f is correctly rounded."""
     xc = tl.minimum(tl.maximum(x, MIN_EXP_ARG_F32), upper)
-    hi = xc * LOG2E_F32
+    # hi rounded once, as lo takes it: a product contracted into hi − n would count its rounding twice
+    hi = rounded_product_f32(xc, LOG2E_F32)
     lo = tl.fma(xc, LOG2E_F32, -hi) + xc * LOG2E_LO_F32
-    # ⌊hi⌋ as hi − ½ rounded to an integer (hi − ½ is exact): the fraction hi − n, exact, lies in
-    # [0, 1] (1 where a tie rounds hi − ½ down; down to −2^-25 where hi is within 2^-25 below 0).
+    # ⌊hi⌋ as hi − ½ rounded to an integer: the fraction hi − n lies in [0, 1] (1 where a tie rounds
+    # hi − ½ down; down to −2^-25 where hi is within 2^-25 below 0), exact but for hi in (−½, 0),
+    # where hi + 1 rounds by up to 2^-25 (0.17 units of 2^-23 in e, where e/α <= ½).
     shifted = (hi - 0.5) + ROUND_MAGIC_F32
     p = exp2_fraction_f32(hi - (shifted - ROUND_MAGIC_F32))
     n = shifted.to(tl.int32, bitcast=True) - ROUND_MAGIC_BITS
@@ -741,8 +757,9 @@ def alpha_f64_of_f32(alpha, e_r, n, beyond):
     """α in float64 from `evidence_f32`'s (α, e_r, n, beyond) without a float64 product (SPEC §2
     "Float32 element math"): α widened, or beyond FLT_MAX e_r·2^n (+inf beyond DBL_MAX; α = e^x + 1
     is e^x there to float64's precision). `ldexp_f64` of one float64 value for both: its exponent
-    bits plus n (0 where not beyond), and the overflow test on the bits alone, since e_r < 1.42 and
-    n <= 1024 (EXP_DOUBLE_ARG_F32) cannot carry into the sign. A NaN α stays NaN (not beyond: its
+    bits plus n (0 where not beyond), and the overflow test on the bits alone: e_r·2^n <= 2^(x·log2 e)
+    up to e_r's error, x <= EXP_DOUBLE_ARG_F32, so the exponent field reaches 2047 at most and cannot
+    carry into the sign. A NaN α stays NaN (not beyond: its
     exponent gets 0)."""
     m = tl.where(beyond, n, 0)
     bits = tl.where(beyond, e_r, alpha).to(tl.float64).to(tl.int64, bitcast=True) + (m.to(tl.int64) << 52)
