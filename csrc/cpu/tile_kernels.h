@@ -68,10 +68,10 @@ constexpr double kFloatMax = 3.4028234663852886e38;  // FLT_MAX
 constexpr std::int64_t kChunk = 16;  // columns per class decision: one AVX-512 float vector
 constexpr float kInfF = __builtin_inff();
 
-// Loop 1: α (and ρ, exp_tanh's t = tanh x, when wanted) of one row in float32; returns whether
-// some α left float32 (a float max, not a count: a 64-bit counter would halve the loop's vector
-// width).
-template <EvidenceKind kKind, bool kRho, bool kTanh>
+// Loop 1: α (and ρ when wanted) of one row in float32, and for exp_tanh t = tanh x into `tanh`
+// (the variable of its functions; not null for that map); returns whether some α left float32
+// (a float max, not a count: a 64-bit counter would halve the loop's vector width).
+template <EvidenceKind kKind, bool kRho>
 bool evidence_row_f32(const float* s, std::int64_t n, float inv_tau, float* alpha, float* rho, float* tanh) {
   float largest = 0.0f;
 #pragma omp simd reduction(max : largest)
@@ -79,7 +79,7 @@ bool evidence_row_f32(const float* s, std::int64_t n, float inv_tau, float* alph
     const EvidenceValueF32 v = evidence_value<kKind>(s[j] * inv_tau);
     alpha[j] = v.alpha;
     if constexpr (kRho) rho[j] = v.rho;
-    if constexpr (kTanh) tanh[j] = v.tanh;
+    if constexpr (kKind == EvidenceKind::kExpTanh) tanh[j] = v.tanh;
     largest = largest > v.alpha ? largest : v.alpha;
   }
   return largest == kInfF;
@@ -87,22 +87,16 @@ bool evidence_row_f32(const float* s, std::int64_t n, float inv_tau, float* alph
 
 template <EvidenceKind kKind>
 bool evidence_row_f32(const float* s, std::int64_t n, float inv_tau, float* alpha, float* rho, float* tanh) {
-  if (tanh != nullptr) {
-    return rho != nullptr ? evidence_row_f32<kKind, true, true>(s, n, inv_tau, alpha, rho, tanh)
-                          : evidence_row_f32<kKind, false, true>(s, n, inv_tau, alpha, rho, tanh);
-  }
-  return rho != nullptr ? evidence_row_f32<kKind, true, false>(s, n, inv_tau, alpha, rho, tanh)
-                        : evidence_row_f32<kKind, false, false>(s, n, inv_tau, alpha, rho, tanh);
+  return rho != nullptr ? evidence_row_f32<kKind, true>(s, n, inv_tau, alpha, rho, tanh)
+                        : evidence_row_f32<kKind, false>(s, n, inv_tau, alpha, rho, tanh);
 }
 
-// `tanh` only for exp_tanh (the other maps have no t).
 bool evidence_row_f32(int kind, const float* s, std::int64_t n, float inv_tau, float* alpha, float* rho,
                       float* tanh) {
   switch (static_cast<EvidenceKind>(kind)) {
-    case EvidenceKind::kExp: return evidence_row_f32<EvidenceKind::kExp>(s, n, inv_tau, alpha, rho, nullptr);
-    case EvidenceKind::kRelu: return evidence_row_f32<EvidenceKind::kRelu>(s, n, inv_tau, alpha, rho, nullptr);
-    case EvidenceKind::kSoftplus:
-      return evidence_row_f32<EvidenceKind::kSoftplus>(s, n, inv_tau, alpha, rho, nullptr);
+    case EvidenceKind::kExp: return evidence_row_f32<EvidenceKind::kExp>(s, n, inv_tau, alpha, rho, tanh);
+    case EvidenceKind::kRelu: return evidence_row_f32<EvidenceKind::kRelu>(s, n, inv_tau, alpha, rho, tanh);
+    case EvidenceKind::kSoftplus: return evidence_row_f32<EvidenceKind::kSoftplus>(s, n, inv_tau, alpha, rho, tanh);
     case EvidenceKind::kExpTanh: return evidence_row_f32<EvidenceKind::kExpTanh>(s, n, inv_tau, alpha, rho, tanh);
   }
   return false;
@@ -144,13 +138,35 @@ void for_each_chunk(const float* alpha, std::int64_t cols, const Fn& fn) {
   }
 }
 
-// Loop 2, forward: the ElementForwardF32 fields of n <= kChunk columns of one argument class into
+// The functions' variable in loop 2: α of one argument class (0, kSeriesClass, or -1 for both
+// forms), or exp_tanh's t (kOfTanh: one polynomial in t per function, for every column).
+constexpr int kOfTanh = -2;
+
+template <bool kKl, bool kFmse, bool kLogdet, int kClass>
+EO_HOST_DEVICE ElementForwardF32 forward_values_of(float v) {
+  if constexpr (kClass == kOfTanh) {
+    return element_forward_f32_of_tanh<kKl, kFmse, kLogdet>(v);
+  } else {
+    return element_forward_f32<kKl, kFmse, kLogdet>(v, polygammas_for<kClass>(v));
+  }
+}
+
+template <bool kKl, bool kFmse, bool kLogdet, int kClass>
+EO_HOST_DEVICE ElementBackwardF32 backward_values_of(float v) {
+  if constexpr (kClass == kOfTanh) {
+    return element_backward_f32_of_tanh<kKl, kFmse, kLogdet>(v);
+  } else {
+    return element_backward_f32<kKl, kFmse, kLogdet>(v, polygammas_for<kClass>(v));
+  }
+}
+
+// Loop 2, forward: the ElementForwardF32 fields of n columns (of one argument class, or of t) into
 // four float columns (kl_h_plus_one, x_trigamma, log_trigamma, remainder; each `stride` long).
 template <bool kKl, bool kFmse, bool kLogdet, int kClass>
-void forward_values_f32(const float* alpha, std::int64_t n, float* values, std::int64_t stride) {
+void forward_values_f32(const float* variable, std::int64_t n, float* values, std::int64_t stride) {
 #pragma omp simd
   for (std::int64_t j = 0; j < n; ++j) {
-    const ElementForwardF32 f = element_forward_f32<kKl, kFmse, kLogdet>(alpha[j], polygammas_for<kClass>(alpha[j]));
+    const ElementForwardF32 f = forward_values_of<kKl, kFmse, kLogdet, kClass>(variable[j]);
     if constexpr (kKl) values[j] = f.kl_h_plus_one;
     if constexpr (kFmse) values[stride + j] = f.x_trigamma;
     if constexpr (kLogdet) {
@@ -160,26 +176,10 @@ void forward_values_f32(const float* alpha, std::int64_t n, float* values, std::
   }
 }
 
-// Loop 2, forward, of exp_tanh's columns, from t.
-template <bool kKl, bool kFmse, bool kLogdet>
-void forward_values_of_tanh_f32(const float* tanh, std::int64_t n, float* values, std::int64_t stride) {
-#pragma omp simd
-  for (std::int64_t j = 0; j < n; ++j) {
-    const ElementForwardF32 f = element_forward_f32_of_tanh<kKl, kFmse, kLogdet>(tanh[j]);
-    if constexpr (kKl) values[j] = f.kl_h_plus_one;
-    if constexpr (kFmse) values[stride + j] = f.x_trigamma;
-    if constexpr (kLogdet) {
-      values[2 * stride + j] = f.log_trigamma;
-      values[3 * stride + j] = f.remainder;
-    }
-  }
-}
-
-// Loop 2, forward, of a row: exp_tanh from t (`tanh` not null: one polynomial in t per function,
-// every column alike), the other maps chunk by chunk from α.
+// Loop 2, forward, of a row: exp_tanh from t (`tanh` not null), the other maps chunk by chunk from α.
 template <bool kKl, bool kFmse, bool kLogdet>
 void forward_values_row_f32(const float* alpha, const float* tanh, std::int64_t cols, float* values) {
-  if (tanh != nullptr) return forward_values_of_tanh_f32<kKl, kFmse, kLogdet>(tanh, cols, values, cols);
+  if (tanh != nullptr) return forward_values_f32<kKl, kFmse, kLogdet, kOfTanh>(tanh, cols, values, cols);
   for_each_chunk(alpha, cols, [&](auto cls, std::int64_t c, std::int64_t n) {
     forward_values_f32<kKl, kFmse, kLogdet, decltype(cls)::value>(alpha + c, n, values + c, cols);
   });
@@ -188,25 +188,10 @@ void forward_values_row_f32(const float* alpha, const float* tanh, std::int64_t 
 // Loop 2, backward: the ElementBackwardF32 fields (kl_v, fisher_slope, logdet_ratio,
 // logdet_r_prime) likewise.
 template <bool kKl, bool kFmse, bool kLogdet, int kClass>
-void backward_values_f32(const float* alpha, std::int64_t n, float* values, std::int64_t stride) {
+void backward_values_f32(const float* variable, std::int64_t n, float* values, std::int64_t stride) {
 #pragma omp simd
   for (std::int64_t j = 0; j < n; ++j) {
-    const ElementBackwardF32 f = element_backward_f32<kKl, kFmse, kLogdet>(alpha[j], polygammas_for<kClass>(alpha[j]));
-    if constexpr (kKl) values[j] = f.kl_v;
-    if constexpr (kFmse) values[stride + j] = f.fisher_slope;
-    if constexpr (kLogdet) {
-      values[2 * stride + j] = f.logdet_ratio;
-      values[3 * stride + j] = f.logdet_r_prime;
-    }
-  }
-}
-
-// Loop 2, backward, of exp_tanh's columns, from t.
-template <bool kKl, bool kFmse, bool kLogdet>
-void backward_values_of_tanh_f32(const float* tanh, std::int64_t n, float* values, std::int64_t stride) {
-#pragma omp simd
-  for (std::int64_t j = 0; j < n; ++j) {
-    const ElementBackwardF32 f = element_backward_f32_of_tanh<kKl, kFmse, kLogdet>(tanh[j]);
+    const ElementBackwardF32 f = backward_values_of<kKl, kFmse, kLogdet, kClass>(variable[j]);
     if constexpr (kKl) values[j] = f.kl_v;
     if constexpr (kFmse) values[stride + j] = f.fisher_slope;
     if constexpr (kLogdet) {
@@ -218,7 +203,7 @@ void backward_values_of_tanh_f32(const float* tanh, std::int64_t n, float* value
 
 template <bool kKl, bool kFmse, bool kLogdet>
 void backward_values_row_f32(const float* alpha, const float* tanh, std::int64_t cols, float* values) {
-  if (tanh != nullptr) return backward_values_of_tanh_f32<kKl, kFmse, kLogdet>(tanh, cols, values, cols);
+  if (tanh != nullptr) return backward_values_f32<kKl, kFmse, kLogdet, kOfTanh>(tanh, cols, values, cols);
   for_each_chunk(alpha, cols, [&](auto cls, std::int64_t c, std::int64_t n) {
     backward_values_f32<kKl, kFmse, kLogdet, decltype(cls)::value>(alpha + c, n, values + c, cols);
   });

@@ -511,7 +511,7 @@ if INTERPRETED:
     def exp_f32(x):
         """exp(x) for float32 x (elementary_f32.h exp_f; below 1 ulp under the interpreter, within 3
         ulp compiled; SPEC §2 "Float32 element math")."""
-        e_r, n = exp_reduction_f32(x, MAX_EXP_ARG_F32)
+        e_r, n = exp_reduction_f32(x)
         return exp_from_reduction_f32(x, e_r, n)
 
     @triton.jit
@@ -576,11 +576,11 @@ def pow2_f32(e):
 
 
 @triton.jit
-def exp_reduction_f32(x, upper):
-    """(e_r, n) with e^xc = e_r·2^n, xc = x clamped to [MIN_EXP_ARG_F32, upper], e_r in [0.7, 1.42]
-    float32 and n int32: elementary_f32.h exp_f's reduction (Cody-Waite, 9-bit ln 2) and Taylor
-    polynomial (truncation below 5.3e-9 relative), SPEC §2 "Float32 element math"."""
-    xc = tl.minimum(tl.maximum(x, MIN_EXP_ARG_F32), upper)
+def exp_reduction_f32(x):
+    """(e_r, n) with e^xc = e_r·2^n, xc = x clamped to [MIN_EXP_ARG_F32, MAX_EXP_ARG_F32], e_r in
+    [0.7, 1.42] float32 and n int32: elementary_f32.h exp_f's reduction (Cody-Waite, 9-bit ln 2) and
+    Taylor polynomial (truncation below 5.3e-9 relative), SPEC §2 "Float32 element math"."""
+    xc = tl.minimum(tl.maximum(x, MIN_EXP_ARG_F32), MAX_EXP_ARG_F32)
     n = (xc * LOG2E_F32 + ROUND_MAGIC_F32) - ROUND_MAGIC_F32  # round(x / ln 2), exact
     r = (xc - n * LN2_HI_F32) - n * LN2_LO_F32  # |r| <= 0.347
     p = 1.0 / 5040.0
@@ -594,9 +594,9 @@ def exp_reduction_f32(x, upper):
 
 @triton.jit
 def exp_from_reduction_f32(x, e_r, n):
-    """e^x in float32 from `exp_reduction_f32(x, upper)` (any upper >= MAX_EXP_ARG_F32): +inf
-    above MAX_EXP_ARG_F32, 0 below MIN_EXP_ARG_F32, subnormal results rounded once (2^n applied as
-    two normal factors), elementary_f32.h exp_f (SPEC §2 "Float32 element math")."""
+    """e^x in float32 from `exp_reduction_f32(x)`: +inf above MAX_EXP_ARG_F32, 0 below
+    MIN_EXP_ARG_F32, subnormal results rounded once (2^n applied as two normal factors),
+    elementary_f32.h exp_f (SPEC §2 "Float32 element math")."""
     # n >> 1 (floor) where C++ has n / 2 (truncation): both split 2^n into two normal factors, and
     # e_r·2^half is exact either way, so the product rounds once to the same value.
     half = n >> 1
@@ -606,14 +606,15 @@ def exp_from_reduction_f32(x, e_r, n):
 
 
 @triton.jit
-def exp_reduction_ex2_f32(x, upper):
+def exp_reduction_ex2_f32(x):
     """`exp_reduction_f32` in the GPU's form (SPEC §2 "The GPU's approximations"), exp evidence's
-    e^x: (e_r, n) with e^xc = e_r·2^n, xc = x clamped to [MIN_EXP_ARG_F32, upper], n = ⌊xc·log2 e⌋
+    e^x: (e_r, n) with e^xc = e_r·2^n, xc = x clamped to [MIN_EXP_ARG_F32, EXP_DOUBLE_ARG_F32] (α
+    beyond FLT_MAX is formed in float64 from e_r and n: `alpha_f64_of_f32`), n = ⌊xc·log2 e⌋
     int32 and e_r = 2^(hi − n)·(1 + lo·ln 2), hi + lo = xc·log2 e to twice float32's precision: one
     ex2.approx (2 ulp) where the Taylor form takes seven FMAs, and n from the rounding's bits
     instead of a conversion. |lo| <= 2^-13.7 (hi <= 1024): e_r lies in [1, 2] up to 2^-14 relative
     and the omitted (lo·ln 2)²/2 is below 2^-29 of it. Under the interpreter 2^f is correctly rounded."""
-    xc = tl.minimum(tl.maximum(x, MIN_EXP_ARG_F32), upper)
+    xc = tl.minimum(tl.maximum(x, MIN_EXP_ARG_F32), EXP_DOUBLE_ARG_F32)
     # hi rounded once, as lo takes it: a product contracted into hi − n would count its rounding twice
     hi = rounded_product_f32(xc, LOG2E_F32)
     lo = tl.fma(xc, LOG2E_F32, -hi) + xc * LOG2E_LO_F32
@@ -702,7 +703,7 @@ def evidence_f32(x, EVIDENCE: tl.constexpr):
     NaN in α and ρ."""
     t = tl.zeros(x.shape, tl.float32)
     if EVIDENCE == 0:
-        e_r, n = exp_reduction_ex2_f32(x, EXP_DOUBLE_ARG_F32)
+        e_r, n = exp_reduction_ex2_f32(x)
         e = exp_from_reduction_ex2_f32(e_r, n)
         alpha = e + 1.0
         # e^x rounds to +inf from x = MAX_EXP_ARG_F32 itself (e^x exceeds FLT_MAX from 88.7228391)
