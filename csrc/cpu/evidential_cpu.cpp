@@ -108,7 +108,7 @@ struct Scratch {
   Scratch(std::int64_t bm, std::int64_t bn, at::ScalarType type, bool with_grad) {
     tile = at::empty({bm * bn}, at::TensorOptions().dtype(type));
     if (with_grad) grad = at::empty({bm * bn}, at::TensorOptions().dtype(type));
-    lines.resize(15 * bn);  // forward: α, 7 column sinks, 4 tabulated element values, 6 float columns
+    lines.resize(15 * bn);  // forward: α, 7 column sinks, 4 tabulated element values, 6 float columns; backward 14
   }
 };
 

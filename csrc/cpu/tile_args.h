@@ -48,7 +48,7 @@ struct BackwardTile {
   void* grad;  // ∂L/∂s of the tile, rows×cols, leading dim grad_ld, float or double
   bool grad_is_double;
   std::int64_t grad_ld;
-  double* scratch;  // >= 9.5·cols doubles
+  double* scratch;  // >= 14·cols doubles
 };
 
 using ForwardTileFn = void (*)(const ForwardTile&);

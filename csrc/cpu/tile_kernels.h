@@ -12,8 +12,10 @@
 //      cannot branch, so grouping is what spares the untaken form). A chunk is 16 consecutive
 //      columns of a tile whose first column is a multiple of 16, so which form an element gets
 //      depends on its column index alone, never on the tiling or the thread count;
-//   3. the float64 line sums (forward) or the float64 gradient coefficient of the two lines
-//      (backward), reading the float32 values widened.
+//   3. the float64 line sums (forward), reading the float32 values widened; or (backward) the
+//      float gradient coefficient of the two lines from their constants narrowed to float once
+//      per line, as the CUDA kernels form it, with a row's target and any element whose float
+//      coefficient is not finite (a line constant beyond FLT_MAX) redone in double.
 // A row with an α beyond FLT_MAX (exp evidence at s/τ > 88.7, α = +inf in float32) redoes those
 // elements with the float64 map and functions and runs loop 3 from double arrays, with every
 // other element's value unchanged. Float64 inputs keep the float64 element math throughout.
@@ -397,39 +399,70 @@ EO_HOST_DEVICE double gradient_element(double a, double rho, bool on, const Elem
   return coefficient * rho * inv_tau;  // ∂L/∂s = (α∂L/∂α)·(g'(x)/α)·(1/τ)
 }
 
-// Loop 3, backward: ∂L/∂s of one tile row into `out` (float or double). Sources as forward_row.
+// Loop 3, backward, in double: ∂L/∂s of one tile row into `out` (float or double), element values
+// from the float64 functions (kSource 0) or a double table (1: the rows with an α beyond float32).
 template <bool kKl, bool kFmse, bool kLogdet, int kSource, typename Out>
-void backward_row(const void* alpha_in, const void* rho_in, const void* values_in, std::int64_t cols,
-                  std::int64_t col0, std::int64_t target, const LineGradient& row,
-                  const LineGradientArrays& cols_constants, double inv_tau, Out* out) {
+void backward_row(const double* alpha, const double* rho, const double* table, std::int64_t cols, std::int64_t col0,
+                  std::int64_t target, const LineGradient& row, const LineGradientArrays& cols_constants,
+                  double inv_tau, Out* out) {
 #pragma omp simd
   for (std::int64_t j = 0; j < cols; ++j) {
-    double a, rho;
     ElementBackward f;
-    if constexpr (kSource == 2) {
-      a = static_cast<const float*>(alpha_in)[j];
-      rho = static_cast<const float*>(rho_in)[j];
-      f = widened_backward(static_cast<const float*>(values_in), cols, j);
-    } else if constexpr (kSource == 1) {
-      const double* table = static_cast<const double*>(values_in);
-      a = static_cast<const double*>(alpha_in)[j];
-      rho = static_cast<const double*>(rho_in)[j];
+    if constexpr (kSource == 1) {
       f = ElementBackward{table[j], table[cols + j], table[2 * cols + j], table[3 * cols + j]};
     } else {
-      a = static_cast<const double*>(alpha_in)[j];
-      rho = static_cast<const double*>(rho_in)[j];
-      f = element_backward<kKl, kFmse, kLogdet>(a);
+      f = element_backward<kKl, kFmse, kLogdet>(alpha[j]);
     }
     const LineGradient column = load_line_gradient(cols_constants, col0 + j);
-    out[j] = static_cast<Out>(gradient_element<kKl, kFmse, kLogdet>(a, rho, j == target, f, row, column, inv_tau));
+    out[j] = static_cast<Out>(
+        gradient_element<kKl, kFmse, kLogdet>(alpha[j], rho[j], j == target, f, row, column, inv_tau));
   }
+}
+
+// The narrowed LineGradientF32 of the tile's columns, one float array per member (`lines`: 9·cols
+// floats), so that loop 3 loads them as vectors.
+constexpr int kNarrowedFields = 9;
+
+void narrow_columns(const LineGradientArrays& constants, std::int64_t col0, std::int64_t cols, float* lines) {
+  for (std::int64_t j = 0; j < cols; ++j) {
+    const LineGradientF32 g = narrow_line_gradient(load_line_gradient(constants, col0 + j));
+    const float fields[kNarrowedFields] = {g.scaled_inv_strength, g.all,  g.scaled_off,   g.square,          g.fisher,
+                                           g.kl_v,                g.logdet_ratio, g.logdet_remainder, g.target};
+    for (int k = 0; k < kNarrowedFields; ++k) lines[k * cols + j] = fields[k];
+  }
+}
+
+EO_HOST_DEVICE LineGradientF32 narrowed_column(const float* lines, std::int64_t cols, std::int64_t j) {
+  return LineGradientF32{lines[j],            lines[cols + j],     lines[2 * cols + j],
+                         lines[3 * cols + j], lines[4 * cols + j], lines[5 * cols + j],
+                         lines[6 * cols + j], lines[7 * cols + j], lines[8 * cols + j]};
+}
+
+// Loop 3, backward, of a float32 row (every α within float32): ∂L/∂s in float from the float
+// coefficient (element_gradient_f32) of the row's and the columns' narrowed constants, every
+// element taken as off its line's target; returns whether some result is not finite. The caller
+// redoes those and the target in double.
+template <bool kKl, bool kFmse, bool kLogdet>
+bool backward_row_f32(const float* alpha, const float* rho, const float* values, std::int64_t cols,
+                      const LineGradientF32& row, const float* column_lines, float inv_tau, float* out) {
+  float not_finite = 0.0f;  // a float max, as in loop 1: a counter would halve the vector width
+#pragma omp simd reduction(max : not_finite)
+  for (std::int64_t j = 0; j < cols; ++j) {
+    const ElementBackwardF32 f{values[j], values[cols + j], values[2 * cols + j], values[3 * cols + j]};
+    const float g = element_gradient_f32<kKl, kFmse, kLogdet>(alpha[j], rho[j], false, inv_tau, f, row,
+                                                              narrowed_column(column_lines, cols, j));
+    out[j] = g;
+    const float flag = g - g == 0.0f ? 0.0f : 1.0f;  // inf − inf and NaN − NaN are NaN
+    not_finite = not_finite > flag ? not_finite : flag;
+  }
+  return not_finite != 0.0f;
 }
 
 template <bool kKl, bool kFmse, bool kLogdet>
 void backward_tile_impl(const cpu::BackwardTile& t) {
   const std::int64_t cols = t.s.cols, col0 = t.s.col0;
-  // Scratch (doubles): α, ρ, the 4-column double table, then α, ρ, 4 value columns and exp_tanh's
-  // t in float.
+  // Scratch (doubles): α, ρ, the 4-column double table, then α, ρ, 4 value columns, exp_tanh's t
+  // and the 9 narrowed column constants in float (16 float columns): 14·cols doubles.
   double* alpha = t.scratch;
   double* rho = t.scratch + cols;
   double* table = t.scratch + 2 * cols;
@@ -437,11 +470,13 @@ void backward_tile_impl(const cpu::BackwardTile& t) {
   float* rho_f = alpha_f + cols;
   float* values_f = rho_f + cols;
   float* tanh_f = static_cast<EvidenceKind>(t.evidence) == EvidenceKind::kExpTanh ? values_f + 4 * cols : nullptr;
+  float* column_lines = values_f + 5 * cols;
   const LineGradientArrays rows = gradient_arrays(t.row_constants, t.n_rows);
   const LineGradientArrays cols_constants = gradient_arrays(t.col_constants, t.n_cols);
   constexpr bool kSpecial = kKl || kFmse || kLogdet;
   const bool float32 = !t.s.is_double && !t.grad_is_double && t.inv_tau <= kFloatMax;
   const float inv_tau_f = static_cast<float>(t.inv_tau);
+  if (float32) narrow_columns(cols_constants, col0, cols, column_lines);
   for (std::int64_t i = 0; i < t.s.rows; ++i) {
     const std::int64_t gi = t.s.row0 + i;
     const LineGradient row = load_line_gradient(rows, gi);
@@ -452,8 +487,17 @@ void backward_tile_impl(const cpu::BackwardTile& t) {
       const bool beyond = evidence_row_f32(t.evidence, s, cols, inv_tau_f, alpha_f, rho_f, tanh_f);
       if constexpr (kSpecial) backward_values_row_f32<kKl, kFmse, kLogdet>(alpha_f, tanh_f, cols, values_f);
       if (!beyond) {
-        backward_row<kKl, kFmse, kLogdet, 2>(alpha_f, rho_f, values_f, cols, col0, target, row, cols_constants,
-                                             t.inv_tau, out);
+        const bool redo = backward_row_f32<kKl, kFmse, kLogdet>(alpha_f, rho_f, values_f, cols,
+                                                                narrow_line_gradient(row), column_lines, inv_tau_f, out);
+        const auto in_double = [&](std::int64_t j) {
+          out[j] = static_cast<float>(gradient_element<kKl, kFmse, kLogdet>(
+              alpha_f[j], rho_f[j], j == target, widened_backward(values_f, cols, j), row,
+              load_line_gradient(cols_constants, col0 + j), t.inv_tau));
+        };
+        for (std::int64_t j = 0; redo && j < cols; ++j) {
+          if (out[j] - out[j] != 0.0f) in_double(j);
+        }
+        if (target >= 0 && target < cols) in_double(target);
         continue;
       }
       for (std::int64_t j = 0; j < cols; ++j) {

@@ -42,20 +42,6 @@ __device__ EO_OUT_OF_LINE double element_gradient_f64(const double* row_constant
   return coefficient * rho * inv_tau;
 }
 
-// ∂L/∂s of one element of the float32 path from its α_f, ρ_f, its element factors f and both lines'
-// narrowed constants.
-template <bool kKl, bool kFmse, bool kLogdet>
-__device__ __forceinline__ float element_gradient_f32(float alpha_f, float rho_f, bool on, float inv_tau_f,
-                                                      const kn::ElementBackwardF32& f,
-                                                      const kn::LineGradientF32& row,
-                                                      const kn::LineGradientF32& column) {
-  const float on_target = on ? 1.0f : 0.0f;
-  const float off = 1.0f - on_target;
-  const float coefficient = kn::line_share<kKl, kFmse, kLogdet>(alpha_f, off, on_target, f, row) +
-                            kn::line_share<kKl, kFmse, kLogdet>(alpha_f, off, on_target, f, column);
-  return coefficient * rho_f * inv_tau_f;  // ∂L/∂s = (α∂L/∂α)·(g'(x)/α)·(1/τ)
-}
-
 // A rare element of the float32 path: a line's target or an α beyond float32 (`double_map`: α and
 // ρ from the double map, device_common.cuh: float32 evidence), or one whose float gradient came
 // out non-finite (a line constant beyond FLT_MAX; α and ρ the float map's). For the double map's α
@@ -83,7 +69,7 @@ __device__ EO_OUT_OF_LINE float rare_element_gradient(int evidence, double inv_t
   const float alpha_f = static_cast<float>(alpha), rho_f = static_cast<float>(rho);
   const bool beyond = !(alpha <= kFloatMax);  // NaN too
   if (double_map && !beyond) {
-    const float g = element_gradient_f32<kKl, kFmse, kLogdet>(
+    const float g = kn::element_gradient_f32<kKl, kFmse, kLogdet>(
         alpha_f, rho_f, on, inv_tau_f, kn::element_backward_f32<kKl, kFmse, kLogdet>(alpha_f),
         kn::narrow_line_gradient(kn::load_line_gradient(kn::gradient_arrays(row_constants, n_rows), line)),
         kn::narrow_line_gradient(kn::load_line_gradient(kn::gradient_arrays(col_constants, n_cols), j)));
@@ -129,11 +115,11 @@ __global__ void __launch_bounds__(kThreads, element_min_blocks(kFloat32)) gradie
         float g = 0.0f;
         if (!double_map) {
           if (of_tanh) {  // exp_tanh: the functions from t = tanh x
-            g = element_gradient_f32<kKl, kFmse, kLogdet>(
+            g = kn::element_gradient_f32<kKl, kFmse, kLogdet>(
                 v.alpha, v.rho, on, inv_tau_f, kn::element_backward_f32_of_tanh<kKl, kFmse, kLogdet>(v.tanh),
                 row_lines[r], column);
           } else {
-            g = element_gradient_f32<kKl, kFmse, kLogdet>(v.alpha, v.rho, on, inv_tau_f,
+            g = kn::element_gradient_f32<kKl, kFmse, kLogdet>(v.alpha, v.rho, on, inv_tau_f,
                                                           kn::element_backward_f32<kKl, kFmse, kLogdet>(v.alpha),
                                                           row_lines[r], column);
           }

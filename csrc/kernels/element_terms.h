@@ -307,5 +307,18 @@ EO_HOST_DEVICE float line_share(float alpha, float off, float on_target, const E
   return share + on_target * line.target;
 }
 
+// ∂L/∂s of one element of the float32 path from its α_f, ρ_f, its element factors f and both lines'
+// narrowed constants (the CUDA kernels' and the CPU tile kernels' loops).
+template <bool kKl, bool kFmse, bool kLogdet>
+EO_HOST_DEVICE float element_gradient_f32(float alpha_f, float rho_f, bool on, float inv_tau_f,
+                                          const ElementBackwardF32& f, const LineGradientF32& row,
+                                          const LineGradientF32& column) {
+  const float on_target = on ? 1.0f : 0.0f;
+  const float off = 1.0f - on_target;
+  const float coefficient = line_share<kKl, kFmse, kLogdet>(alpha_f, off, on_target, f, row) +
+                            line_share<kKl, kFmse, kLogdet>(alpha_f, off, on_target, f, column);
+  return coefficient * rho_f * inv_tau_f;  // ∂L/∂s = (α∂L/∂α)·(g'(x)/α)·(1/τ)
+}
+
 }  // namespace EO_ISA
 }  // namespace evidential_ops
