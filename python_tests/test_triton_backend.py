@@ -703,3 +703,22 @@ def test_triton_forward_with_the_row_block_resident_or_stepped_through_d(gen, mo
     for got, want in ((rows, ref_rows), (cols, ref_cols)):
         error = (got.double().cpu() - want).abs() / want.abs().clamp_min(1e-3)
         assert float(error.max()) <= 1e-4 + allowance
+
+
+def test_every_default_tile_is_in_the_autotuning_space():
+    """Autotuning picks among configs.SPACE: a default outside it would never be timed against the
+    others, and aot_check would compile it only as a default."""
+    from evidential_ops.triton_backend import configs
+
+    for arch, defaults in configs.DEFAULTS_BY_ARCH.items():
+        for kernel, config in defaults.items():
+            assert config in configs.SPACE[kernel], (arch, kernel, config)
+
+
+@pytest.mark.parametrize("value, interpreting", [("1", True), ("true", True), ("ON", True), ("yes", True), (" 1", False),
+                                                 ("0", False), ("false", False), ("", False)])
+def test_interpreting_reads_the_variable_as_triton_does(monkeypatch, value, interpreting):
+    from evidential_ops.triton_backend import configs
+
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    assert configs.interpreting() is interpreting

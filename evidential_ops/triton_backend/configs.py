@@ -84,6 +84,7 @@ SPACE = {
     ),
     "grad": (
         TileConfig(64, 32, 32, 8, 3),
+        TileConfig(64, 32, 16, 8, 3),
         TileConfig(64, 32, 64, 8, 2),
         TileConfig(64, 64, 32, 8, 3),
         TileConfig(128, 32, 32, 8, 4),
@@ -129,7 +130,9 @@ INTERPRETER_MAX_REGISTER_D = 256
 
 
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    """Whether Triton runs kernels in its interpreter: TRITON_INTERPRET read as Triton reads it
+    (1, true, on, yes in any case), so the interpreter's tiles go with the interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
 
 
 def autotuning() -> bool:
