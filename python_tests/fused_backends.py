@@ -8,12 +8,12 @@ interpreter, for instance, runs float32 only and slowly): the tests themselves a
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
 import evidential_ops as eo
+from evidential_ops.triton_backend import configs
 
 ALL_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
@@ -45,7 +45,7 @@ def _case(name: str) -> FusedCase | None:
     if name == "triton":
         if torch.cuda.is_available():
             return FusedCase("triton", torch.device("cuda"))
-        if os.environ.get("TRITON_INTERPRET") == "1":  # the interpreter: CPU tensors, float32, small K
+        if configs.interpreting():  # the interpreter: CPU tensors, float32, small K
             return FusedCase("triton", torch.device("cpu"), dtypes=(torch.float32,), max_k=160, realistic=(160, 203))
         return None
     raise AssertionError(f"no test case for fused backend {name!r}: add one here")

@@ -206,26 +206,29 @@ def test_small_tau_finite_and_correct(fused, gen, tau):
             grad_tol=GRAD_RTOL, terms="all")
 
 
-def test_line_constants_beyond_float32(fused, gen, request):
-    """A row's upstream gradient of 1e38 puts its line constants beyond FLT_MAX: the float32 paths,
-    which form the gradient coefficient from constants narrowed to float, redo that row's elements
-    in double (SPEC §2 "Float32 element math"). ∂L/∂s is the float64 reference's rounded to float32,
-    ±inf exactly where that exceeds FLT_MAX, and the other rows are as accurate as ever."""
+@pytest.mark.parametrize("side", ["row", "column"])
+def test_line_constants_beyond_float32(fused, gen, request, side):
+    """Line 0's upstream gradient of 1e38 puts its line constants beyond FLT_MAX: the float32 paths,
+    which form the gradient coefficient from constants narrowed to float, redo its elements in
+    double (SPEC §2 "Float32 element math"); a column's are one element of every row. ∂L/∂s is the
+    float64 reference's rounded to float32, ±inf exactly where that exceeds FLT_MAX, and the other
+    lines' elements are as accurate as ever."""
     if fused.name == "triton":
         request.applymarker(pytest.mark.xfail(strict=True, reason=(
             "the Triton gradient kernels have no double redo: NaN and inf where the reference is finite")))
     k = 113
     x, y = hard_pairs(k, 64, generator=gen)
     s = (x.double() @ y.double().T).float()
-    up_rows = torch.rand(k, generator=gen) + 0.5
-    up_rows[0] = 1e38
-    upstream = (up_rows, torch.rand(k, generator=gen) + 0.5)
+    upstream = (torch.rand(k, generator=gen) + 0.5, torch.rand(k, generator=gen) + 0.5)
+    upstream[0 if side == "row" else 1][0] = 1e38
     kwargs = dict(tau=0.05, weights=ALL_WEIGHTS)
     device = fused.device
     *_, (got,) = run(lambda t: eo.evidential_loss_from_similarity(t, backend=fused.name, reduction="none", **kwargs),
                      [s.to(device)], [u.to(device) for u in upstream])
     *_, (ref,) = run(lambda t: eo.reference.evidential_loss_from_similarity(t, reduction="none", **kwargs),
                      [s.double()], [u.double() for u in upstream])
+    if side == "column":
+        got, ref = got.T, ref.T
     got, ref32 = got.cpu(), ref.float()
     assert ref32[0].isinf().any() and ref32[0].isfinite().any()  # the case this test is about
     assert torch.equal(got.isinf(), ref32.isinf()) and torch.equal(got.isnan(), ref32.isnan())

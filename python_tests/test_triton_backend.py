@@ -715,7 +715,7 @@ def test_every_default_tile_is_in_the_autotuning_space():
             assert config in configs.SPACE[kernel], (arch, kernel, config)
 
 
-@pytest.mark.parametrize("value, interpreting", [("1", True), ("true", True), ("ON", True), ("yes", True), (" 1", False),
+@pytest.mark.parametrize("value, interpreting", [("1", True), ("true", True), ("ON", True), ("yes", True), ("y", True), (" 1", False),
                                                  ("0", False), ("false", False), ("", False)])
 def test_interpreting_reads_the_variable_as_triton_does(monkeypatch, value, interpreting):
     from evidential_ops.triton_backend import configs

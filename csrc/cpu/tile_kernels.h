@@ -13,9 +13,10 @@
 //      columns of a tile whose first column is a multiple of 16, so which form an element gets
 //      depends on its column index alone, never on the tiling or the thread count;
 //   3. the float64 line sums (forward), reading the float32 values widened; or (backward) the
-//      float gradient coefficient of the two lines from their constants narrowed to float once
-//      per line, as the CUDA kernels form it, with a row's target and any element whose float
-//      coefficient is not finite (a line constant beyond FLT_MAX) redone in double.
+//      float gradient coefficient of the two lines (element_gradient_f32, the CUDA kernels'
+//      expression) from their constants narrowed to float (the tile's columns once per tile, the
+//      row once per row), with a row's target element and any element whose float coefficient is
+//      not finite (a line constant beyond FLT_MAX) given the double coefficient of its float α, ρ.
 // A row with an α beyond FLT_MAX (exp evidence at s/τ > 88.7, α = +inf in float32) redoes those
 // elements with the float64 map and functions and runs loop 3 from double arrays, with every
 // other element's value unchanged. Float64 inputs keep the float64 element math throughout.

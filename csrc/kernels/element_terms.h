@@ -238,8 +238,8 @@ EO_HOST_DEVICE double line_share(double alpha, double off, double on_target, con
          line.logdet_remainder * f.logdet_r_prime + on_target * line.target;
 }
 
-// LineGradient narrowed to float once per line, so that the GPU's float32 path forms the gradient
-// coefficient with no FP64 multiply per element (SPEC §2 "Float32 element math" derives what it
+// LineGradient narrowed to float, so that the float32 paths (CUDA, and the CPU's backward) form the
+// gradient coefficient with no FP64 multiply per element (SPEC §2 "Float32 element math" derives what it
 // costs). Two constants are kept scaled by 2^64/S instead, so that every member stays in float's
 // range wherever the per-element products do:
 // - 1/S, as 2^64/S: 1/S is subnormal in float from S = 2^126 on (exp evidence beyond x = 87),

@@ -12,11 +12,10 @@ The op family is the C++ one (`evidential_ops.ops.schemas()`), defined again und
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from .. import backends, ops
+from . import configs
 
 NAMESPACE = "evidential_ops_triton"
 
@@ -24,8 +23,7 @@ NAMESPACE = "evidential_ops_triton"
 def _why_unavailable() -> str | None:
     if ops.LAYOUT is None:
         return "the C++ extension (which defines the op schemas) is not loaded"
-    interpret = os.environ.get("TRITON_INTERPRET") == "1"
-    if not interpret and not torch.cuda.is_available():
+    if not configs.interpreting() and not torch.cuda.is_available():
         return "no CUDA device (set TRITON_INTERPRET=1 before importing to run the kernels on CPU tensors)"
     try:
         import triton  # noqa: F401

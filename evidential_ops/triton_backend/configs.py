@@ -130,9 +130,13 @@ INTERPRETER_MAX_REGISTER_D = 256
 
 
 def interpreting() -> bool:
-    """Whether Triton runs kernels in its interpreter: TRITON_INTERPRET read as Triton reads it
-    (1, true, on, yes in any case), so the interpreter's tiles go with the interpreter."""
-    return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
+    """Whether Triton runs kernels in its interpreter: TRITON_INTERPRET as Triton itself reads it
+    (its knob), so the interpreter's tiles go with the interpreter; False without triton."""
+    try:
+        from triton import knobs
+    except ImportError:
+        return False
+    return bool(knobs.runtime.interpret)
 
 
 def autotuning() -> bool:
