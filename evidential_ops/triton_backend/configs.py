@@ -130,13 +130,11 @@ INTERPRETER_MAX_REGISTER_D = 256
 
 
 def interpreting() -> bool:
-    """Whether Triton runs kernels in its interpreter: TRITON_INTERPRET as Triton itself reads it
-    (its knob), so the interpreter's tiles go with the interpreter; False without triton."""
-    try:
-        from triton import knobs
-    except ImportError:
-        return False
-    return bool(knobs.runtime.interpret)
+    """Whether Triton runs kernels in its interpreter: TRITON_INTERPRET read as Triton's own knob
+    reads it (1, true, on, yes, y in any case), so the interpreter's tiles go with the
+    interpreter. From the environment, not the knob: torch.compile traces this call, and Dynamo
+    does not trace into triton."""
+    return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes", "y")
 
 
 def autotuning() -> bool:
