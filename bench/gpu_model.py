@@ -35,8 +35,8 @@ over its kernels. Assumptions (also printed in the report):
   loaded of: issue (every instruction, 4 warp schedulers = 128 lanes/clk/SM), FP32, FP64, MUFU
   (16/clk/SM), integer, conversion, load/store, each at its rate per SM per clock (CUDA C
   Programming Guide, arithmetic instruction throughput), from the static counts of the hot loop
-  (both sides of a branch: an upper bound where the code branches; the CUDA rows use the build
-  with the loss's evidence map fixed, the path the uniform switches take). Full occupancy is
+  (both sides of a branch: an upper bound where the code branches; the CUDA rows are the
+  instantiation the loss runs, its evidence map and float32 s and ∂L/∂s compiled in). Full occupancy is
   assumed to hide latency; the Triton element counts are those of the float32 input path.
 - A fused kernel's GEMM and element work add up (same SMs, no overlap assumed); compute and memory
   traffic overlap (the max).
@@ -242,14 +242,11 @@ def load_profile(path: str | None = None, refresh_to: str = DEFAULT_PROFILE) -> 
 
 
 def profile_row(profile: dict, backend: str, method: str, direction: str) -> dict | None:
-    """The profile's row for a kernel: for cuda the build with the loss's evidence map fixed (the
-    path the shipped code's uniform switches take), else the shipped build; for triton the default
-    configuration."""
-    builds = ("cuda-path", "cuda") if backend == "cuda" else ("triton",)
-    for build in builds:
-        for row in profile["rows"]:
-            if (row["backend"], row["method"], row["direction"]) == (build, method, direction) and row.get("hot"):
-                return row
+    """The profile's row for a kernel: for cuda the instantiation the loss runs (its evidence map,
+    float32 s and ∂L/∂s compiled in), for triton the default configuration."""
+    for row in profile["rows"]:
+        if (row["backend"], row["method"], row["direction"]) == (backend, method, direction) and row.get("hot"):
+            return row
     return None
 
 

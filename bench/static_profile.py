@@ -2,16 +2,16 @@
 """Static GPU profile of the compiled element kernels for sm_90: no GPU needed.
 
     python bench/static_profile.py [--out bench/results/static_profile.md] [--label before]
-                                   [--backend cuda cuda-path triton] [--loss tcl uml duq]
+                                   [--backend cuda cuda-any triton] [--loss tcl uml duq]
                                    [--direction fwd bwd line] [--triton-path f32]
 
 What it does, per kernel:
 - CUDA (csrc/cuda/*.cu, torch-free): nvcc -cubin for sm_90 with the flags of
-  csrc/tests/nvcc_check.sh, registers and spills from ptxas -v. Two builds: "cuda" is the shipped
-  code, whose element loop holds every evidence map and every input/output dtype behind uniform
-  run-time switches (the kernels are templated on the terms only); "cuda-path" compiles the same
-  sources with the evidence kind and the float32 dtype fixed at compile time (a wrapper
-  translation unit, `PATH_WRAPPER`), so that its loop holds the one path a loss takes.
+  csrc/tests/nvcc_check.sh, registers and spills from ptxas -v. The element kernels are templated
+  on the terms, and on their float32 path on the evidence map and the stored types of s and ∂L/∂s
+  for every product of embeddings: "cuda" profiles the instantiation a method runs (its map,
+  float32 s and ∂L/∂s); "cuda-any" the generic one (half views of a given s), whose loop switches
+  on the map and the dtypes per element.
 - Triton: the default configuration of stats_kernel (forward) and grad_fused_kernel and
   grad_block_kernel (backward) of
   each method, compiled ahead of time for GPUTarget("cuda", 90, 32) through
@@ -27,7 +27,7 @@ What it does, per kernel:
   kernel (called subroutines, the slow paths of division, included; NOP padding not), and the
   loop counts are divided by the elements one thread handles per iteration: for the CUDA
   element kernels the columns a thread owns (kColumnsPerThread of the kernel file, else 1), one
-  row of them per iteration (checked on the cuda-path build, whose loop must load s once per
+  row of them per iteration (checked on the "cuda" rows, whose loop must load s once per
   element), BLOCK_M·BLOCK_N/(32·num_warps) for Triton.
 
 Counts are static: a loop body holds both sides of every branch. "max path" is the longest path
@@ -520,50 +520,54 @@ METHODS = {
     "uml": dict(flags=(0, 1, 1), evidence=3, evidence_name="exp_tanh"),
     "duq": dict(flags=(0, 0, 0), evidence=1, evidence_name="relu"),
 }
+# evidential_ops.config.EVIDENCE_KINDS in index order (the CUDA kernels' kEvidence), without
+# importing the package (and torch) here.
+EVIDENCE_NAMES = ("exp", "relu", "softplus", "exp_tanh")
 CUDA_FILES = {"fwd": "forward_kernels.cu", "bwd": "backward_kernels.cu", "line": "line_kernels.cu"}
 CUDA_KERNELS = {"fwd": "forward_stats_kernel", "bwd": "gradient_kernel"}
 LINE_KERNELS = ("line_losses_kernel", "line_gradients_kernel")
 
-# The cuda-path build: the kernels' run-time switches (evidence map, dtype of s, dtype of ∂L/∂s)
-# fixed at compile time. device_common.cuh is included first (#pragma once keeps the kernel file
-# from including it again), so only the calls in the kernel bodies are redirected.
-PATH_WRAPPER = """\
-#include "cuda/device_common.cuh"
-namespace evidential_ops {{
-namespace cuda {{
-template <typename T>
-__device__ __forceinline__ auto path_evidence(int, T x) {{ return evidence_of({evidence}, x); }}
-__device__ __forceinline__ bool path_of_tanh(int) {{ return tanh_evidence({evidence}); }}
-template <typename T>
-__device__ __forceinline__ T path_load(SimilarityView s, std::int64_t at) {{
-  s.kind = ScalarKind::kFloat32;
-  return load_similarity<T>(s, at);
-}}
-template <typename T>
-__device__ __forceinline__ void path_store(void* out, ScalarKind, std::int64_t at, T g) {{
-  store_gradient(out, ScalarKind::kFloat32, at, g);
-}}
-}}  // namespace cuda
-}}  // namespace evidential_ops
-#define evidence_of path_evidence
-#define tanh_evidence path_of_tanh
-#define load_similarity path_load
-#define store_gradient path_store
-#include "cuda/{file}"
-"""
-
-# The element kernels' template flags: <kFloat32, kKl, kFmse, kLogdet>. The profile reads the
-# float32 instantiation, the one float32, float16 and bfloat16 inputs run.
-PROFILED_FLOAT32 = 1
+# The CUDA element kernels' template arguments: <kFloat32, stored type of s, [of ∂L/∂s,] evidence,
+# kKl, kFmse, kLogdet>, in their mangled form. The float32 path's main instantiations fix the
+# stored types (float32 s; ∂L/∂s float32 or bfloat16) and the evidence map (its EVIDENCE_KINDS
+# index); its generic one (half views of a given s, rarer output kinds) takes both at run time.
+STORED = {"fwd": {"float32": "f"}, "bwd": {"float32": "ff", "bf16 ∂L/∂s": "f13__nv_bfloat16"}}
+# the generic instantiation's stored types (the backward's second one is a back-reference)
+ANY_STORED = {"fwd": r"NS0_9AnyStoredE", "bwd": r"NS0_9AnyStoredES\d*_"}
+CUDA_BUILDS = {"cuda": "float32", "cuda-any": None}  # build -> stored key (None: the generic one)
+INSTANTIATION = re.compile(r"ILb1E(?P<stored>.*?)Li(?P<evidence>n1|\d)ELb(?P<kl>\d)ELb(?P<fmse>\d)ELb(?P<logdet>\d)EE")
 
 
-def _cuda_symbol(functions: dict, kernel: str, flags) -> str | None:
-    pattern = re.compile(rf"{kernel}ILb{PROFILED_FLOAT32}ELb{flags[0]}ELb{flags[1]}ELb{flags[2]}EE")
+def _cuda_symbol(functions: dict, kernel: str, flags, evidence, stored: str | None) -> str | None:
+    """The float32-path instantiation of `kernel` for the term flags: with `stored` (a STORED key)
+    and the evidence map fixed, or (stored None) the generic one."""
+    if stored is None:
+        arguments = ANY_STORED[_direction_of(kernel)] + "Lin1E"
+    else:
+        arguments = re.escape(STORED[_direction_of(kernel)][stored]) + f"Li{evidence}E"
+    pattern = re.compile(rf"{kernel}ILb1E{arguments}Lb{flags[0]}ELb{flags[1]}ELb{flags[2]}EE")
     return next((name for name in functions if pattern.search(name)), None)
 
 
+def _direction_of(kernel: str) -> str:
+    return next(d for d, k in CUDA_KERNELS.items() if k == kernel)
+
+
+def _instantiation(direction: str, symbol: str) -> dict | None:
+    """A float32-path instantiation's template arguments from its symbol: stored (a STORED key or
+    "any"), evidence (index, None for run-time), flags ("klfmselogdet" digits); None otherwise."""
+    found = re.search(CUDA_KERNELS[direction] + INSTANTIATION.pattern, symbol)
+    if not found:
+        return None
+    stored = next((k for k, v in STORED[direction].items() if v == found["stored"]), None)
+    if stored is None and not re.fullmatch(ANY_STORED[direction], found["stored"]):
+        return None
+    return dict(stored=stored or "any", evidence=None if found["evidence"] == "n1" else int(found["evidence"]),
+                flags=found["kl"] + found["fmse"] + found["logdet"])
+
+
 def _float32_s_loads(opcodes: dict) -> int:
-    """32-bit global loads in a cuda-path loop body: the loads of s (float32); the LineGradient
+    """32-bit global loads in the loop body of a float32 instantiation (stored types fixed): the loads of s (float32); the LineGradient
     constants of the backward are 64-bit loads."""
     return sum(n for op, n in opcodes.items() if re.fullmatch(r"LDG(\.E)?(\.(CONSTANT|EF|EL|LU|EU|NA|SYS|GPU|"
                                                              r"STRONG\.\w+|ZFILL))*", op))
@@ -572,7 +576,7 @@ def _float32_s_loads(opcodes: dict) -> int:
 def cuda_elements_per_iteration(direction: str) -> int:
     """Elements one thread handles per iteration of its row loop: the forward kernel's
     kColumnsPerThread (its columns, unrolled), 1 for a kernel without that constant (one column
-    per thread). The cuda-path build checks it: its loop body loads s once per element."""
+    per thread). The "cuda" build checks it: its loop body loads s once per element."""
     return source_ints(os.path.join(ROOT, "csrc", "cuda", CUDA_FILES[direction])).get("kColumnsPerThread", 1)
 
 
@@ -616,49 +620,41 @@ def stage_share(row: dict, key: str) -> float:
 
 
 def profile_cuda(nvcc: str, nvdisasm: str, methods, directions, builds, workdir: str) -> tuple:
-    """Rows of the CUDA builds `builds` ("cuda", "cuda-path") for the methods and directions, and
-    the whole-kernel counts of every <kKl, kFmse, kLogdet> instantiation of the shipped build."""
+    """Rows of the CUDA builds `builds` (CUDA_BUILDS keys) for the methods and directions, and the
+    whole-kernel counts of every float32-path instantiation of the element kernels."""
     rows, instantiations = [], []
-    units = []  # (build, direction, evidence or None, source path)
     for direction in directions:
-        if "cuda" in builds:
-            units.append(("cuda", direction, None, os.path.join(ROOT, "csrc", "cuda", CUDA_FILES[direction])))
-        if "cuda-path" in builds and direction != "line":
-            for evidence in sorted({METHODS[m]["evidence"] for m in methods}):
-                wrapper = os.path.join(workdir, f"path_{direction}_{evidence}.cu")
-                with open(wrapper, "w", encoding="utf-8") as handle:
-                    handle.write(PATH_WRAPPER.format(evidence=evidence, file=CUDA_FILES[direction]))
-                units.append(("cuda-path", direction, evidence, wrapper))
-    for build, direction, evidence, source in units:
-        cubin = os.path.join(workdir, os.path.basename(source) + f".{build}.{evidence}.cubin")
+        source = os.path.join(ROOT, "csrc", "cuda", CUDA_FILES[direction])
+        cubin = os.path.join(workdir, os.path.basename(source) + ".cubin")
         compiled = _run([nvcc, *NVCC_FLAGS, source, "-o", cubin], cwd=ROOT)
         if compiled.returncode != 0:
             raise RuntimeError(f"nvcc failed on {source}:\n{compiled.stdout}")
         resources = ptxas_resources(compiled.stdout)
         functions = disassemble(nvdisasm, cubin)
-        if build == "cuda" and direction != "line":
+        if direction != "line":
             for symbol, fn in functions.items():
-                flags = re.search(rf"{CUDA_KERNELS[direction]}ILb{PROFILED_FLOAT32}ELb(\d)ELb(\d)ELb(\d)EE", symbol)
-                if flags:
+                found = _instantiation(direction, symbol)
+                if found:
                     counts = analyse(fn)["counts"]
-                    used = [m for m in METHODS if METHODS[m]["flags"] == tuple(map(int, flags.groups()))]
-                    instantiations.append(dict(direction=direction, kernel=CUDA_KERNELS[direction],
-                                               flags="".join(flags.groups()), methods=used,
-                                               registers=resources.get(symbol, {}).get("registers"), **counts))
+                    used = [m for m in METHODS if "".join(map(str, METHODS[m]["flags"])) == found["flags"]]
+                    instantiations.append(dict(direction=direction, kernel=CUDA_KERNELS[direction], methods=used,
+                                               registers=resources.get(symbol, {}).get("registers"), **found,
+                                               **counts))
         if direction == "line":
-            targets = [(None, k, next((n for n in functions if k in n), None)) for k in LINE_KERNELS]
+            targets = [(None, None, k, next((n for n in functions if k in n), None)) for k in LINE_KERNELS]
         else:
-            targets = [(m, CUDA_KERNELS[direction], _cuda_symbol(functions, CUDA_KERNELS[direction],
-                                                                 METHODS[m]["flags"]))
-                       for m in methods if evidence is None or METHODS[m]["evidence"] == evidence]
-        for method, kernel, symbol in targets:
+            kernel = CUDA_KERNELS[direction]
+            targets = [(m, build, kernel, _cuda_symbol(functions, kernel, METHODS[m]["flags"], METHODS[m]["evidence"],
+                                                       CUDA_BUILDS[build]))
+                       for build in builds for m in methods]
+        for method, build, kernel, symbol in targets:
             if symbol is None:
-                raise RuntimeError(f"{kernel} ({method}) not found in {cubin}")
+                raise RuntimeError(f"{kernel} ({method}, {build}) not found in {cubin}")
             result = analyse(functions[symbol], None if direction == "line" else "element-load")
-            row = dict(backend=build, method=method or "any", direction=direction, kernel=kernel, symbol=symbol,
-                       source=os.path.relpath(source, ROOT) if build == "cuda" else
-                       f"csrc/cuda/{CUDA_FILES[direction]} (evidence {METHODS[method]['evidence_name']}, "
-                       f"float32 s and ∂L/∂s fixed)",
+            fixed = (f"evidence {METHODS[method]['evidence_name']}, float32 s and ∂L/∂s" if build == "cuda" else
+                     "evidence map and dtypes at run time")
+            row = dict(backend=build or "cuda", method=method or "any", direction=direction, kernel=kernel,
+                       symbol=symbol, source=os.path.relpath(source, ROOT) + (f" ({fixed})" if method else ""),
                        resources=resources.get(symbol, {}), **result)
             if direction == "line":
                 row["elements_per_iteration"] = None  # one thread per line, no element loop
@@ -671,7 +667,7 @@ def profile_cuda(nvcc: str, nvdisasm: str, methods, directions, builds, workdir:
                     rows_per_stage = cuda_stage_rows(method)
                     row["stage"] = dict(own=stage["own"], max_path=stage["max_path"], rows=rows_per_stage,
                                         elements=rows_per_stage * elements)
-                if build == "cuda-path" and row["hot"] is not None:
+                if build == "cuda" and row["hot"] is not None:
                     loads = _float32_s_loads(row["hot"]["opcodes"])
                     row["s_loads_in_loop"] = loads
                     if loads and loads % elements == 0 and loads != elements:
@@ -746,9 +742,11 @@ def _title(row: dict) -> str:
 
 def _build(row: dict) -> str:
     if row["backend"] == "cuda":
-        return "CUDA (shipped: all evidence maps and dtypes)" if row["direction"] != "line" else "CUDA"
-    if row["backend"] == "cuda-path":
-        return f"CUDA path ({METHODS[row['method']]['evidence_name']}, float32)"
+        if row["direction"] == "line":
+            return "CUDA"
+        return f"CUDA ({METHODS[row['method']]['evidence_name']}, float32 s and ∂L/∂s)"
+    if row["backend"] == "cuda-any":
+        return "CUDA generic (run-time evidence and dtypes)"
     kernel = row["kernel"].removesuffix("_kernel")
     return f"Triton {kernel} " + row["source"].split(" ")[0]
 
@@ -808,15 +806,34 @@ def markdown(report: dict) -> str:
     if report["cuda_instantiations"]:
         lines += [
             "",
-            "Every <kKl, kFmse, kLogdet> instantiation of the shipped CUDA element kernels (the evidence map "
-            "is a run-time argument: each holds all four):",
+            "Every float32-path instantiation of the CUDA element kernels, whole-kernel instructions (DMUL+DFMA "
+            "in brackets): per term set <kKl, kFmse, kLogdet>, with float32 s and ∂L/∂s for each evidence "
+            "map, with bfloat16 ∂L/∂s (the bfloat16 inputs' path; the backward), and the generic one (evidence "
+            "map and dtypes switched at run time: half views of a given s):",
             "",
-            "| kernel | kKl kFmse kLogdet | used by | total | FP64 | DMUL+DFMA | regs |",
-            "|---|---|---|---:|---:|---:|---:|",
         ]
-        for k in report["cuda_instantiations"]:
-            lines.append(f"| {k['kernel']} | {' '.join(k['flags'])} | {', '.join(m.upper() for m in k['methods'])} | "
-                         f"{k['total']} | {k['fp64']} | {k['dmul_dfma']} | {k['registers']} |")
+        columns = [("float32", e) for e in range(len(EVIDENCE_NAMES))] + [("bf16 ∂L/∂s", e)
+                                                                        for e in range(len(EVIDENCE_NAMES))]
+        columns.append(("any", None))
+        present = {(k["stored"], k["evidence"]) for k in report["cuda_instantiations"]}
+        columns = [c for c in columns if c in present]
+        lines.append("| kernel | kKl kFmse kLogdet | used by | "
+                     + " | ".join(("generic" if s == "any" else f"{EVIDENCE_NAMES[e]}" + (", bf16 ∂L/∂s" if s != "float32" else ""))
+                                  for s, e in columns) + " | regs |")
+        lines.append("|---|---|---|" + "---:|" * len(columns) + "---|")
+        by_key = {(k["kernel"], k["flags"], k["stored"], k["evidence"]): k for k in report["cuda_instantiations"]}
+        for kernel, flags in sorted({(k["kernel"], k["flags"]) for k in report["cuda_instantiations"]},
+                                    key=lambda kf: (kf[0], kf[1][::-1])):
+            cells, registers = [], []
+            for stored, evidence in columns:
+                k = by_key.get((kernel, flags, stored, evidence))
+                cells.append(f"{k['total']} ({k['dmul_dfma']})" if k else "–")
+                if k:
+                    registers.append(k["registers"])
+            used = next(k["methods"] for k in report["cuda_instantiations"] if (k["kernel"], k["flags"]) == (kernel, flags))
+            regs = [r for r in registers if r is not None]
+            lines.append(f"| {kernel} | {' '.join(flags)} | {', '.join(m.upper() for m in used)} | " + " | ".join(cells)
+                         + (f" | {min(regs)}–{max(regs)} |" if regs else " | ? |"))
     lines += [
         "",
         "## Loops",
@@ -871,10 +888,10 @@ def main(argv=None) -> int:
     parser = report_parser(__doc__, DEFAULT_OUT)
     parser.add_argument("--label", help="name of this profile in the report's title (default: from --out, "
                         "static_profile_<label>.md, else 'current')")
-    parser.add_argument("--backend", nargs="+", choices=("cuda", "cuda-path", "triton"),
-                        default=["cuda", "cuda-path", "triton"],
-                        help="cuda: the kernels as built; cuda-path: with the method's evidence map and float32 "
-                             "fixed at compile time; triton: the default Triton configurations")
+    parser.add_argument("--backend", nargs="+", choices=(*CUDA_BUILDS, "triton"), default=[*CUDA_BUILDS, "triton"],
+                        help="cuda: the CUDA element kernels the methods run for float32 s and ∂L/∂s (their "
+                             "evidence map and dtypes compiled in); cuda-any: the generic instantiation, which "
+                             "switches on both per element; triton: the default Triton configurations")
     parser.add_argument("--loss", nargs="+", choices=tuple(METHODS), default=list(METHODS))
     parser.add_argument("--direction", nargs="+", choices=("fwd", "bwd", "line"), default=["fwd", "bwd", "line"],
                         help="line: the CUDA per-line kernels (whole-kernel counts only)")
@@ -919,9 +936,10 @@ def main(argv=None) -> int:
     notes.insert(0, "CUDA element kernels: a thread owns a few columns (forward: "
                     f"{cuda_elements_per_iteration('fwd')}, strided by 32; backward: "
                     f"{cuda_elements_per_iteration('bwd')}), one row of them (elem/it elements) per iteration of its "
-                    "row loop; \"shipped\" is the code as built, whose loop holds every evidence map and every "
-                    "dtype of s and ∂L/∂s behind uniform switches; \"path\" fixes the method's evidence map and "
-                    "float32 s and ∂L/∂s at compile time.")
+                    "row loop. The kernels are instantiated per evidence map and stored types of s and ∂L/∂s "
+                    "for the float32 path of every product of embeddings (s float32, ∂L/∂s float32 or bfloat16): "
+                    "\"CUDA (map, float32 s and ∂L/∂s)\" is the one a method runs; \"generic\" the instantiation "
+                    "for other views (a given half s), which switches on the map and the dtypes per element.")
     if "triton" in args.backend and triton_version is not None:
         notes.append(f"Triton: default sm_{ARCH} configurations (configs.DEFAULTS_BY_ARCH), {args.triton_path} "
                      "input path, compiled as aot_check compiles them (forward: stats_kernel with the own and the "

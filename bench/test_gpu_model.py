@@ -24,12 +24,12 @@ H100 = gm.load_ceilings("h100-sxm")
 
 def fake_profile() -> dict:
     """A static profile with every row the model reads: 100 instructions per element, 40 of them
-    FP32 and 8 MUFU (cuda-path forward: 256 so that the issue pipe binds at 2 cycles)."""
+    FP32 and 8 MUFU (cuda forward: 256 so that the issue pipe binds at 2 cycles)."""
     rows = []
-    for backend, per_iteration in (("cuda-path", 1), ("triton", 2.0)):
+    for backend, per_iteration in (("cuda", 1), ("triton", 2.0)):
         for method in sp.METHODS:
             for direction in ("fwd", "bwd"):
-                total = 256 if (backend, direction) == ("cuda-path", "fwd") else 100
+                total = 256 if (backend, direction) == ("cuda", "fwd") else 100
                 own = dict(total=total, fp64=0, fp32=40, mufu=8, int=20, conv=0, mem=4, tensor=0, control=10,
                            other=total - 82, dmul_dfma=0)
                 rows.append(dict(backend=backend, method=method, direction=direction,

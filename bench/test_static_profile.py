@@ -117,13 +117,13 @@ def test_skips_without_nvcc(monkeypatch, tmp_path, capsys):
 
 
 def test_one_kernel(tmp_path):
-    """TCL forward, compiled and profiled for real: CUDA (the float32/exp path build) where nvcc
+    """TCL forward, compiled and profiled for real: CUDA (the float32/exp instantiation) where nvcc
     is installed, else the Triton stats kernel where triton can compile."""
     nvcc = sp.find_nvcc()
     if sp.find_nvdisasm(nvcc) is None:
         pytest.skip("no nvdisasm (CUDA toolkit or triton's copy)")
     if nvcc is not None:
-        backend, elements = "cuda-path", sp.cuda_elements_per_iteration("fwd")
+        backend, elements = "cuda", sp.cuda_elements_per_iteration("fwd")
     else:
         pytest.importorskip("triton")
         backend, elements = "triton", None

@@ -80,7 +80,7 @@ __device__ EO_OUT_OF_LINE float rare_element_gradient(int evidence, double inv_t
       beyond ? rho : rho_f, on, inv_tau));
 }
 
-template <bool kFloat32, bool kKl, bool kFmse, bool kLogdet>
+template <bool kFloat32, typename SStored, typename GStored, int kEvidence, bool kKl, bool kFmse, bool kLogdet>
 __global__ void __launch_bounds__(kThreads, element_min_blocks(kFloat32)) gradient_kernel(const BackwardArgs a) {
   const std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const bool active = j < a.s.cols;
@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(kThreads, element_min_blocks(kFloat32)) gradie
     const kn::LineGradientF32 column = kn::narrow_line_gradient(
         active ? kn::load_line_gradient(kn::gradient_arrays(a.col_constants, a.n_cols), j) : zero_line_gradient());
     const float inv_tau_f = static_cast<float>(a.inv_tau);
-    const bool of_tanh = tanh_evidence(a.evidence);  // uniform over the launch
+    const bool of_tanh = tanh_evidence<kEvidence>(a.evidence);  // uniform over the launch
     for (std::int64_t chunk = range.begin; chunk < range.end; chunk += kRowChunk) {
       const int n = static_cast<int>(range.end - chunk < kRowChunk ? range.end - chunk : kRowChunk);
       if (static_cast<int>(threadIdx.x) < n) {
@@ -109,8 +109,8 @@ __global__ void __launch_bounds__(kThreads, element_min_blocks(kFloat32)) gradie
         const std::int64_t i = chunk + r;
         const std::int64_t line = a.s.row0 + i;
         const bool on = target_delta == 0;
-        const float s = load_similarity<float>(a.s, s_at);
-        const kn::EvidenceValueF32 v = evidence_of(a.evidence, s * inv_tau_f);
+        const float s = load_similarity<float, SStored>(a.s, s_at);
+        const kn::EvidenceValueF32 v = evidence_of<kEvidence>(a.evidence, s * inv_tau_f);
         const bool double_map = on || !(v.alpha < kInfinityF);  // NaN too: NaN either way
         float g = 0.0f;
         if (!double_map) {
@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, element_min_blocks(kFloat32)) gradie
                                                          a.col_constants, a.n_cols, line, j, s, on, double_map,
                                                          inv_tau_f);
         }
-        store_gradient(a.grad, a.grad_kind, grad_at, g);
+        store_gradient<GStored>(a.grad, a.grad_kind, grad_at, g);
         largest = fmaxf(largest, fabsf(g));  // fmaxf drops NaN: NaN propagates anyway
       }
       __syncthreads();
@@ -188,11 +188,20 @@ __global__ void scale_to_half_kernel(const float* g, __half* out, std::int64_t c
   }
 }
 
-template <bool kFloat32>
+template <bool kFloat32, typename SStored, typename GStored, int kEvidence>
 void launch_gradient_kernel(const BackwardArgs& a, dim3 grid, cudaStream_t stream) {
   kn::with_term_flags(a.terms, [&](auto kl, auto fmse, auto logdet) {
     EO_LAUNCH(grid, kThreads, stream,
-              gradient_kernel<kFloat32, decltype(kl)::value, decltype(fmse)::value, decltype(logdet)::value>)(a);
+              gradient_kernel<kFloat32, SStored, GStored, kEvidence, decltype(kl)::value, decltype(fmse)::value,
+                              decltype(logdet)::value>)(a);
+  });
+}
+
+// The float32 path with s stored as float32 and ∂L/∂s as `GStored`, its evidence map compiled in.
+template <typename GStored>
+void launch_float32_stored(const BackwardArgs& a, dim3 grid, cudaStream_t stream) {
+  with_evidence(a.evidence, [&](auto evidence) {
+    launch_gradient_kernel<true, float, GStored, decltype(evidence)::value>(a, grid, stream);
   });
 }
 
@@ -201,10 +210,18 @@ void launch_gradient_kernel(const BackwardArgs& a, dim3 grid, cudaStream_t strea
 cudaError_t launch_gradient(const BackwardArgs& a, cudaStream_t stream) {
   if (a.s.rows <= 0 || a.s.cols <= 0) return cudaSuccess;
   const dim3 grid = element_grid(a.s.rows, a.s.cols);
-  if (float32_elements(a.s, a.inv_tau)) {
-    launch_gradient_kernel<true>(a, grid, stream);
+  // The pairs of stored types every product of embeddings takes (s float32; ∂L/∂s float32, or
+  // bfloat16 for bfloat16 inputs) with the evidence map compiled in, so that the element loop holds
+  // no run-time switch; other pairs (a given half s) and the float64 path switch per element.
+  const bool float32_s = a.s.kind == ScalarKind::kFloat32;
+  if (float32_elements(a.s, a.inv_tau) && float32_s && a.grad_kind == ScalarKind::kFloat32) {
+    launch_float32_stored<float>(a, grid, stream);
+  } else if (float32_elements(a.s, a.inv_tau) && float32_s && a.grad_kind == ScalarKind::kBFloat16) {
+    launch_float32_stored<__nv_bfloat16>(a, grid, stream);
+  } else if (float32_elements(a.s, a.inv_tau)) {
+    launch_gradient_kernel<true, AnyStored, AnyStored, kAnyEvidence>(a, grid, stream);
   } else {
-    launch_gradient_kernel<false>(a, grid, stream);
+    launch_gradient_kernel<false, AnyStored, AnyStored, kAnyEvidence>(a, grid, stream);
   }
   return cudaGetLastError();
 }

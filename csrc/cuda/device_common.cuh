@@ -5,6 +5,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "../kernels/element_terms.h"
 #include "../kernels/evidence.h"
@@ -25,64 +26,102 @@ namespace kn = evidential_ops::generic;
 
 constexpr int kWarps = kThreads / 32;
 
+// The stored type of s or of ∂L/∂s, fixed at compile time in the float32 path's main
+// instantiations (float; __half, __nv_bfloat16), or AnyStored: the view's run-time kind, a
+// uniform switch per element (the float64 path, and the float32 path's rarer combinations).
+struct AnyStored {};
+
+// A kernel's evidence map fixed at compile time (its EvidenceKind index), or kAnyEvidence: the
+// launch's run-time kind, a uniform switch per element.
+constexpr int kAnyEvidence = -1;
+
+template <typename Stored>
+__device__ __forceinline__ float widen_stored(Stored v) {
+  if constexpr (std::is_same<Stored, __half>::value) {
+    return __half2float(v);
+  } else if constexpr (std::is_same<Stored, __nv_bfloat16>::value) {
+    return __bfloat162float(v);
+  } else {
+    return v;
+  }
+}
+
 // s(i, j) of a view as T: double for the float64 element math, float for the float32 one (float16
 // and bfloat16 -> float is exact, as on the CPU, which widens half inputs to float32 first; the
-// launchers send float64 views to the double path only). The kind is the same for the whole launch:
-// the switch is a uniform branch.
-// `at` is the element's offset, i·row_stride + j·col_stride.
-template <typename T>
+// launchers send float64 views to the double path only). `at` is the element's offset,
+// i·row_stride + j·col_stride.
+template <typename T, typename Stored = AnyStored>
 __device__ __forceinline__ T load_similarity(const SimilarityView& s, std::int64_t at) {
-  switch (s.kind) {
-    case ScalarKind::kFloat32:
-      return static_cast<T>(static_cast<const float*>(s.data)[at]);
-    case ScalarKind::kFloat64:
-      return static_cast<T>(static_cast<const double*>(s.data)[at]);
-    case ScalarKind::kFloat16:
-      return static_cast<T>(__half2float(static_cast<const __half*>(s.data)[at]));
-    default:
-      return static_cast<T>(__bfloat162float(static_cast<const __nv_bfloat16*>(s.data)[at]));
+  if constexpr (!std::is_same<Stored, AnyStored>::value) {
+    return static_cast<T>(widen_stored(static_cast<const Stored*>(s.data)[at]));
+  } else {
+    switch (s.kind) {
+      case ScalarKind::kFloat32:
+        return static_cast<T>(static_cast<const float*>(s.data)[at]);
+      case ScalarKind::kFloat64:
+        return static_cast<T>(static_cast<const double*>(s.data)[at]);
+      case ScalarKind::kFloat16:
+        return static_cast<T>(__half2float(static_cast<const __half*>(s.data)[at]));
+      default:
+        return static_cast<T>(__bfloat162float(static_cast<const __nv_bfloat16*>(s.data)[at]));
+    }
   }
 }
 
 // ∂L/∂s into a buffer of the given kind: double -> float (-> half), the CPU kernels' roundings;
 // a float value goes to half directly.
-template <typename T>
+template <typename Stored = AnyStored, typename T>
 __device__ __forceinline__ void store_gradient(void* out, ScalarKind kind, std::int64_t at, T g) {
-  switch (kind) {
-    case ScalarKind::kFloat64:
-      static_cast<double*>(out)[at] = static_cast<double>(g);
-      break;
-    case ScalarKind::kFloat32:
-      static_cast<float*>(out)[at] = static_cast<float>(g);
-      break;
-    case ScalarKind::kFloat16:
-      static_cast<__half*>(out)[at] = __float2half_rn(static_cast<float>(g));
-      break;
-    default:
-      static_cast<__nv_bfloat16*>(out)[at] = __float2bfloat16_rn(static_cast<float>(g));
-      break;
+  if constexpr (std::is_same<Stored, float>::value) {
+    static_cast<float*>(out)[at] = static_cast<float>(g);
+  } else if constexpr (std::is_same<Stored, __half>::value) {
+    static_cast<__half*>(out)[at] = __float2half_rn(static_cast<float>(g));
+  } else if constexpr (std::is_same<Stored, __nv_bfloat16>::value) {
+    static_cast<__nv_bfloat16*>(out)[at] = __float2bfloat16_rn(static_cast<float>(g));
+  } else {
+    switch (kind) {
+      case ScalarKind::kFloat64:
+        static_cast<double*>(out)[at] = static_cast<double>(g);
+        break;
+      case ScalarKind::kFloat32:
+        static_cast<float*>(out)[at] = static_cast<float>(g);
+        break;
+      case ScalarKind::kFloat16:
+        static_cast<__half*>(out)[at] = __float2half_rn(static_cast<float>(g));
+        break;
+      default:
+        static_cast<__nv_bfloat16*>(out)[at] = __float2bfloat16_rn(static_cast<float>(g));
+        break;
+    }
   }
 }
 
-// The evidence map of a run-time kind (uniform over a launch), in the precision of x.
-template <typename T>
+// The evidence map of kind kEvidence, else (kAnyEvidence) of the run-time kind, in the precision
+// of x.
+template <int kEvidence = kAnyEvidence, typename T>
 __device__ __forceinline__ auto evidence_of(int kind, T x) {
-  switch (kind) {
-    case 0:
-      return kn::evidence_value<kn::EvidenceKind::kExp>(x);
-    case 1:
-      return kn::evidence_value<kn::EvidenceKind::kRelu>(x);
-    case 2:
-      return kn::evidence_value<kn::EvidenceKind::kSoftplus>(x);
-    default:
-      return kn::evidence_value<kn::EvidenceKind::kExpTanh>(x);
+  if constexpr (kEvidence != kAnyEvidence) {
+    return kn::evidence_value<static_cast<kn::EvidenceKind>(kEvidence)>(x);
+  } else {
+    switch (kind) {
+      case 0:
+        return kn::evidence_value<kn::EvidenceKind::kExp>(x);
+      case 1:
+        return kn::evidence_value<kn::EvidenceKind::kRelu>(x);
+      case 2:
+        return kn::evidence_value<kn::EvidenceKind::kSoftplus>(x);
+      default:
+        return kn::evidence_value<kn::EvidenceKind::kExpTanh>(x);
+    }
   }
 }
 
 // Whether the launch's evidence map gives its α's functions as polynomials in t = tanh x
-// (element_terms.h has_tanh_functions): a uniform branch to the element code that evaluates those.
+// (element_terms.h has_tanh_functions): a constant where the kernel's map is fixed, else a uniform
+// branch to the element code that evaluates those.
+template <int kEvidence = kAnyEvidence>
 __device__ __forceinline__ bool tanh_evidence(int kind) {
-  return kn::has_tanh_functions(static_cast<kn::EvidenceKind>(kind));
+  return kn::has_tanh_functions(static_cast<kn::EvidenceKind>(kEvidence != kAnyEvidence ? kEvidence : kind));
 }
 
 // The float32 element math (SPEC §2 "Float32 element math") for float32, float16 and bfloat16
@@ -121,6 +160,18 @@ inline bool float32_elements(const SimilarityView& s, double inv_tau) {
 // functions too. The kernels test for those rare elements with the float32 map in the loop and
 // hand each to one out-of-line function (rare_element_stats, rare_element_gradient), a branch
 // one lane per row takes.
+
+// The float32 path's evidence map as a compile-time constant for `fn` (a generic lambda taking
+// std::integral_constant<int, kind>): the element loop then holds that map's code alone.
+template <typename Fn>
+inline void with_evidence(int kind, Fn&& fn) {
+  switch (kind) {
+    case 0: return fn(std::integral_constant<int, 0>{});
+    case 1: return fn(std::integral_constant<int, 1>{});
+    case 2: return fn(std::integral_constant<int, 2>{});
+    default: return fn(std::integral_constant<int, 3>{});
+  }
+}
 
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll

@@ -139,7 +139,7 @@ __device__ __forceinline__ void add_element(const ForwardArgs& a, std::int64_t l
   }
 }
 
-template <bool kFloat32, bool kKl, bool kFmse, bool kLogdet>
+template <bool kFloat32, typename Stored, int kEvidence, bool kKl, bool kFmse, bool kLogdet>
 __global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(kFloat32, kKl && (kFmse || kLogdet)))
     forward_stats_kernel(const ForwardArgs a) {
   constexpr int kColumns = columns_per_thread(kFloat32);
@@ -156,7 +156,7 @@ __global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(
   const bool want_rows = a.row_partial != nullptr;  // uniform over the launch
   const RowRange range = group_rows(a.s.rows);
   const float inv_tau_f = static_cast<float>(a.inv_tau);  // narrowed once (float32 path only)
-  const bool of_tanh = tanh_evidence(a.evidence);       // uniform over the launch
+  const bool of_tanh = tanh_evidence<kEvidence>(a.evidence);  // uniform over the launch
 
   // The thread's columns inside the strip: the first `columns` of its kColumns.
   const std::int64_t beyond = a.s.cols - j0;
@@ -199,8 +199,8 @@ __global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(
 #pragma unroll
           for (int k = 0; k < kStatSlots; ++k) c[k] = 0.0;
           if constexpr (kFloat32) {
-            const float s = load_similarity<float>(a.s, at);
-            const kn::EvidenceValueF32 v = evidence_of(a.evidence, s * inv_tau_f);
+            const float s = load_similarity<float, Stored>(a.s, at);
+            const kn::EvidenceValueF32 v = evidence_of<kEvidence>(a.evidence, s * inv_tau_f);
             if (target || !(v.alpha < kInfinityF)) {  // NaN too: it comes out NaN either way
               const ElementStats e = rare_element_stats<kKl, kFmse, kLogdet>(a.evidence, s, a.inv_tau);
               add_element<kKl, kFmse, kLogdet>(a, line, j, target, e.alpha, e.square, e.f, c);
@@ -300,11 +300,12 @@ __global__ void reduce_col_partials(const ForwardArgs a, std::int64_t groups, in
   }
 }
 
-template <bool kFloat32>
+template <bool kFloat32, typename Stored, int kEvidence>
 void launch_stats_kernel(const ForwardArgs& a, dim3 grid, cudaStream_t stream) {
   kn::with_term_flags(a.terms, [&](auto kl, auto fmse, auto logdet) {
     EO_LAUNCH(grid, forward_threads(kFloat32), stream,
-              forward_stats_kernel<kFloat32, decltype(kl)::value, decltype(fmse)::value, decltype(logdet)::value>)(a);
+              forward_stats_kernel<kFloat32, Stored, kEvidence, decltype(kl)::value, decltype(fmse)::value,
+                                   decltype(logdet)::value>)(a);
   });
 }
 
@@ -317,10 +318,17 @@ cudaError_t launch_forward_stats(const ForwardArgs& a, cudaStream_t stream) {
   if (args.row_stats == nullptr) args.row_partial = nullptr;
   if (args.col_stats == nullptr) args.col_partial = nullptr;
   const dim3 grid = element_grid(args.s.rows, args.s.cols, args.max_row_groups);
-  if (float32_elements(args.s, args.inv_tau)) {
-    launch_stats_kernel<true>(args, grid, stream);
+  // The float32 path of float32 s (every product of embeddings) with its evidence map and stored
+  // type compiled in, so that the element loop holds no run-time switch; half views of a given s
+  // and the float64 path switch per element.
+  if (float32_elements(args.s, args.inv_tau) && args.s.kind == ScalarKind::kFloat32) {
+    with_evidence(args.evidence, [&](auto evidence) {
+      launch_stats_kernel<true, float, decltype(evidence)::value>(args, grid, stream);
+    });
+  } else if (float32_elements(args.s, args.inv_tau)) {
+    launch_stats_kernel<true, AnyStored, kAnyEvidence>(args, grid, stream);
   } else {
-    launch_stats_kernel<false>(args, grid, stream);
+    launch_stats_kernel<false, AnyStored, kAnyEvidence>(args, grid, stream);
   }
   cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess) return status;
