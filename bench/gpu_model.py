@@ -362,14 +362,16 @@ def cuda_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dict,
                             "row partials written": f["col_blocks"] * slots * k * 8,
                             "column partials written": strips * f["row_groups"] * slots * k * 8},
                       note=f"{fwd_cycles:.2f} cycles/element ({fwd_pipe}); grid {f['col_blocks']}×{f['row_groups']}"))
-    row_blocks = _ceil_div(rows, 256)
+    # forward_kernels.cu: a block per 32 rows and statistic slot; per 256 columns and slot
+    row_blocks = _ceil_div(rows, 32) * slots
+    col_blocks = _ceil_div(k, 256) * slots
     out.append(Kernel("forward", "reduce_row_partials (per strip)", strips,
                       dram={"row partials read": f["col_blocks"] * slots * k * 8, "row statistics": slots * k * 8},
                       fill=min(1.0, row_blocks / c["sms"]), note=f"{row_blocks} block(s) per launch"))
     out.append(Kernel("forward", "reduce_col_partials (per strip)", strips,
                       dram={"column partials read": strips * f["row_groups"] * slots * k * 8,
                             "column statistics read-modify-write": strips * slots * k * 16},
-                      fill=min(1.0, _ceil_div(k, 256) / c["sms"])))
+                      fill=min(1.0, col_blocks / c["sms"]), note=f"{col_blocks} block(s) per launch"))
     if cuda_overflow_possible(evidence, e_prod, 1.0 / tau, k):
         out.append(Kernel("forward", "overflow check (isinf, any, one host read)", 7, dram={"statistics": 4 * k * 8},
                           syncs=1, note=f"{evidence} evidence, τ = {tau}: overflow_possible"))

@@ -12,8 +12,10 @@
 //      block]. The
 //      target element of a row (column row0 + i + target_offset) is stored, not summed, as
 //      α_target of its row and of its column (a unique writer for each).
-//   2. reduce_row_partials: row i's statistics = Σ over column blocks, in block order.
-//   3. reduce_col_partials: column j's statistics += Σ over row groups, in group order.
+//   2. reduce_row_partials: row i's statistics = Σ over column blocks, in a fixed order (a block
+//      per 32 rows and slot, its warps splitting the column blocks).
+//   3. reduce_col_partials: column j's statistics += Σ over row groups, in group order (a block per
+//      256 columns and slot).
 #include "device_common.cuh"
 
 namespace evidential_ops {
@@ -278,26 +280,44 @@ __global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(
   }
 }
 
-__global__ void reduce_row_partials(const ForwardArgs a, std::int64_t col_blocks, int mask) {
-  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= a.s.rows) return;
-  for (int k = 0; k < kStatSlots; ++k) {
-    if (!((mask >> k) & 1)) continue;
-    double sum = 0.0;
-    for (std::int64_t b = 0; b < col_blocks; ++b) sum += a.row_partial[(b * kStatSlots + k) * a.s.rows + i];
-    a.row_stats[(k + 1) * a.row_stride + a.s.row0 + i] = sum;
+// Row i's statistic k = Σ over column blocks of its row partials. A block takes 32 rows and one
+// slot (blockIdx.y): warp w adds up the column blocks b ≡ w (mod kReduceWarps) in order, lane l for
+// row 32·blockIdx.x + l (a warp's loads are consecutive rows), then warp 0 adds the warps' sums in
+// warp order. A fixed order: run-to-run exact. Rows × slots in blocks of 32 rows fill the GPU where
+// a thread per row would not: a strip at K = 65536 has about 200 rows (one block of 256 threads
+// against 42 blocks here, each reading an eighth of the column blocks).
+constexpr int kReduceWarps = 8;
+
+__global__ void __launch_bounds__(32 * kReduceWarps) reduce_row_partials(const ForwardArgs a, std::int64_t col_blocks,
+                                                                         int mask) {
+  const int k = static_cast<int>(blockIdx.y);
+  if (!((mask >> k) & 1)) return;  // uniform over the block
+  __shared__ double warp_sums[kReduceWarps][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * 32 + lane;
+  double sum = 0.0;
+  if (i < a.s.rows) {
+    for (std::int64_t b = warp; b < col_blocks; b += kReduceWarps) sum += a.row_partial[(b * kStatSlots + k) * a.s.rows + i];
+  }
+  warp_sums[warp][lane] = sum;
+  __syncthreads();
+  if (warp == 0 && i < a.s.rows) {
+    double total = warp_sums[0][lane];
+#pragma unroll
+    for (int w = 1; w < kReduceWarps; ++w) total += warp_sums[w][lane];
+    a.row_stats[(k + 1) * a.row_stride + a.s.row0 + i] = total;
   }
 }
 
+// Column j's statistic k += Σ over row groups of its column partials, in group order; a thread per
+// column, a slot per blockIdx.y.
 __global__ void reduce_col_partials(const ForwardArgs a, std::int64_t groups, int mask) {
+  const int k = static_cast<int>(blockIdx.y);
   const std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (j >= a.s.cols) return;
-  for (int k = 0; k < kStatSlots; ++k) {
-    if (!((mask >> k) & 1)) continue;
-    double sum = 0.0;
-    for (std::int64_t g = 0; g < groups; ++g) sum += a.col_partial[(g * kStatSlots + k) * a.s.cols + j];
-    a.col_stats[(k + 1) * a.col_stride + j] += sum;
-  }
+  if (!((mask >> k) & 1) || j >= a.s.cols) return;
+  double sum = 0.0;
+  for (std::int64_t g = 0; g < groups; ++g) sum += a.col_partial[(g * kStatSlots + k) * a.s.cols + j];
+  a.col_stats[(k + 1) * a.col_stride + j] += sum;
 }
 
 template <bool kFloat32, typename Stored, int kEvidence>
@@ -335,12 +355,12 @@ cudaError_t launch_forward_stats(const ForwardArgs& a, cudaStream_t stream) {
   const int mask = slot_mask(args.terms);
   constexpr int kReduceThreads = 256;
   if (args.row_partial != nullptr) {
-    const auto blocks = static_cast<unsigned int>(ceil_div(args.s.rows, kReduceThreads));
-    EO_LAUNCH(blocks, kReduceThreads, stream, reduce_row_partials)(args, grid.x, mask);
+    const dim3 blocks(static_cast<unsigned int>(ceil_div(args.s.rows, 32)), kStatSlots);
+    EO_LAUNCH(blocks, 32 * kReduceWarps, stream, reduce_row_partials)(args, grid.x, mask);
     if ((status = cudaGetLastError()) != cudaSuccess) return status;
   }
   if (args.col_partial != nullptr) {
-    const auto blocks = static_cast<unsigned int>(ceil_div(args.s.cols, kReduceThreads));
+    const dim3 blocks(static_cast<unsigned int>(ceil_div(args.s.cols, kReduceThreads)), kStatSlots);
     EO_LAUNCH(blocks, kReduceThreads, stream, reduce_col_partials)(args, grid.y, mask);
     if ((status = cudaGetLastError()) != cudaSuccess) return status;
   }

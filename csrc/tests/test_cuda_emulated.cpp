@@ -350,6 +350,7 @@ void test_forward(std::mt19937_64& rng) {
       {45, 300, 0, true, false, true, 5000, "columns only"},
       {1, 700, 0, false, true, true, 1 << 30, "a single query"},
       {300, 5, 0, false, true, true, 1 << 30, "a skinny gallery"},
+      {40, 2600, 7, true, true, true, 1 << 30, "more column blocks than the row reduction's warps"},
   };
   int variant = 0;
   for (const Shape& shape : shapes) {
