@@ -567,8 +567,8 @@ def _instantiation(direction: str, symbol: str) -> dict | None:
 
 
 def _float32_s_loads(opcodes: dict) -> int:
-    """32-bit global loads in the loop body of a float32 instantiation (stored types fixed): the loads of s (float32); the LineGradient
-    constants of the backward are 64-bit loads."""
+    """32-bit global loads in the loop body of an instantiation with float32 s: the loads of s; the
+    LineGradient constants of the backward are 64-bit loads."""
     return sum(n for op, n in opcodes.items() if re.fullmatch(r"LDG(\.E)?(\.(CONSTANT|EF|EL|LU|EU|NA|SYS|GPU|"
                                                              r"STRONG\.\w+|ZFILL))*", op))
 
