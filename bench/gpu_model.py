@@ -36,7 +36,8 @@ over its kernels. Assumptions (also printed in the report):
   (16/clk/SM), integer, conversion, load/store, each at its rate per SM per clock (CUDA C
   Programming Guide, arithmetic instruction throughput), from the static counts of the hot loop
   (both sides of a branch: an upper bound where the code branches; the CUDA rows are the
-  instantiation the loss runs, its evidence map and float32 s and ∂L/∂s compiled in). Full occupancy is
+  instantiation the loss runs, its evidence map and float32 s and ∂L/∂s compiled in; bfloat16
+  inputs' backward stores ∂L/∂s as bfloat16 instead, one conversion per element more). Full occupancy is
   assumed to hide latency; the Triton element counts are those of the float32 input path.
 - A fused kernel's GEMM and element work add up (same SMs, no overlap assumed); compute and memory
   traffic overlap (the max).
@@ -367,11 +368,11 @@ def cuda_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dict,
     col_blocks = _ceil_div(k, 256) * slots
     out.append(Kernel("forward", "reduce_row_partials (per strip)", strips,
                       dram={"row partials read": f["col_blocks"] * slots * k * 8, "row statistics": slots * k * 8},
-                      fill=min(1.0, row_blocks / c["sms"]), note=f"{row_blocks} block(s) per launch"))
+                      fill=min(1.0, row_blocks / c["sms"]), note=f"{row_blocks} working block(s) per launch"))
     out.append(Kernel("forward", "reduce_col_partials (per strip)", strips,
                       dram={"column partials read": strips * f["row_groups"] * slots * k * 8,
                             "column statistics read-modify-write": strips * slots * k * 16},
-                      fill=min(1.0, col_blocks / c["sms"]), note=f"{col_blocks} block(s) per launch"))
+                      fill=min(1.0, col_blocks / c["sms"]), note=f"{col_blocks} working block(s) per launch"))
     if cuda_overflow_possible(evidence, e_prod, 1.0 / tau, k):
         out.append(Kernel("forward", "overflow check (isinf, any, one host read)", 7, dram={"statistics": 4 * k * 8},
                           syncs=1, note=f"{evidence} evidence, τ = {tau}: overflow_possible"))

@@ -640,8 +640,9 @@ def profile_cuda(nvcc: str, nvdisasm: str, methods, directions, builds, workdir:
                     instantiations.append(dict(direction=direction, kernel=CUDA_KERNELS[direction], methods=used,
                                                registers=resources.get(symbol, {}).get("registers"), **found,
                                                **counts))
-        if direction == "line":
-            targets = [(None, None, k, next((n for n in functions if k in n), None)) for k in LINE_KERNELS]
+        if direction == "line":  # part of the "cuda" build (no instantiations to choose from)
+            targets = [(None, None, k, next((n for n in functions if k in n), None)) for k in LINE_KERNELS
+                       if "cuda" in builds]
         else:
             kernel = CUDA_KERNELS[direction]
             targets = [(m, build, kernel, _cuda_symbol(functions, kernel, METHODS[m]["flags"], METHODS[m]["evidence"],
@@ -817,7 +818,7 @@ def markdown(report: dict) -> str:
         columns.append(("any", None))
         present = {(k["stored"], k["evidence"]) for k in report["cuda_instantiations"]}
         columns = [c for c in columns if c in present]
-        lines.append("| kernel | kKl kFmse kLogdet | used by | "
+        lines.append("| kernel | kKl kFmse kLogdet | term set of | "
                      + " | ".join(("generic" if s == "any" else f"{EVIDENCE_NAMES[e]}" + (", bf16 ∂L/∂s" if s != "float32" else ""))
                                   for s, e in columns) + " | regs |")
         lines.append("|---|---|---|" + "---:|" * len(columns) + "---|")

@@ -27,8 +27,8 @@ namespace kn = evidential_ops::generic;
 constexpr int kWarps = kThreads / 32;
 
 // The stored type of s or of ∂L/∂s, fixed at compile time in the float32 path's main
-// instantiations (float; __half, __nv_bfloat16), or AnyStored: the view's run-time kind, a
-// uniform switch per element (the float64 path, and the float32 path's rarer combinations).
+// instantiations (float s; float or __nv_bfloat16 ∂L/∂s), or AnyStored: the view's run-time kind,
+// a uniform switch per element (the float64 path, and the float32 path's other combinations).
 struct AnyStored {};
 
 // A kernel's evidence map fixed at compile time (its EvidenceKind index), or kAnyEvidence: the
@@ -68,8 +68,8 @@ __device__ __forceinline__ T load_similarity(const SimilarityView& s, std::int64
   }
 }
 
-// ∂L/∂s into a buffer of the given kind: double -> float (-> half), the CPU kernels' roundings;
-// a float value goes to half directly.
+// ∂L/∂s into a buffer of type Stored, or (AnyStored) of the given kind: double -> float (-> half),
+// the CPU kernels' roundings; a float value goes to half directly.
 template <typename Stored = AnyStored, typename T>
 __device__ __forceinline__ void store_gradient(void* out, ScalarKind kind, std::int64_t at, T g) {
   if constexpr (std::is_same<Stored, float>::value) {

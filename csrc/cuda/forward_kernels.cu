@@ -285,7 +285,8 @@ __global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(
 // row 32·blockIdx.x + l (a warp's loads are consecutive rows), then warp 0 adds the warps' sums in
 // warp order. A fixed order: run-to-run exact. Rows × slots in blocks of 32 rows fill the GPU where
 // a thread per row would not: a strip at K = 65536 has about 200 rows (one block of 256 threads
-// against 42 blocks here, each reading an eighth of the column blocks).
+// against 7 blocks per enabled slot here, 21 for TCL, each warp reading an eighth of the column
+// blocks; a disabled slot's blocks return at once).
 constexpr int kReduceWarps = 8;
 
 __global__ void __launch_bounds__(32 * kReduceWarps) reduce_row_partials(const ForwardArgs a, std::int64_t col_blocks,
