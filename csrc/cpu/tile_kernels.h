@@ -50,12 +50,7 @@ void evidence_row(const T* s, std::int64_t n, double inv_tau, double* alpha, dou
 
 template <typename T>
 void evidence_row(int kind, const T* s, std::int64_t n, double inv_tau, double* alpha, double* rho) {
-  switch (static_cast<EvidenceKind>(kind)) {
-    case EvidenceKind::kExp: return evidence_row<EvidenceKind::kExp>(s, n, inv_tau, alpha, rho);
-    case EvidenceKind::kRelu: return evidence_row<EvidenceKind::kRelu>(s, n, inv_tau, alpha, rho);
-    case EvidenceKind::kSoftplus: return evidence_row<EvidenceKind::kSoftplus>(s, n, inv_tau, alpha, rho);
-    case EvidenceKind::kExpTanh: return evidence_row<EvidenceKind::kExpTanh>(s, n, inv_tau, alpha, rho);
-  }
+  with_evidence_kind(kind, [&](auto map) { evidence_row<decltype(map)::value>(s, n, inv_tau, alpha, rho); });
 }
 
 void evidence_row(const cpu::TileRef& tile, int kind, std::int64_t i, double inv_tau, double* alpha, double* rho) {
@@ -96,13 +91,8 @@ bool evidence_row_f32(const float* s, std::int64_t n, float inv_tau, float* alph
 
 bool evidence_row_f32(int kind, const float* s, std::int64_t n, float inv_tau, float* alpha, float* rho,
                       float* tanh) {
-  switch (static_cast<EvidenceKind>(kind)) {
-    case EvidenceKind::kExp: return evidence_row_f32<EvidenceKind::kExp>(s, n, inv_tau, alpha, rho, tanh);
-    case EvidenceKind::kRelu: return evidence_row_f32<EvidenceKind::kRelu>(s, n, inv_tau, alpha, rho, tanh);
-    case EvidenceKind::kSoftplus: return evidence_row_f32<EvidenceKind::kSoftplus>(s, n, inv_tau, alpha, rho, tanh);
-    case EvidenceKind::kExpTanh: return evidence_row_f32<EvidenceKind::kExpTanh>(s, n, inv_tau, alpha, rho, tanh);
-  }
-  return false;
+  return with_evidence_kind(
+      kind, [&](auto map) { return evidence_row_f32<decltype(map)::value>(s, n, inv_tau, alpha, rho, tanh); });
 }
 
 // The argument class shared by a chunk's α: 0 (all below 8), kSeriesClass (all from 8 on, NaN
@@ -295,19 +285,8 @@ void forward_row(const void* alpha_in, const void* values_in, std::int64_t cols,
 
 // The double arrays of a float32 row with some α beyond float32: every element as the float32
 // pipeline gave it (widened), except those, which get the float64 map and functions.
-template <EvidenceKind kKind>
-EvidenceValue double_evidence(double x) {
-  return evidence_value<kKind>(x);
-}
-
 EvidenceValue evidence_of(int kind, double x) {
-  switch (static_cast<EvidenceKind>(kind)) {
-    case EvidenceKind::kExp: return double_evidence<EvidenceKind::kExp>(x);
-    case EvidenceKind::kRelu: return double_evidence<EvidenceKind::kRelu>(x);
-    case EvidenceKind::kSoftplus: return double_evidence<EvidenceKind::kSoftplus>(x);
-    case EvidenceKind::kExpTanh: return double_evidence<EvidenceKind::kExpTanh>(x);
-  }
-  return EvidenceValue{0.0, 0.0, 0.0};
+  return with_evidence_kind(kind, [&](auto map) { return evidence_value<decltype(map)::value>(x); });
 }
 
 template <bool kKl, bool kFmse, bool kLogdet>

@@ -200,8 +200,8 @@ void launch_gradient_kernel(const BackwardArgs& a, dim3 grid, cudaStream_t strea
 // The float32 path with s stored as float32 and ∂L/∂s as `GStored`, its evidence map compiled in.
 template <typename GStored>
 void launch_float32_stored(const BackwardArgs& a, dim3 grid, cudaStream_t stream) {
-  with_evidence(a.evidence, [&](auto evidence) {
-    launch_gradient_kernel<true, float, GStored, decltype(evidence)::value>(a, grid, stream);
+  kn::with_evidence_kind(a.evidence, [&](auto evidence) {
+    launch_gradient_kernel<true, float, GStored, static_cast<int>(decltype(evidence)::value)>(a, grid, stream);
   });
 }
 

@@ -103,16 +103,7 @@ __device__ __forceinline__ auto evidence_of(int kind, T x) {
   if constexpr (kEvidence != kAnyEvidence) {
     return kn::evidence_value<static_cast<kn::EvidenceKind>(kEvidence)>(x);
   } else {
-    switch (kind) {
-      case 0:
-        return kn::evidence_value<kn::EvidenceKind::kExp>(x);
-      case 1:
-        return kn::evidence_value<kn::EvidenceKind::kRelu>(x);
-      case 2:
-        return kn::evidence_value<kn::EvidenceKind::kSoftplus>(x);
-      default:
-        return kn::evidence_value<kn::EvidenceKind::kExpTanh>(x);
-    }
+    return kn::with_evidence_kind(kind, [&](auto map) { return kn::evidence_value<decltype(map)::value>(x); });
   }
 }
 
@@ -160,18 +151,6 @@ inline bool float32_elements(const SimilarityView& s, double inv_tau) {
 // functions too. The kernels test for those rare elements with the float32 map in the loop and
 // hand each to one out-of-line function (rare_element_stats, rare_element_gradient), a branch
 // one lane per row takes.
-
-// The float32 path's evidence map as a compile-time constant for `fn` (a generic lambda taking
-// std::integral_constant<int, kind>): the element loop then holds that map's code alone.
-template <typename Fn>
-inline void with_evidence(int kind, Fn&& fn) {
-  switch (kind) {
-    case 0: return fn(std::integral_constant<int, 0>{});
-    case 1: return fn(std::integral_constant<int, 1>{});
-    case 2: return fn(std::integral_constant<int, 2>{});
-    default: return fn(std::integral_constant<int, 3>{});
-  }
-}
 
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll

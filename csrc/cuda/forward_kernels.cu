@@ -343,8 +343,8 @@ cudaError_t launch_forward_stats(const ForwardArgs& a, cudaStream_t stream) {
   // type compiled in, so that the element loop holds no run-time switch; half views of a given s
   // and the float64 path switch per element.
   if (float32_elements(args.s, args.inv_tau) && args.s.kind == ScalarKind::kFloat32) {
-    with_evidence(args.evidence, [&](auto evidence) {
-      launch_stats_kernel<true, float, decltype(evidence)::value>(args, grid, stream);
+    kn::with_evidence_kind(args.evidence, [&](auto evidence) {
+      launch_stats_kernel<true, float, static_cast<int>(decltype(evidence)::value)>(args, grid, stream);
     });
   } else if (float32_elements(args.s, args.inv_tau)) {
     launch_stats_kernel<true, AnyStored, kAnyEvidence>(args, grid, stream);

@@ -5,6 +5,8 @@
 // overflows long before the loss does.
 #pragma once
 
+#include <type_traits>
+
 #include "elementary.h"
 #include "elementary_f32.h"
 
@@ -13,6 +15,19 @@ namespace EO_ISA {
 
 // Same order as evidential_ops.config.EVIDENCE_KINDS.
 enum class EvidenceKind : int { kExp = 0, kRelu = 1, kSoftplus = 2, kExpTanh = 3 };
+
+// Calls fn(std::integral_constant<EvidenceKind, kind>{}) for a run-time kind (an EVIDENCE_KINDS
+// index, checked by the op layer; anything else is taken as the last): code that takes the map as
+// a template argument, dispatched once where the kind is known.
+template <typename Fn>
+EO_HOST_DEVICE decltype(auto) with_evidence_kind(int kind, Fn&& fn) {
+  switch (kind) {
+    case 0: return fn(std::integral_constant<EvidenceKind, EvidenceKind::kExp>{});
+    case 1: return fn(std::integral_constant<EvidenceKind, EvidenceKind::kRelu>{});
+    case 2: return fn(std::integral_constant<EvidenceKind, EvidenceKind::kSoftplus>{});
+    default: return fn(std::integral_constant<EvidenceKind, EvidenceKind::kExpTanh>{});
+  }
+}
 
 // α = g(x) + 1 and ρ = g'(x)/α in the precision of x; for exp_tanh also t = tanh x, the variable
 // of its α's special functions (special_functions_f32.h, "of_tanh"), 0 for the other maps.

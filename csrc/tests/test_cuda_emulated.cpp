@@ -56,22 +56,9 @@ bool close(double got, double want, double rel, double floor) {
 
 // --------------------------------------------------------------------------- dispatch helpers
 
-kn::EvidenceValue evidence_any(int kind, double x) {
-  switch (kind) {
-    case 0: return kn::evidence_value<kn::EvidenceKind::kExp>(x);
-    case 1: return kn::evidence_value<kn::EvidenceKind::kRelu>(x);
-    case 2: return kn::evidence_value<kn::EvidenceKind::kSoftplus>(x);
-    default: return kn::evidence_value<kn::EvidenceKind::kExpTanh>(x);
-  }
-}
-
-kn::EvidenceValueF32 evidence_any(int kind, float x) {
-  switch (kind) {
-    case 0: return kn::evidence_value<kn::EvidenceKind::kExp>(x);
-    case 1: return kn::evidence_value<kn::EvidenceKind::kRelu>(x);
-    case 2: return kn::evidence_value<kn::EvidenceKind::kSoftplus>(x);
-    default: return kn::evidence_value<kn::EvidenceKind::kExpTanh>(x);
-  }
+template <typename T>
+kn::EvidenceValueOf<T> evidence_any(int kind, T x) {
+  return kn::with_evidence_kind(kind, [&](auto map) { return kn::evidence_value<decltype(map)::value>(x); });
 }
 
 template <bool A, bool B, bool C>
