@@ -35,7 +35,8 @@ from evidential_ops.triton_backend import special as sp  # noqa: E402
 
 # Compiled (a GPU), the float32 set takes the GPU's approximate reciprocal, quotient and exp, as
 # elementary_f32.h does in the CUDA build (special.py); the interpreter runs the IEEE forms, the
-# CPU's (exp evidence's e^x excepted: its ex2 reduction, with 2^f correctly rounded). The function-level bounds and the bits below are the IEEE forms'; compiled, the kernels'
+# CPU's (exp evidence's e^x excepted: its ex2 reduction, with 2^f correctly rounded). The
+# function-level bounds and the bits below are the IEEE forms'; compiled, the kernels'
 # losses and gradients are held to SPEC §5 by the loss-level tests here, as the CUDA build's are by
 # its emulated test (csrc/tests/test_cuda_emulated.cpp), which moves each approximation further.
 COMPILED = not sp.INTERPRETED
@@ -715,8 +716,9 @@ def test_every_default_tile_is_in_the_autotuning_space():
             assert config in configs.SPACE[kernel], (arch, kernel, config)
 
 
-@pytest.mark.parametrize("value, interpreting", [("1", True), ("true", True), ("ON", True), ("yes", True), ("y", True), (" 1", False),
-                                                 ("0", False), ("false", False), ("", False)])
+@pytest.mark.parametrize("value, interpreting", [("1", True), ("true", True), ("ON", True), ("yes", True),
+                                                 ("y", True), (" 1", False), ("0", False), ("false", False),
+                                                 ("", False)])
 def test_interpreting_reads_the_variable_as_triton_does(monkeypatch, value, interpreting):
     from evidential_ops.triton_backend import configs
 
