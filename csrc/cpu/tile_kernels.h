@@ -283,12 +283,6 @@ void forward_row(const void* alpha_in, const void* values_in, std::int64_t cols,
   sums[kRemainder] = remainder;
 }
 
-// The double arrays of a float32 row with some α beyond float32: every element as the float32
-// pipeline gave it (widened), except those, which get the float64 map and functions.
-EvidenceValue evidence_of(int kind, double x) {
-  return with_evidence_kind(kind, [&](auto map) { return evidence_value<decltype(map)::value>(x); });
-}
-
 template <bool kKl, bool kFmse, bool kLogdet>
 void forward_tile_impl(const cpu::ForwardTile& t) {
   const std::int64_t cols = t.s.cols, col0 = t.s.col0;
@@ -331,7 +325,7 @@ void forward_tile_impl(const cpu::ForwardTile& t) {
           table[2 * cols + j] = f.log_trigamma;
           table[3 * cols + j] = f.remainder;
           if (alpha_f[j] != kInfF) continue;
-          alpha[j] = evidence_of(t.evidence, static_cast<double>(s[j]) * t.inv_tau).alpha;
+          alpha[j] = evidence_value_of_kind(t.evidence, static_cast<double>(s[j]) * t.inv_tau).alpha;
           const ElementForward g = element_forward<kKl, kFmse, kLogdet>(alpha[j]);
           table[j] = g.kl_h;
           table[cols + j] = g.fisher;
@@ -342,7 +336,7 @@ void forward_tile_impl(const cpu::ForwardTile& t) {
       }
       // α of the target enters ψ(α_y) and the strength: float64 from the float64 map.
       if (target >= 0 && target < cols) {
-        target_alpha = evidence_of(t.evidence, static_cast<double>(s[target]) * t.inv_tau).alpha;
+        target_alpha = evidence_value_of_kind(t.evidence, static_cast<double>(s[target]) * t.inv_tau).alpha;
       }
     } else {
       evidence_row(t.s, t.evidence, i, t.inv_tau, alpha, nullptr);
@@ -489,7 +483,7 @@ void backward_tile_impl(const cpu::BackwardTile& t) {
         table[2 * cols + j] = f.logdet_ratio;
         table[3 * cols + j] = f.logdet_r_prime;
         if (alpha_f[j] != kInfF) continue;
-        const EvidenceValue v = evidence_of(t.evidence, static_cast<double>(s[j]) * t.inv_tau);
+        const EvidenceValue v = evidence_value_of_kind(t.evidence, static_cast<double>(s[j]) * t.inv_tau);
         alpha[j] = v.alpha;
         rho[j] = v.rho;
         const ElementBackward g = element_backward<kKl, kFmse, kLogdet>(v.alpha);

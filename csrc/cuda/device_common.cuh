@@ -103,7 +103,7 @@ __device__ __forceinline__ auto evidence_of(int kind, T x) {
   if constexpr (kEvidence != kAnyEvidence) {
     return kn::evidence_value<static_cast<kn::EvidenceKind>(kEvidence)>(x);
   } else {
-    return kn::with_evidence_kind(kind, [&](auto map) { return kn::evidence_value<decltype(map)::value>(x); });
+    return kn::evidence_value_of_kind(kind, x);
   }
 }
 

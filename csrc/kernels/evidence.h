@@ -95,5 +95,21 @@ EO_HOST_DEVICE EvidenceValueOf<T> evidence_value(T x) {
   return out;
 }
 
+// The map of a run-time kind at x (with_evidence_kind; a function object rather than a lambda, so
+// that nvcc takes it in host and device code alike without --expt-relaxed-constexpr).
+template <typename T>
+struct EvidenceValueAt {
+  T x;
+  template <typename Kind>
+  EO_HOST_DEVICE EvidenceValueOf<T> operator()(Kind) const {
+    return evidence_value<Kind::value>(x);
+  }
+};
+
+template <typename T>
+EO_HOST_DEVICE EvidenceValueOf<T> evidence_value_of_kind(int kind, T x) {
+  return with_evidence_kind(kind, EvidenceValueAt<T>{x});
+}
+
 }  // namespace EO_ISA
 }  // namespace evidential_ops

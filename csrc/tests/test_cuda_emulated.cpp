@@ -56,11 +56,6 @@ bool close(double got, double want, double rel, double floor) {
 
 // --------------------------------------------------------------------------- dispatch helpers
 
-template <typename T>
-kn::EvidenceValueOf<T> evidence_any(int kind, T x) {
-  return kn::with_evidence_kind(kind, [&](auto map) { return kn::evidence_value<decltype(map)::value>(x); });
-}
-
 template <bool A, bool B, bool C>
 struct Both {
   static kn::ElementForward f(double a) { return kn::element_forward<A, B, C>(a); }
@@ -138,11 +133,11 @@ struct PathEvidence {
 
 PathEvidence float32_path(int kind, double s, double inv_tau, bool target) {
   const float sf = static_cast<float>(s);  // a stored float32 or half value: exact
-  const kn::EvidenceValueF32 v = evidence_any(kind, sf * static_cast<float>(inv_tau));
+  const kn::EvidenceValueF32 v = kn::evidence_value_of_kind(kind, sf * static_cast<float>(inv_tau));
   PathEvidence e{v.alpha, v.rho, v.alpha, v.rho, false, false, v.tanh,
                  kind == static_cast<int>(kn::EvidenceKind::kExpTanh)};
   if (target || !(v.alpha < std::numeric_limits<float>::infinity())) {
-    const kn::EvidenceValue d = evidence_any(kind, static_cast<double>(sf) * inv_tau);
+    const kn::EvidenceValue d = kn::evidence_value_of_kind(kind, static_cast<double>(sf) * inv_tau);
     e = PathEvidence{static_cast<float>(d.alpha), static_cast<float>(d.rho), d.alpha, d.rho, !(d.alpha <= kFloatMax),
                      true};
   }
@@ -246,7 +241,7 @@ Stats reference_stats(const Stored& s, int evidence, double inv_tau, bool target
       const double v = s.values[i * s.n + j];
       const bool target = targets && i + offset == j;
       const Contribution e = how == Elements::kFloat64
-                                 ? contribution_f64(flags, evidence_any(evidence, v * inv_tau).alpha)
+                                 ? contribution_f64(flags, kn::evidence_value_of_kind(evidence, v * inv_tau).alpha)
                                  : contribution_f32(flags, float32_path(evidence, v, inv_tau, target));
       const double c[7] = {0.0,
                            target ? 0.0 : e.alpha,
@@ -462,7 +457,7 @@ double reference_gradient(const Stored& s, std::int64_t i, std::int64_t j, int e
   const bool on = i + offset == j;
   const kn::LineGradient row = line_of(lines.rows, s.m, i), col = line_of(lines.cols, s.n, j);
   if (how == Elements::kAsKernels) return gradient_f32(flags, float32_path(evidence, v, inv_tau, on), on, row, col, inv_tau);
-  const kn::EvidenceValue e = evidence_any(evidence, v * inv_tau);
+  const kn::EvidenceValue e = kn::evidence_value_of_kind(evidence, v * inv_tau);
   return gradient_f64(flags, e.alpha, e.rho, on, row, col, inv_tau);
 }
 
@@ -937,7 +932,7 @@ void test_float32_accuracy(std::mt19937_64& rng) {
         const double v = s.values[i * k + j];
         const PathEvidence e = float32_path(c.evidence, v, inv_tau, false);
         if (!(e.alpha_f < std::numeric_limits<float>::infinity()) || i == j) continue;
-        const kn::EvidenceValue d = evidence_any(c.evidence, v * inv_tau);
+        const kn::EvidenceValue d = kn::evidence_value_of_kind(c.evidence, v * inv_tau);
         const MapBounds b = map_bounds(c.evidence, v * inv_tau, d);
         const std::string at = std::string(c.name) + " s = " + std::to_string(v);
         alpha_b.see(std::fabs(e.alpha_f - d.alpha) / b.alpha, at);
@@ -1037,7 +1032,7 @@ void test_float32_accuracy(std::mt19937_64& rng) {
             if (std::fabs(want) >= 0x1p-100) grad_a_normal.see(r, at);
           }
           if (c.huge_upstream == 0) {
-            const kn::EvidenceValue d = evidence_any(c.evidence, v * inv_tau);
+            const kn::EvidenceValue d = kn::evidence_value_of_kind(c.evidence, v * inv_tau);
             const double ref = gradient_f64(flags, d.alpha, d.rho, on, line_of(lines_exact.rows, k, i),
                                             line_of(lines_exact.cols, k, j), inv_tau);
             largest = std::max(largest, std::fabs(ref));
