@@ -124,5 +124,86 @@ inline StripPlan plan_strips(std::int64_t m, std::int64_t n, const StripNeeds& n
   return p;
 }
 
+// ------------------------------------------------------------------ the backward's 2-D blocks
+//
+// The backward visits s in blocks of block_rows × block_cols, column blocks inside row blocks:
+// per block one product s = x[r]·y[c]ᵀ, its ∂L/∂s, then dx[r] (+)= G·y[c] and dy[c] += Gᵀ·x[r].
+// What a full-width strip costs in traffic is the dy accumulator, read and written in full for
+// every strip (and y, read again for every strip): K/rows times. Square blocks of the same
+// workspace make that K/side times, side = √(budget/element bytes): at K = 16384, D = 1024 from
+// bfloat16, 6 instead of 25 passes over the 64 MiB float32 dy; at K = 65536 from float32, 16
+// instead of 256 over 256 MiB. Meanwhile dx[r], accumulated over the column blocks of a row
+// block, stays at block_rows × D: in L2 on a GPU. Where dx[r] is the input's half type it is
+// accumulated in a float32 block of the workspace (the accumulator below) and cast once per row
+// block; float32 and float64 outputs accumulate in place. A row of s no longer than the side is
+// not cut, nor one whose blocks would not be fewer row blocks than the strips: full-width strips
+// then, exactly plan_strips' (no accumulator: dx written once).
+struct BlockPlan {
+  std::int64_t block_rows, row_blocks;  // rows of every row block but the last; ceil(m / block_rows)
+  std::int64_t block_cols, col_blocks;  // likewise along the columns (col_blocks 1: full width)
+  std::int64_t tile_offset, tile_bytes;
+  std::int64_t half_offset, half_bytes;
+  std::int64_t accumulator_offset, accumulator_bytes;  // block_rows × d, when col_blocks > 1
+  std::int64_t scalars_offset, scalars_bytes;
+  std::int64_t total_bytes;
+};
+
+// The largest side r >= 1 with r·r·element_bytes + r·row_bytes <= room.
+inline std::int64_t square_side(std::int64_t element_bytes, std::int64_t row_bytes, std::int64_t room) {
+  if (element_bytes <= 0) return room;
+  std::int64_t r = 1;
+  while (r < room && (2 * r) * (2 * r) * element_bytes + 2 * r * row_bytes <= room) r *= 2;  // doubling, then halving
+  for (std::int64_t step = r / 2; step >= 1; step /= 2) {
+    if ((r + step) * (r + step) * element_bytes + (r + step) * row_bytes <= room) r += step;
+  }
+  return r;
+}
+
+// Blocks of an m×n backward (m, n, d >= 1; needs.partials false) under `budget` bytes.
+// accumulator_element_bytes: bytes of a float32 element of dx[r]'s accumulator when the rows'
+// output must be accumulated off to the side (half outputs), 0 when it accumulates in place.
+inline BlockPlan plan_gradient_blocks(std::int64_t m, std::int64_t n, std::int64_t d, const StripNeeds& needs,
+                                      std::int64_t accumulator_element_bytes, std::int64_t budget) {
+  BlockPlan p{};
+  const std::int64_t element = needs.tile_element_bytes + needs.half_element_bytes;
+  const std::int64_t fixed = (needs.scalars ? kScalarBytes : 0) + 4 * kAlignment;  // as plan_strips'
+  const std::int64_t room = std::max<std::int64_t>(budget - fixed, 0);
+  const std::int64_t accumulator_row = d * accumulator_element_bytes;
+  // Rows of a block `cols` wide that fit the room, evened out over m.
+  const auto rows_for = [&](std::int64_t cols) {
+    const std::int64_t per_row = cols * element + (cols < n ? accumulator_row : 0);
+    if (per_row <= 0) return m;
+    const std::int64_t rows = std::min(m, std::max<std::int64_t>(1, room / per_row));
+    return ceil_div(m, ceil_div(m, rows));
+  };
+  std::int64_t cols = n;
+  if (element > 0 && room > 0) {  // (no room at all: one-row strips, plan_strips' floor)
+    const std::int64_t side = square_side(element, accumulator_row, room);
+    const std::int64_t cut = ceil_div(n, ceil_div(n, side));  // equal column blocks
+    // Cut where a row of s alone exceeds the room, or where that makes fewer passes over dy and y
+    // than full-width strips (not at K = 4096 from bfloat16: 2 × 2 blocks would pass twice, as 2
+    // strips do, with twice the launches).
+    if (n > side && (n * element > room || ceil_div(m, rows_for(cut)) < ceil_div(m, rows_for(n)))) cols = cut;
+  }
+  const std::int64_t rows = rows_for(cols);
+  p.block_rows = rows;
+  p.row_blocks = ceil_div(m, rows);
+  p.block_cols = cols;
+  p.col_blocks = ceil_div(n, cols);
+
+  std::int64_t offset = 0;
+  const auto place = [&offset](std::int64_t bytes, std::int64_t& at, std::int64_t& size) {
+    size = bytes;
+    at = bytes > 0 ? offset : 0;
+    offset += align_up(bytes);
+  };
+  place(rows * cols * needs.tile_element_bytes, p.tile_offset, p.tile_bytes);
+  place(rows * cols * needs.half_element_bytes, p.half_offset, p.half_bytes);
+  place(p.col_blocks > 1 ? rows * accumulator_row : 0, p.accumulator_offset, p.accumulator_bytes);
+  place(needs.scalars ? kScalarBytes : 0, p.scalars_offset, p.scalars_bytes);
+  p.total_bytes = std::max<std::int64_t>(offset, kAlignment);
+  return p;
+}
+
 }  // namespace cuda
 }  // namespace evidential_ops

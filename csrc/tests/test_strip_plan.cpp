@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -144,6 +145,84 @@ void test_default_budget() {
   }
 }
 
+// The backward's 2-D blocks: they cover s exactly once in equal blocks, the workspace keeps to the
+// budget whenever a 1×1 block fits, a row of s is cut only when longer than the square side, and
+// only when it alone exceeds the budget or the cut makes fewer row blocks than plan_strips' strips
+// (uncut, it is planned exactly as plan_strips plans it), and the float32 accumulator of dx[r]
+// exists exactly when rows are cut.
+void check_blocks(std::int64_t m, std::int64_t n, std::int64_t d, const sp::StripNeeds& needs,
+                  std::int64_t accumulator, std::int64_t budget) {
+  const sp::BlockPlan p = sp::plan_gradient_blocks(m, n, d, needs, accumulator, budget);
+  const std::string at = describe(m, n, needs, budget) + " d=" + std::to_string(d) + " acc=" + std::to_string(accumulator);
+  for (const auto& [size, count, extent] : {std::tuple{p.block_rows, p.row_blocks, m}, std::tuple{p.block_cols, p.col_blocks, n}}) {
+    expect(size >= 1 && size <= extent, "block size in [1, extent]: " + at);
+    expect(count == sp::ceil_div(extent, size), "blocks = ceil(extent / size): " + at);
+    expect(extent - (count - 1) * size > size - count, "blocks of (nearly) equal size: " + at);
+  }
+  const std::int64_t element = needs.tile_element_bytes + needs.half_element_bytes;
+  const std::int64_t one_block = element + d * accumulator + (needs.scalars ? sp::kScalarBytes : 0) + 4 * sp::kAlignment;
+  if (one_block <= budget) {
+    expect(p.total_bytes <= budget, "blocks within the budget: " + at + " total=" + std::to_string(p.total_bytes));
+  }
+  const std::int64_t room = budget - (needs.scalars ? sp::kScalarBytes : 0) - 4 * sp::kAlignment;
+  const std::int64_t side = element > 0 && room > 0 ? sp::square_side(element, d * accumulator, room) : n;
+  if (element > 0 && room > 0) {
+    expect(side * side * element + side * d * accumulator <= room, "square side fits: " + at);
+    expect((side + 1) * (side + 1) * element + (side + 1) * d * accumulator > room, "square side largest: " + at);
+  }
+  const sp::StripPlan strips = sp::plan_strips(m, n, needs, budget);
+  if (p.col_blocks == 1) {
+    expect(p.block_rows == strips.strip_rows, "uncut rows: plan_strips' strips: " + at);
+    expect(p.total_bytes == strips.total_bytes, "...with plan_strips' workspace: " + at);
+  } else {
+    expect(element > 0 && n > side, "rows cut only when longer than the side: " + at);
+    expect(p.block_cols <= side && p.col_blocks == sp::ceil_div(n, side), "columns cut at the side: " + at);
+    expect(n * element > room || p.row_blocks < strips.strips,
+           "cut only for a row beyond the room or fewer row blocks than strips: " + at);
+  }
+  expect(p.tile_bytes == p.block_rows * p.block_cols * needs.tile_element_bytes, "tile size: " + at);
+  expect(p.half_bytes == p.block_rows * p.block_cols * needs.half_element_bytes, "half size: " + at);
+  expect(p.accumulator_bytes == (p.col_blocks > 1 ? p.block_rows * d * accumulator : 0), "accumulator size: " + at);
+  std::vector<std::pair<std::int64_t, std::int64_t>> spans;
+  for (auto [offset, bytes] : {std::pair{p.tile_offset, p.tile_bytes}, std::pair{p.half_offset, p.half_bytes},
+                               std::pair{p.accumulator_offset, p.accumulator_bytes},
+                               std::pair{p.scalars_offset, p.scalars_bytes}}) {
+    if (bytes == 0) continue;
+    expect(offset % sp::kAlignment == 0, "aligned block sub-buffer: " + at);
+    expect(offset >= 0 && offset + bytes <= p.total_bytes, "block sub-buffer inside the workspace: " + at);
+    for (const auto& [o, b] : spans) expect(offset >= o + b || o >= offset + bytes, "disjoint block sub-buffers: " + at);
+    spans.emplace_back(offset, bytes);
+  }
+}
+
+void test_blocks() {
+  const sp::StripNeeds f32{4, 0, false, false}, f64{8, 0, false, false}, f16{4, 2, false, true}, bf16{4, 2, false, false};
+  const std::int64_t mib = 1 << 20;
+  for (const auto& [needs, accumulator] : {std::pair{f32, 0}, std::pair{f64, 0}, std::pair{f16, 4}, std::pair{bf16, 4}}) {
+    for (std::int64_t m : {1, 7, 113, 3000, 16384, 65536}) {
+      for (std::int64_t n : {2, 113, 3000, 16384, 65536}) {
+        for (std::int64_t d : {1, 203, 1024}) {
+          for (std::int64_t budget : {std::int64_t{1}, 64 * 1024 * std::int64_t{1}, mib, 64 * mib, 1024 * mib}) {
+            check_blocks(m, n, d, needs, accumulator, budget);
+          }
+        }
+      }
+    }
+  }
+  // The default budget at D = 1024 (printed for the record): K = 16384 from bfloat16 in 6 × 6
+  // blocks (dy's float32 accumulator read and written 6 times, not 25), K = 65536 from float32 in
+  // 16 × 16 (16 times over 256 MiB, not 256).
+  for (const auto& [k, needs, accumulator] : {std::tuple{16384, bf16, 4}, std::tuple{65536, f32, 0}, std::tuple{16384, f32, 0}}) {
+    const sp::BlockPlan p = sp::plan_gradient_blocks(k, k, 1024, needs, accumulator, 64 * mib);
+    const sp::StripPlan strips = sp::plan_strips(k, k, needs, 64 * mib);
+    std::printf("K=%-6lld backward %s: %lld × %lld blocks of %lld × %lld (row strips: %lld), %.1f MiB\n",
+                static_cast<long long>(k), accumulator ? "bf16" : "f32 ", static_cast<long long>(p.row_blocks),
+                static_cast<long long>(p.col_blocks), static_cast<long long>(p.block_rows),
+                static_cast<long long>(p.block_cols), static_cast<long long>(strips.strips), p.total_bytes / double(mib));
+    expect(p.row_blocks * 3 <= strips.strips, "2-D blocks pass over dy at most a third as often at K=" + std::to_string(k));
+  }
+}
+
 void test_budget_knob() {
   const std::int64_t initial = sp::workspace_budget();
   if (std::getenv("EO_CUDA_WORKSPACE_MIB") == nullptr) {
@@ -160,6 +239,7 @@ int main() {
   test_row_groups();
   test_plans();
   test_default_budget();
+  test_blocks();
   test_budget_knob();
   std::printf("strip plan: %d checks, %d failures\n", checks, failures);
   return failures == 0 ? 0 : 1;
