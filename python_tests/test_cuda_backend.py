@@ -95,7 +95,8 @@ def loss_and_grads(x, y, **kwargs):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
 def test_strips_do_not_change_the_result(budget, gen, dtype):
     """A budget of a few rows per strip (and of one row: below the floor) gives the same losses and
-    gradients as one strip: the rows are cut, the column sums are carried across strips."""
+    gradients as one strip: the rows are cut, the column sums are carried across strips, and the
+    backward's 2-D blocks (strip_plan.h plan_gradient_blocks) sum dx[r] over column blocks."""
     k, d = 300, 40
     # On the 2^-8 grid x @ yᵀ is exact whichever cuBLAS algorithm a strip's shape selects.
     x, y = (on_exact_grid(t).cuda() for t in hard_pairs(k, d, generator=gen, dtype=dtype))
@@ -113,9 +114,12 @@ def test_strips_do_not_change_the_result(budget, gen, dtype):
     # strip test): 1e-10 leaves it a factor 1500.
     rtol = {torch.float64: 1e-10, torch.float32: 2 * k * 2.0**-24,
             torch.float16: 2 * k * 2.0**-24 + 2 * 2.0**-11, torch.bfloat16: 2 * k * 2.0**-24 + 2 * 2.0**-8}[dtype]
-    # A few strips; forward or backward in one-row strips; one row each. Below K·D·4 bytes (48 000
-    # here) half inputs take dy from the second sweep over column strips (evidential_cuda.cpp
-    # loss_backward): 40 000 in a few strips, 1 in one-row ones.
+    # A few strips; forward or backward in one-row strips; one row each. The backward cuts the rows
+    # of s into 2-D blocks where a row no longer fits a square block and the cut gives fewer row
+    # blocks than strips (strip_plan.h plan_gradient_blocks): float64 from 700 000 on down (1 × 2
+    # blocks), the others from 200 000 (float32 1 × 2, half types 2 × 2 with dx[r] summed in float32),
+    # 3 × 4 to 5 × 5 blocks at 40 000; one-row strips at 1. Below K·D·4 bytes (48 000 here) half
+    # inputs take dy from the second sweep over the blocks of sᵀ (evidential_cuda.cpp loss_backward).
     for small in (700_000, 200_000, 40_000, 1):
         budget(small)
         strips = loss_and_grads(x, y, **kwargs)

@@ -1,12 +1,13 @@
 // CUDA implementations of the evidential_ops operators (schemas in csrc/ops.cpp, argument checks
 // in csrc/op_args.h shared with the CPU, kernels in csrc/cuda/*.cu, strips in strip_plan.h).
 //
-// Shape of every op (README "Backends"): s is visited in row strips sized to a fixed working
-// budget (64 MiB by default). From embeddings, a strip is one cuBLAS product x[r0:r1]·yᵀ; the
-// element kernels turn it into line statistics (forward) or into ∂L/∂s in place (backward),
-// which two more products turn into dx[r0:r1] = G·y and dy += Gᵀ·x[r0:r1] (half inputs whose
-// float32 dy would exceed the budget: dy from a second sweep over row strips of sᵀ instead, see
-// loss_backward). Extra device memory: the workspace and O(K) statistics; never K×K.
+// Shape of every op (README "Backends"): s is visited in pieces sized to a fixed working budget
+// (64 MiB by default): row strips in the forward, square blocks in the backward once a row of s is
+// longer than a block's side (strip_plan.h). From embeddings, a piece is one cuBLAS product
+// x[r]·y[c]ᵀ; the element kernels turn it into line statistics (forward) or into ∂L/∂s in place
+// (backward), which two more products turn into dx[r] (+)= G·y[c] and dy[c] += Gᵀ·x[r] (half
+// inputs whose float32 dy would exceed the budget: dy from a second sweep over the blocks of sᵀ
+// instead, see loss_backward). Extra device memory: the workspace and O(K) statistics; never K×K.
 //
 // Precision. Products of float32 inputs are exact IEEE float32 (cuBLAS with
 // CUBLAS_COMPUTE_32F and the default math mode) unless the op's matmul_precision argument is
@@ -190,31 +191,29 @@ class Products {
 
   at::ScalarType product_type() const { return input_ == at::kDouble ? at::kDouble : at::kFloat; }
 
-  // out (rows, N), row-major, ld N, product_type() = x[r0 : r0 + rows]·yᵀ.
-  void similarity(std::int64_t r0, std::int64_t rows, void* out) {
-    const std::int64_t n = y_.size(0);
-    // column-major: outᵀ (N × rows) = yᶜᵀ · xᶜ, with yᶜ = y as a D × N column-major matrix
-    gemm(CUBLAS_OP_T, CUBLAS_OP_N, n, rows, d_, one(), y_.const_data_ptr(), blas_type(input_), d_,
-         row_pointer(x_, r0), blas_type(input_), d_, zero(), out, blas_type(product_type()), n, false);
+  // out (rows, cols), row-major, ld cols, product_type() = x[r0 : r0 + rows]·y[c0 : c0 + cols]ᵀ.
+  void similarity(std::int64_t r0, std::int64_t rows, std::int64_t c0, std::int64_t cols, void* out) {
+    // column-major: outᵀ (cols × rows) = yᶜᵀ · xᶜ, with yᶜ = y[c0 :] as a D × cols column-major matrix
+    gemm(CUBLAS_OP_T, CUBLAS_OP_N, cols, rows, d_, one(), row_pointer(y_, c0), blas_type(input_), d_,
+         row_pointer(x_, r0), blas_type(input_), d_, zero(), out, blas_type(product_type()), cols, false);
   }
 
-  // dx_rows (rows, D) = alpha · G·y + beta · dx_rows, G (rows, N) row-major of type g_type; alpha
-  // and beta on the host, or on the device (device_scalars).
-  void rows_gradient(std::int64_t rows, const void* g, at::ScalarType g_type, void* dx_rows, at::ScalarType dx_type,
-                     const void* alpha, const void* beta, bool device_scalars) {
-    const std::int64_t n = y_.size(0);
-    // column-major: dxᶜ (D × rows) = yᶜ (D × N) · Gᶜ (N × rows)
-    gemm(CUBLAS_OP_N, CUBLAS_OP_N, d_, rows, n, alpha, y_.const_data_ptr(), blas_type(input_), d_, g,
-         blas_type(g_type), n, beta, dx_rows, blas_type(dx_type), d_, device_scalars);
+  // dx_rows (rows, D) = alpha · G·y[c0 : c0 + cols] + beta · dx_rows, G (rows, cols) row-major of
+  // type g_type; alpha and beta on the host, or on the device (device_scalars).
+  void rows_gradient(std::int64_t rows, std::int64_t c0, std::int64_t cols, const void* g, at::ScalarType g_type,
+                     void* dx_rows, at::ScalarType dx_type, const void* alpha, const void* beta, bool device_scalars) {
+    // column-major: dxᶜ (D × rows) = yᶜ (D × cols) · Gᶜ (cols × rows)
+    gemm(CUBLAS_OP_N, CUBLAS_OP_N, d_, rows, cols, alpha, row_pointer(y_, c0), blas_type(input_), d_, g,
+         blas_type(g_type), cols, beta, dx_rows, blas_type(dx_type), d_, device_scalars);
   }
 
-  // dy (N, D) = alpha · Gᵀ·x[r0 : r0 + rows] + beta · dy, G (rows, N) row-major of type g_type.
-  void cols_gradient(std::int64_t r0, std::int64_t rows, const void* g, at::ScalarType g_type, void* dy,
-                     at::ScalarType dy_type, const void* alpha, const void* beta, bool device_scalars) {
-    const std::int64_t n = y_.size(0);
-    // column-major: dyᶜ (D × N) += xᶜ (D × rows) · Gᶜᵀ (rows × N)
-    gemm(CUBLAS_OP_N, CUBLAS_OP_T, d_, n, rows, alpha, row_pointer(x_, r0), blas_type(input_), d_, g,
-         blas_type(g_type), n, beta, dy, blas_type(dy_type), d_, device_scalars);
+  // dy_cols (cols, D) = alpha · Gᵀ·x[r0 : r0 + rows] + beta · dy_cols, G (rows, cols) row-major.
+  void cols_gradient(std::int64_t r0, std::int64_t rows, std::int64_t cols, const void* g, at::ScalarType g_type,
+                     void* dy_cols, at::ScalarType dy_type, const void* alpha, const void* beta,
+                     bool device_scalars) {
+    // column-major: dyᶜ (D × cols) += xᶜ (D × rows) · Gᶜᵀ (rows × cols)
+    gemm(CUBLAS_OP_N, CUBLAS_OP_T, d_, cols, rows, alpha, row_pointer(x_, r0), blas_type(input_), d_, g,
+         blas_type(g_type), cols, beta, dy_cols, blas_type(dy_type), d_, device_scalars);
   }
 
   // Host scalars of the compute type (pointer mode host).
@@ -312,7 +311,7 @@ std::pair<Tensor, Tensor> accumulate_stats(const Source& src, int evidence, doub
     ForwardArgs a{};
     if (src.from_embeddings) {
       void* tile = base + plan.tile_offset;
-      products->similarity(r0, nr, tile);
+      products->similarity(r0, nr, 0, src.cols, tile);
       a.s = SimilarityView{tile, scalar_kind(value_type), src.cols, 1, nr, src.cols, r0};
     } else {
       a.s = src.view_of_given(r0, nr);
@@ -417,18 +416,21 @@ BackwardLines backward_lines(std::int64_t m, std::int64_t n, std::int64_t target
           line_constants(line_spec(col_lines, scale, 0, n), cols, o.weights, grad_cols, like)};
 }
 
-BackwardArgs gradient_args(const SimilarityView& s, const LossOptions& o, std::int64_t target_offset,
-                           const BackwardLines& lines, void* grad, ScalarKind grad_kind, std::int64_t grad_ld,
-                           unsigned int* max_bits) {
+// The gradient launch of a view whose column j is the op's column col0 + j (kernels.h
+// BackwardArgs: a block of columns is a view of them with the column constants and the target
+// offset shifted by col0).
+BackwardArgs gradient_args(const SimilarityView& s, std::int64_t col0, const LossOptions& o,
+                           std::int64_t target_offset, const BackwardLines& lines, void* grad, ScalarKind grad_kind,
+                           std::int64_t grad_ld, unsigned int* max_bits) {
   BackwardArgs a{};
   a.s = s;
   a.evidence = o.evidence;
   a.inv_tau = o.inv_tau;
-  a.target_offset = target_offset;
+  a.target_offset = target_offset - col0;
   a.terms = term_flags(o.terms);
   a.row_constants = lines.rows.const_data_ptr<double>();
   a.n_rows = lines.rows.size(1);
-  a.col_constants = lines.cols.const_data_ptr<double>();
+  a.col_constants = lines.cols.const_data_ptr<double>() + col0;
   a.n_cols = lines.cols.size(1);
   a.grad = grad;
   a.grad_kind = grad_kind;
@@ -514,21 +516,25 @@ std::tuple<Tensor, Tensor> loss_backward(const Tensor& grad_rows, const Tensor& 
   const at::ScalarType product = input == at::kDouble ? at::kDouble : at::kFloat;
   const std::int64_t d = x.size(1);
   const std::int64_t budget = workspace_budget();
-  // dx straight from the GEMMs in the input dtype. dy: accumulated over the row strips in the
-  // product dtype, which for half inputs is a float32 (N, D) buffer beside the output; where that
-  // buffer would exceed the workspace budget (N = 65536, D = 1024: 256 MiB), dy comes instead from
-  // a second sweep over row strips of sᵀ (s recomputed, ∂L/∂sᵀ formed with the two directions'
-  // line constants swapped: the same values, gradient_kernel being symmetric in its lines), each
-  // strip's dy rows written once in the input dtype: one product and one element pass more, no
-  // buffer.
+  // dx from the GEMMs, summed over the column blocks of its row block. dy: accumulated over the
+  // row blocks in the product dtype, which for half inputs is a float32 (N, D) buffer beside the
+  // output; where that buffer would exceed the workspace budget (N = 65536, D = 1024: 256 MiB), dy
+  // comes instead from a second sweep over the blocks of sᵀ (s recomputed, ∂L/∂sᵀ formed with the
+  // two directions' line constants swapped: the same values, gradient_kernel being symmetric in its
+  // lines), each row block's dy rows written once in the input dtype: one product and one element
+  // pass more, no buffer.
   const bool dy_by_columns = need_dy && half && src.cols * d * 4 > budget;
-  Tensor dx = need_dx ? at::zeros({src.rows, d}, x.options()) : Tensor();
+  // Outputs accumulated over column blocks: dx (and dy_by_columns' dy) in place for float32 and
+  // float64, in the workspace's float32 block for half types (strip_plan.h plan_gradient_blocks).
+  Tensor dx = need_dx ? at::empty({src.rows, d}, x.options()) : Tensor();
   Tensor dy;
   if (need_dy) dy = dy_by_columns ? at::empty({src.cols, d}, y.options()) : at::zeros({src.cols, d}, x.options().dtype(product));
 
   const StripNeeds needs{static_cast<std::int64_t>(c10::elementSize(product)), half ? 2 : 0, false, scaled};
-  const StripPlan plan = plan_strips(src.rows, src.cols, needs, budget);
-  const StripPlan column_plan = dy_by_columns ? plan_strips(src.cols, src.rows, needs, budget) : plan;
+  const std::int64_t accumulator_bytes = half ? 4 : 0;
+  const BlockPlan plan = plan_gradient_blocks(src.rows, src.cols, d, needs, accumulator_bytes, budget);
+  const BlockPlan column_plan =
+      dy_by_columns ? plan_gradient_blocks(src.cols, src.rows, d, needs, accumulator_bytes, budget) : plan;
   Tensor workspace =
       at::empty({std::max(plan.total_bytes, column_plan.total_bytes)}, x.options().dtype(at::kByte));
   const cudaStream_t stream = current_stream();
@@ -538,41 +544,54 @@ std::tuple<Tensor, Tensor> loss_backward(const Tensor& grad_rows, const Tensor& 
   const ScalarKind grad_kind = direct_bf16 ? ScalarKind::kBFloat16 : scalar_kind(product);
   const at::ScalarType g_type = half ? input : product;
 
-  // One sweep over row strips of a (rows × cols) product a·bᵀ: per strip its ∂L/∂s (`sweep_lines`:
-  // the row lines' constants first), then out[strip] = G·b (rows_out, input dtype) and, if
-  // accumulate, accumulated += Gᵀ·a[strip] (product dtype).
-  auto sweep = [&](Products& products, const StripPlan& p, std::int64_t rows, std::int64_t cols,
+  // One sweep over the blocks of a (rows × cols) product a·bᵀ, column blocks inside row blocks:
+  // per block its ∂L/∂s (`sweep_lines`: the row lines' constants first), then
+  // rows_out[r] (+)= G·b[c] (input dtype) and, if accumulated, accumulated[c] += Gᵀ·a[r]
+  // (product dtype).
+  auto sweep = [&](Products& products, const BlockPlan& p, std::int64_t rows, std::int64_t cols,
                    const BackwardLines& sweep_lines, std::int64_t offset, Tensor* rows_out, Tensor* accumulated) {
     char* base = static_cast<char*>(workspace.data_ptr());
     void* tile = base + p.tile_offset;
     void* half_g = half ? base + p.half_offset : nullptr;
     unsigned int* max_bits = scaled ? reinterpret_cast<unsigned int*>(base + p.scalars_offset) : nullptr;
     float* alphas = scaled ? reinterpret_cast<float*>(base + p.scalars_offset + 16) : nullptr;
-    for (std::int64_t strip = 0; strip < p.strips; ++strip) {
-      const std::int64_t r0 = strip * p.strip_rows;
-      const std::int64_t nr = std::min(p.strip_rows, rows - r0);
-      products.similarity(r0, nr, tile);
-      const SimilarityView view{tile, scalar_kind(product), cols, 1, nr, cols, r0};
-      void* grad = direct_bf16 ? half_g : tile;
-      if (scaled) C10_CUDA_CHECK(cudaMemsetAsync(max_bits, 0, sizeof(unsigned int), stream));
-      C10_CUDA_CHECK(launch_gradient(gradient_args(view, sweep_lines.options, offset, sweep_lines, grad, grad_kind,
-                                                   cols, max_bits),
-                                     stream));
-      const void* g = half ? half_g : tile;
-      if (scaled) {
-        C10_CUDA_CHECK(launch_scale_to_half(static_cast<const float*>(tile), half_g, nr * cols, max_bits, alphas,
-                                            stream));
+    // Half rows over several column blocks: summed in float32, cast once per row block.
+    const bool off_to_side = half && p.col_blocks > 1;
+    for (std::int64_t rb = 0; rb < p.row_blocks; ++rb) {
+      const std::int64_t r0 = rb * p.block_rows;
+      const std::int64_t nr = std::min(p.block_rows, rows - r0);
+      for (std::int64_t cb = 0; cb < p.col_blocks; ++cb) {
+        const std::int64_t c0 = cb * p.block_cols;
+        const std::int64_t nc = std::min(p.block_cols, cols - c0);
+        products.similarity(r0, nr, c0, nc, tile);
+        const SimilarityView view{tile, scalar_kind(product), nc, 1, nr, nc, r0};
+        void* grad = direct_bf16 ? half_g : tile;
+        if (scaled) C10_CUDA_CHECK(cudaMemsetAsync(max_bits, 0, sizeof(unsigned int), stream));
+        C10_CUDA_CHECK(launch_gradient(
+            gradient_args(view, c0, sweep_lines.options, offset, sweep_lines, grad, grad_kind, nc, max_bits), stream));
+        const void* g = half ? half_g : tile;
+        if (scaled) {
+          C10_CUDA_CHECK(launch_scale_to_half(static_cast<const float*>(tile), half_g, nr * nc, max_bits, alphas,
+                                              stream));
+        }
+        // Pointer mode device (float16): alpha = 2^-e and beta from the device; host otherwise.
+        const void* alpha = scaled ? static_cast<const void*>(alphas) : products.one();
+        const void* beta_zero = scaled ? static_cast<const void*>(alphas + 2) : products.zero();
+        const void* beta_one = scaled ? static_cast<const void*>(alphas + 1) : products.one();
+        if (rows_out != nullptr) {
+          void* out_rows = off_to_side ? base + p.accumulator_offset
+                                       : static_cast<char*>(rows_out->data_ptr()) + r0 * d * rows_out->element_size();
+          products.rows_gradient(nr, c0, nc, g, g_type, out_rows, off_to_side ? product : rows_out->scalar_type(),
+                                 alpha, cb == 0 ? beta_zero : beta_one, scaled);
+        }
+        if (accumulated != nullptr) {
+          void* out_cols = static_cast<char*>(accumulated->data_ptr()) + c0 * d * accumulated->element_size();
+          products.cols_gradient(r0, nr, nc, g, g_type, out_cols, product, alpha, beta_one, scaled);
+        }
       }
-      // Pointer mode device (float16): alpha = 2^-e and beta from the device; host otherwise.
-      const void* alpha = scaled ? static_cast<const void*>(alphas) : products.one();
-      const void* beta_zero = scaled ? static_cast<const void*>(alphas + 2) : products.zero();
-      const void* beta_one = scaled ? static_cast<const void*>(alphas + 1) : products.one();
-      if (rows_out != nullptr) {
-        void* out_rows = static_cast<char*>(rows_out->data_ptr()) + r0 * d * rows_out->element_size();
-        products.rows_gradient(nr, g, g_type, out_rows, input, alpha, beta_zero, scaled);
-      }
-      if (accumulated != nullptr) {
-        products.cols_gradient(r0, nr, g, g_type, accumulated->data_ptr(), product, alpha, beta_one, scaled);
+      if (rows_out != nullptr && off_to_side) {
+        const Tensor sum = at::from_blob(base + p.accumulator_offset, {nr, d}, x.options().dtype(product));
+        rows_out->narrow(0, r0, nr).copy_(sum);
       }
     }
   };
@@ -603,7 +622,7 @@ Tensor loss_backward_from_similarity(const Tensor& grad_rows, const Tensor& grad
                                              col_stats, evidence, tau, weights, terms, rows, cols, s);
   Tensor ds = at::empty({src.rows, src.cols}, s.options());
   // ds is K×K by definition: one launch over all of s, no workspace.
-  C10_CUDA_CHECK(launch_gradient(gradient_args(src.view_of_given(0, src.rows), lines.options, 0, lines, ds.data_ptr(),
+  C10_CUDA_CHECK(launch_gradient(gradient_args(src.view_of_given(0, src.rows), 0, lines.options, 0, lines, ds.data_ptr(),
                                                scalar_kind(s.scalar_type()), src.cols, nullptr),
                                  current_stream()));
   return ds;

@@ -69,7 +69,9 @@ struct BackwardArgs {
   std::int64_t target_offset;
   TermFlags terms;
   // The (kNumGradientFields, n) LineGradient arrays of all rows (indexed row0 + i) and columns
-  // (csrc/kernels/line_finalise.h); zeros for a direction that is not computed.
+  // (csrc/kernels/line_finalise.h); zeros for a direction that is not computed. Column j of the
+  // view is read at col_constants[f·n_cols + j]: a view of the op's columns [c0, c0 + cols) passes
+  // col_constants + c0 (n_cols stays the arrays' stride) and target_offset − c0.
   const double* row_constants;
   std::int64_t n_rows;
   const double* col_constants;

@@ -479,25 +479,33 @@ void test_gradient(std::mt19937_64& rng) {
       std::vector<double> separate(m * n + 8, std::numeric_limits<double>::quiet_NaN());
       char* grad = out_kind == 4 ? s.bytes() : reinterpret_cast<char*>(separate.data());
       const std::size_t out_size = out == ec::ScalarKind::kFloat64 ? 8 : out == ec::ScalarKind::kFloat32 ? 4 : 2;
-      // Strips of 7 rows (the last shorter) with max |∂L/∂s| of the whole matrix.
+      // Blocks of 7 rows × `width` columns (the last of each shorter; width n: full-width strips)
+      // with max |∂L/∂s| of the whole matrix. A block of columns [c0, c0 + nc) is a view of them
+      // with the column constants and the target offset shifted by c0 (kernels.h BackwardArgs), as
+      // loss_backward's 2-D blocks (strip_plan.h plan_gradient_blocks) launch it.
+      const std::int64_t width = variant % 2 == 0 ? n : 97;
       unsigned int max_bits = 0;
       for (std::int64_t r0 = 0; r0 < m; r0 += 7) {
-        const std::int64_t nr = std::min<std::int64_t>(7, m - r0);
-        ec::BackwardArgs a{};
-        a.s = s.view(r0, nr);
-        a.evidence = evidence;
-        a.inv_tau = kInverseTau[evidence];
-        a.target_offset = offset;
-        a.terms = flags;
-        a.row_constants = lines.rows.data();
-        a.n_rows = m;
-        a.col_constants = lines.cols.data();
-        a.n_cols = n;
-        a.grad = grad + r0 * n * out_size;
-        a.grad_kind = out;
-        a.grad_ld = n;
-        a.max_bits = &max_bits;
-        expect(ec::launch_gradient(a, nullptr) == cudaSuccess, "gradient launch");
+        for (std::int64_t c0 = 0; c0 < n; c0 += width) {
+          const std::int64_t nr = std::min<std::int64_t>(7, m - r0), nc = std::min(width, n - c0);
+          ec::BackwardArgs a{};
+          a.s = s.view(r0, nr);
+          a.s.data = static_cast<const char*>(a.s.data) + c0 * s.col_stride * s.element_size();
+          a.s.cols = nc;
+          a.evidence = evidence;
+          a.inv_tau = kInverseTau[evidence];
+          a.target_offset = offset - c0;
+          a.terms = flags;
+          a.row_constants = lines.rows.data();
+          a.n_rows = m;
+          a.col_constants = lines.cols.data() + c0;
+          a.n_cols = n;
+          a.grad = grad + (r0 * n + c0) * out_size;
+          a.grad_kind = out;
+          a.grad_ld = n;
+          a.max_bits = &max_bits;
+          expect(ec::launch_gradient(a, nullptr) == cudaSuccess, "gradient launch");
+        }
       }
       float largest = 0.0f;
       bool exact = true;
