@@ -1,6 +1,6 @@
 // Forward statistics of one strip of s (kernels.h: launch_forward_stats). Torch-free.
 //
-// Three launches per strip:
+// Two launches per strip:
 //   1. forward_stats_kernel: a thread takes columns j (float64 views), or j and j + 32 (float32
 //      and half views: kColumnsPerThread), walking the rows of its row group. Per element:
 //      evidence α, then what α contributes to the line statistics: element_forward (the CPU
@@ -12,10 +12,9 @@
 //      block]. The
 //      target element of a row (column row0 + i + target_offset) is stored, not summed, as
 //      α_target of its row and of its column (a unique writer for each).
-//   2. reduce_row_partials: row i's statistics = Σ over column blocks, in a fixed order (a block
-//      per 32 rows and slot, its warps splitting the column blocks).
-//   3. reduce_col_partials: column j's statistics += Σ over row groups, in group order (a block per
-//      256 columns and slot).
+//   2. reduce_partials, both directions: row i's statistics = Σ over column blocks, in a fixed
+//      order (a block per 32 rows and slot, its warps splitting the column blocks); column j's
+//      statistics += Σ over row groups, in group order (a block per 256 columns and slot).
 #include "device_common.cuh"
 
 namespace evidential_ops {
@@ -282,20 +281,18 @@ __global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(
 
 // Row i's statistic k = Σ over column blocks of its row partials. A block takes 32 rows and one
 // slot (blockIdx.y): warp w adds up the column blocks b ≡ w (mod kReduceWarps) in order, lane l for
-// row 32·blockIdx.x + l (a warp's loads are consecutive rows), then warp 0 adds the warps' sums in
+// row 32·block + l (a warp's loads are consecutive rows), then warp 0 adds the warps' sums in
 // warp order. A fixed order: run-to-run exact. Rows × slots in blocks of 32 rows fill the GPU where
 // a thread per row would not: a strip at K = 65536 has about 200 rows (one block of 256 threads
 // against 7 blocks per enabled slot here, 21 for TCL, each warp reading an eighth of the column
 // blocks; a disabled slot's blocks return at once).
 constexpr int kReduceWarps = 8;
+constexpr int kReduceThreads = 32 * kReduceWarps;
 
-__global__ void __launch_bounds__(32 * kReduceWarps) reduce_row_partials(const ForwardArgs a, std::int64_t col_blocks,
-                                                                         int mask) {
-  const int k = static_cast<int>(blockIdx.y);
-  if (!((mask >> k) & 1)) return;  // uniform over the block
+__device__ void reduce_rows(const ForwardArgs& a, std::int64_t block, std::int64_t col_blocks, int k) {
   __shared__ double warp_sums[kReduceWarps][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * 32 + lane;
+  const std::int64_t i = block * 32 + lane;
   double sum = 0.0;
   if (i < a.s.rows) {
     for (std::int64_t b = warp; b < col_blocks; b += kReduceWarps) sum += a.row_partial[(b * kStatSlots + k) * a.s.rows + i];
@@ -311,14 +308,27 @@ __global__ void __launch_bounds__(32 * kReduceWarps) reduce_row_partials(const F
 }
 
 // Column j's statistic k += Σ over row groups of its column partials, in group order; a thread per
-// column, a slot per blockIdx.y.
-__global__ void reduce_col_partials(const ForwardArgs a, std::int64_t groups, int mask) {
-  const int k = static_cast<int>(blockIdx.y);
-  const std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (!((mask >> k) & 1) || j >= a.s.cols) return;
+// column.
+__device__ void reduce_columns(const ForwardArgs& a, std::int64_t block, std::int64_t groups, int k) {
+  const std::int64_t j = block * kReduceThreads + threadIdx.x;
+  if (j >= a.s.cols) return;
   double sum = 0.0;
   for (std::int64_t g = 0; g < groups; ++g) sum += a.col_partial[(g * kStatSlots + k) * a.s.cols + j];
   a.col_stats[(k + 1) * a.col_stride + j] += sum;
+}
+
+// Both directions' partials in one launch (one launch less per strip): blocks [0, row_blocks)
+// reduce rows, the next ones columns; a slot per blockIdx.y. Each branch is uniform over a block.
+__global__ void __launch_bounds__(kReduceThreads) reduce_partials(const ForwardArgs a, std::int64_t col_blocks,
+                                                                   std::int64_t groups, unsigned int row_blocks,
+                                                                   int mask) {
+  const int k = static_cast<int>(blockIdx.y);
+  if (!((mask >> k) & 1)) return;
+  if (blockIdx.x < row_blocks) {
+    reduce_rows(a, blockIdx.x, col_blocks, k);
+  } else {
+    reduce_columns(a, blockIdx.x - row_blocks, groups, k);
+  }
 }
 
 template <bool kFloat32, typename Stored, int kEvidence>
@@ -354,15 +364,12 @@ cudaError_t launch_forward_stats(const ForwardArgs& a, cudaStream_t stream) {
   cudaError_t status = cudaGetLastError();
   if (status != cudaSuccess) return status;
   const int mask = slot_mask(args.terms);
-  constexpr int kReduceThreads = 256;
-  if (args.row_partial != nullptr) {
-    const dim3 blocks(static_cast<unsigned int>(ceil_div(args.s.rows, 32)), kStatSlots);
-    EO_LAUNCH(blocks, 32 * kReduceWarps, stream, reduce_row_partials)(args, grid.x, mask);
-    if ((status = cudaGetLastError()) != cudaSuccess) return status;
-  }
-  if (args.col_partial != nullptr) {
-    const dim3 blocks(static_cast<unsigned int>(ceil_div(args.s.cols, kReduceThreads)), kStatSlots);
-    EO_LAUNCH(blocks, kReduceThreads, stream, reduce_col_partials)(args, grid.y, mask);
+  const unsigned int row_blocks = args.row_partial != nullptr ? static_cast<unsigned int>(ceil_div(args.s.rows, 32)) : 0;
+  const unsigned int col_blocks =
+      args.col_partial != nullptr ? static_cast<unsigned int>(ceil_div(args.s.cols, kReduceThreads)) : 0;
+  if (row_blocks + col_blocks > 0) {
+    EO_LAUNCH(dim3(row_blocks + col_blocks, kStatSlots), kReduceThreads, stream, reduce_partials)(
+        args, grid.x, grid.y, row_blocks, mask);
     if ((status = cudaGetLastError()) != cudaSuccess) return status;
   }
   return cudaSuccess;
