@@ -8,12 +8,13 @@
     python bench/gpu_model.py --ceilings ceilings.json --compare cuda_*.json   # measured beside predicted
 
 What a step does is derived from the code, per backend:
-- CUDA (csrc/cuda/evidential_cuda.cpp): the strips of `plan_strips` (csrc/cuda/strip_plan.h,
-  ported here with its constants read from the header), and per strip the cuBLAS products (the
-  backward recomputes s), the element kernels, the partial-sum reductions; the K×D buffers (dy in
-  float32 for bfloat16 inputs, or where that buffer exceeds the budget a second backward sweep over
-  sᵀ that writes dy once), the launches of the per-line work and the overflow check's host
-  read where `overflow_possible` says one is needed.
+- CUDA (csrc/cuda/evidential_cuda.cpp): the forward's strips of `plan_strips` and the backward's
+  blocks of `plan_gradient_blocks` (csrc/cuda/strip_plan.h, ported here with its constants read
+  from the header), and per strip or block the cuBLAS products (the backward recomputes s), the
+  element kernels, the partial-sum reductions; the K×D buffers (dy in float32 for bfloat16 inputs,
+  or where that buffer exceeds the budget a second backward sweep over sᵀ that writes dy once; dx[r]
+  summed over column blocks in L2), the launches of the per-line work and the overflow check's
+  host read where `overflow_possible` says one is needed.
 - Triton (evidential_ops/triton_backend/launch.py): the one-pass or two-pass forward chosen as
   `_line_statistics` chooses it (PARTIAL_BUDGET_BYTES, the SM count), the tile sizes of
   configs.DEFAULTS_BY_ARCH, the backward as `launch.BackwardPlan` plans it (grad_fused_kernel, or
@@ -310,6 +311,54 @@ def plan_strips(m: int, n: int, tile_bytes: int, half_bytes: int, partials: bool
                 total_bytes=total, sizes=sizes)
 
 
+def square_side(element_bytes: int, row_bytes: int, room: int) -> int:
+    """strip_plan.h square_side: the largest r >= 1 with r·r·element_bytes + r·row_bytes <= room."""
+    if element_bytes <= 0:
+        return room
+    r = 1
+    while r < room and (2 * r) ** 2 * element_bytes + 2 * r * row_bytes <= room:
+        r *= 2
+    step = r // 2
+    while step >= 1:
+        if (r + step) ** 2 * element_bytes + (r + step) * row_bytes <= room:
+            r += step
+        step //= 2
+    return r
+
+
+def plan_gradient_blocks(m: int, n: int, d: int, tile_bytes: int, half_bytes: int, scalars: bool,
+                         accumulator_bytes: int, budget: int, k: dict | None = None) -> dict:
+    """strip_plan.h plan_gradient_blocks, line for line: the backward's blocks (block_rows,
+    row_blocks, block_cols, col_blocks) and the workspace's total_bytes (and its sub-buffer sizes)."""
+    k = k or strip_constants()
+    align = lambda b: _ceil_div(b, k["kAlignment"]) * k["kAlignment"]  # noqa: E731
+    element = tile_bytes + half_bytes
+    room = max(budget - ((k["kScalarBytes"] if scalars else 0) + 4 * k["kAlignment"]), 0)
+    accumulator_row = d * accumulator_bytes
+
+    def rows_for(cols: int) -> int:
+        per_row = cols * element + (accumulator_row if cols < n else 0)
+        if per_row <= 0:
+            return m
+        rows = min(m, max(1, room // per_row))
+        return _ceil_div(m, _ceil_div(m, rows))
+
+    cols = n
+    if element > 0 and room > 0:
+        side = square_side(element, accumulator_row, room)
+        cut = _ceil_div(n, _ceil_div(n, side))
+        if n > side and (n * element > room or _ceil_div(m, rows_for(cut)) < _ceil_div(m, rows_for(n))):
+            cols = cut
+    rows = rows_for(cols)
+    col_blocks = _ceil_div(n, cols)
+    sizes = dict(tile=rows * cols * tile_bytes, half=rows * cols * half_bytes,
+                 accumulator=rows * accumulator_row if col_blocks > 1 else 0,
+                 scalars=k["kScalarBytes"] if scalars else 0)
+    total = max(sum(align(b) for b in sizes.values()), k["kAlignment"])
+    return dict(block_rows=rows, row_blocks=_ceil_div(m, rows), block_cols=cols, col_blocks=col_blocks,
+                total_bytes=total, sizes=sizes)
+
+
 def cuda_overflow_possible(evidence: str, value_bytes: int, inv_tau: float, n: int) -> bool:
     """evidential_cuda.cpp overflow_possible (value type float32 or float64)."""
     largest = (1.7976931348623157e308 if value_bytes == 8 else 3.4028234663852886e38) * inv_tau
@@ -363,55 +412,64 @@ def cuda_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dict,
                             "row partials written": f["col_blocks"] * slots * k * 8,
                             "column partials written": strips * f["row_groups"] * slots * k * 8},
                       note=f"{fwd_cycles:.2f} cycles/element ({fwd_pipe}); grid {f['col_blocks']}×{f['row_groups']}"))
-    # forward_kernels.cu: a block per 32 rows and statistic slot; per 256 columns and slot
-    row_blocks = _ceil_div(rows, 32) * slots
-    col_blocks = _ceil_div(k, 256) * slots
-    out.append(Kernel("forward", "reduce_row_partials (per strip)", strips,
-                      dram={"row partials read": f["col_blocks"] * slots * k * 8, "row statistics": slots * k * 8},
-                      fill=min(1.0, row_blocks / c["sms"]), note=f"{row_blocks} working block(s) per launch"))
-    out.append(Kernel("forward", "reduce_col_partials (per strip)", strips,
-                      dram={"column partials read": strips * f["row_groups"] * slots * k * 8,
+    # forward_kernels.cu reduce_partials, one launch for both directions: a block per 32 rows and
+    # statistic slot, and per 256 columns and slot
+    reduce_blocks = (_ceil_div(rows, 32) + _ceil_div(k, 256)) * slots
+    out.append(Kernel("forward", "reduce_partials, rows and columns (per strip)", strips,
+                      dram={"row partials read": f["col_blocks"] * slots * k * 8, "row statistics": slots * k * 8,
+                            "column partials read": strips * f["row_groups"] * slots * k * 8,
                             "column statistics read-modify-write": strips * slots * k * 16},
-                      fill=min(1.0, col_blocks / c["sms"]), note=f"{col_blocks} working block(s) per launch"))
+                      fill=min(1.0, reduce_blocks / c["sms"]), note=f"{reduce_blocks} working block(s) per launch"))
     if cuda_overflow_possible(evidence, e_prod, 1.0 / tau, k):
         out.append(Kernel("forward", "overflow check (isinf, any, one host read)", 7, dram={"statistics": 4 * k * 8},
                           syncs=1, note=f"{evidence} evidence, τ = {tau}: overflow_possible"))
     out.append(Kernel("forward", "line losses and casts", 4, dram={"statistics": 2 * 7 * k * 8}))
-    # ---- backward
-    b = plan_strips(k, k, e_prod, 2 if bf16 else 0, False, False, budget, sp)
-    strips_b = b["strips"]
-    e_g = 2 if bf16 else e_prod
+    # ---- backward: 2-D blocks, column blocks inside row blocks (strip_plan.h plan_gradient_blocks)
     # Half inputs whose float32 dy accumulator would exceed the budget take dy from a second sweep
-    # over sᵀ's row strips instead (evidential_cuda.cpp loss_backward: dy_by_columns).
+    # over sᵀ's blocks instead (evidential_cuda.cpp loss_backward: dy_by_columns).
     dy_by_columns = e_in < e_prod and kd * 4 > budget
+    accumulator = 4 if e_in < e_prod else 0  # dx[r] summed in float32 off to the side for half outputs
+    b = plan_gradient_blocks(k, k, d, e_prod, 2 if bf16 else 0, False, accumulator, budget, sp)
+    blocks = b["row_blocks"] * b["col_blocks"]
+    e_g = 2 if bf16 else e_prod
     out.append(Kernel("backward", "line constants (zeros, upstream cast, line_gradients)", 6,
                       dram={"line constants": 2 * 9 * k * 8}))
+    if not dy_by_columns:
+        out.append(Kernel("backward", "zero dy (float32)", 1, dram={"dy": kd * e_prod}))
+    # (label, its product into an output summed over column blocks, whether dy is accumulated too)
+    sweeps = [("", "dx GEMM G·y (per block)", "dx", not dy_by_columns)]
     if dy_by_columns:
-        out.append(Kernel("backward", "zero dx", 1, dram={"dx": kd * e_in}))
-    else:
-        out.append(Kernel("backward", "zero dx, dy (dy in float32)", 2, dram={"dx": kd * e_in, "dy": kd * e_prod}))
-    # (label, its product into an output written once, whether dy is accumulated in the same sweep)
-    sweeps = [("", ("dx GEMM G·y (per strip)", "dx written"), not dy_by_columns)]
-    if dy_by_columns:
-        sweeps.append((" (sᵀ sweep)", ("dy GEMM (∂L/∂sᵀ)·x (per strip)", "dy written"), False))
-    for label, (product, written), accumulates_dy in sweeps:
-        out.append(Kernel("backward", f"similarity GEMM again (recompute, per strip){label}", strips_b,
+        sweeps.append((" (sᵀ sweep)", "dy GEMM (∂L/∂sᵀ)·x (per block)", "dy", False))
+    block_note = f"{b['row_blocks']} × {b['col_blocks']} blocks of {b['block_rows']} × {b['block_cols']}"
+    for label, product, output, accumulates_dy in sweeps:
+        out.append(Kernel("backward", f"similarity GEMM again (recompute, per block){label}", blocks,
                           flops=2.0 * kk * d,
-                          dram={"x strips": kd * e_in, "y re-read per strip": strips_b * kd * e_in,
-                                "s strip written (float32)": kk * e_prod},
-                          note=f"{strips_b} strips of {b['strip_rows']} rows"))
-        out.append(Kernel("backward", f"gradient_kernel (per strip){label}", strips_b, elements=kk,
+                          dram={"x row blocks": kd * e_in, "y re-read per row block": b["row_blocks"] * kd * e_in,
+                                "s block written (float32)": kk * e_prod},
+                          l2={"x row block again per column block": (b["col_blocks"] - 1) * kd * e_in},
+                          note=block_note))
+        out.append(Kernel("backward", f"gradient_kernel (per block){label}", blocks, elements=kk,
                           cycles_per_element=bwd_cycles,
-                          dram={"s strip read back": kk * e_prod,
+                          dram={"s block read back": kk * e_prod,
                                 f"∂L/∂s written ({'bfloat16' if bf16 else 'float32'})": kk * e_g},
                           note=f"{bwd_cycles:.2f} cycles/element ({bwd_pipe})"))
-        out.append(Kernel("backward", product, strips_b, flops=2.0 * kk * d,
-                          dram={"∂L/∂s read": kk * e_g, "y re-read per strip": strips_b * kd * e_in,
-                                written: kd * e_in}))
+        summed = b["col_blocks"] > 1
+        acc_bytes = accumulator or e_in  # where the rows' sum is kept: float32 beside, or the output
+        product_l2 = {f"{output}[r] read-modify-write per column block": (b["col_blocks"] - 1) * kd * acc_bytes * 2} \
+            if summed else {}
+        out.append(Kernel("backward", product, blocks, flops=2.0 * kk * d,
+                          dram={"∂L/∂s read": kk * e_g, "y re-read per row block": b["row_blocks"] * kd * e_in,
+                                f"{output} written": kd * (acc_bytes if summed else e_in)},
+                          l2=product_l2))
+        if summed and accumulator:
+            out.append(Kernel("backward", f"{output}[r] cast float32 → input dtype (per row block)", b["row_blocks"],
+                              dram={f"{output} written": kd * e_in}, l2={"accumulator read": kd * accumulator}))
         if accumulates_dy:
-            out.append(Kernel("backward", "dy GEMM Gᵀ·x (per strip)", strips_b, flops=2.0 * kk * d,
-                              dram={"∂L/∂s read": kk * e_g, "x strips": kd * e_in,
-                                    "dy accumulator read-modify-write per strip (float32)": strips_b * kd * e_prod * 2}))
+            out.append(Kernel("backward", "dy GEMM Gᵀ·x (per block)", blocks, flops=2.0 * kk * d,
+                              dram={"∂L/∂s read": kk * e_g,
+                                    "dy accumulator read-modify-write per row block (float32)":
+                                        b["row_blocks"] * kd * e_prod * 2},
+                              l2={"x row block again per column block": b["col_blocks"] * kd * e_in}))
     if e_prod != e_in and not dy_by_columns:
         out.append(Kernel("backward", "dy cast float32 → input dtype", 1, dram={"dy float32 read": kd * e_prod,
                                                                                   "dy written": kd * e_in}))
@@ -434,7 +492,9 @@ def cuda_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dict,
 
 
 def _plan_summary(p: dict) -> dict:
-    return {k: p[k] for k in ("strip_rows", "strips", "col_blocks", "row_groups", "total_bytes")}
+    keys = ("block_rows", "row_blocks", "block_cols", "col_blocks") if "block_rows" in p else \
+        ("strip_rows", "strips", "col_blocks", "row_groups")
+    return {k: p[k] for k in (*keys, "total_bytes")}
 
 
 def _memory(peak: int, items: dict, grad_bytes: int) -> dict:

@@ -98,18 +98,25 @@ def test_cuda_step_counts_what_the_host_code_does():
     gemms = sum(k["flops"] for k in row["kernels"])
     assert gemms == pytest.approx(8 * 16384**2 * 1024)  # s twice (the backward recomputes it), dx, dy
     dy = next(k for k in row["kernels"] if k["name"].startswith("dy GEMM"))
-    assert dy["dram_bytes"]["dy accumulator read-modify-write per strip (float32)"] == \
-        plan["strips"] * 16384 * 1024 * 4 * 2
+    # 2-D blocks: dy's float32 accumulator read and written once per row block (6, not 25 strips),
+    # dx[r] summed in L2 over the column blocks and cast once per row block
+    assert (plan["row_blocks"], plan["col_blocks"]) == (6, 6)
+    assert dy["dram_bytes"]["dy accumulator read-modify-write per row block (float32)"] == \
+        plan["row_blocks"] * 16384 * 1024 * 4 * 2
+    dx = next(k for k in row["kernels"] if k["name"].startswith("dx GEMM"))
+    assert dx["l2_bytes"]["dx[r] read-modify-write per column block"] == 5 * 16384 * 1024 * 4 * 2
     assert "dy cast float32 → input dtype" in names
+    assert next(k for k in row["kernels"] if k["name"].startswith("dx[r] cast"))["launches"] == 6
     assert row["syncs"] == 1  # exp evidence: the overflow check reads the device
     assert gm.predict("cuda", "uml", "bf16", 16384, 1024, H100, profile)["syncs"] == 0
-    # at K = 65536 a forward strip has ~200 rows: reduce_row_partials takes a block per 32 rows and
-    # statistic slot (TCL: rest, kl, squares)
+    # at K = 65536 a forward strip has ~200 rows: reduce_partials takes a block per 32 rows and per
+    # 256 columns, each per statistic slot (TCL: rest, kl, squares), in one launch per strip
     big = gm.predict("cuda", "tcl", "ieee", 65536, 1024, H100, profile)
-    reduce = next(k for k in big["kernels"] if k["name"].startswith("reduce_row_partials"))
+    reduce = next(k for k in big["kernels"] if k["name"].startswith("reduce_partials"))
     rows = big["plans"]["forward"]["strip_rows"]
-    assert reduce["fill"] == pytest.approx(-(-rows // 32) * 3 / 132)
+    assert reduce["fill"] == pytest.approx(min(1.0, (-(-rows // 32) + 65536 // 256) * 3 / 132))
     assert reduce["launches"] == big["plans"]["forward"]["strips"] > 100
+    assert {"row partials read", "column partials read"} <= set(reduce["dram_bytes"])
 
 
 def test_memory_targets_follow_the_buffers():
@@ -138,7 +145,7 @@ def test_cuda_dy_by_columns_adds_one_sweep():
     assert gemms == pytest.approx(10 * 65536**2 * 1024)
     names = [k["name"] for k in row["kernels"]]
     assert sum(name.startswith("gradient_kernel") for name in names) == 2
-    assert "dy GEMM Gᵀ·x (per strip)" not in names and "dy cast float32 → input dtype" not in names
+    assert "dy GEMM Gᵀ·x (per block)" not in names and "dy cast float32 → input dtype" not in names
     assert any(name.startswith("dy GEMM (∂L/∂sᵀ)·x") for name in names)
 
 
@@ -169,6 +176,31 @@ def test_plan_strips_port_matches_the_header(tmp_path):
         plan = gm.plan_strips(m, n, t, h, bool(p), bool(s), b)
         assert [plan[k] for k in ("strip_rows", "strips", "col_blocks", "row_groups", "total_bytes")] == \
             [int(v) for v in line.split()], (m, n, t, h, p, s, b)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")
+def test_plan_gradient_blocks_port_matches_the_header(tmp_path):
+    # (m, n, d, tile, half, scalars, accumulator, budget): cut and uncut rows, half and float
+    cases = [(16384, 16384, 1024, 4, 2, 0, 4, 64 << 20), (65536, 65536, 1024, 4, 0, 0, 0, 64 << 20),
+             (4096, 4096, 1024, 4, 2, 0, 4, 64 << 20), (65536, 65536, 1024, 4, 2, 1, 4, 64 << 20),
+             (1000, 3000, 203, 8, 0, 0, 0, 12345), (1, 65536, 7, 4, 0, 0, 0, 65536), (7, 5, 3, 0, 0, 0, 0, 1)]
+    flag = {0: "false", 1: "true"}
+    body = "\n".join(f"  show({m}, {n}, {d}, sp::StripNeeds{{{t}, {h}, false, {flag[s]}}}, {a}, {b});"
+                     for m, n, d, t, h, s, a, b in cases)
+    source = tmp_path / "blocks.cpp"
+    source.write_text('#include <cstdio>\n#include "cuda/strip_plan.h"\nnamespace sp = evidential_ops::cuda;\n'
+                      "void show(long m, long n, long d, sp::StripNeeds needs, long acc, long budget) {\n"
+                      "  auto p = sp::plan_gradient_blocks(m, n, d, needs, acc, budget);\n"
+                      '  std::printf("%lld %lld %lld %lld %lld\\n", (long long)p.block_rows, (long long)p.row_blocks, '
+                      "(long long)p.block_cols, (long long)p.col_blocks, (long long)p.total_bytes);\n}\n"
+                      f"int main() {{\n{body}\n}}\n")
+    binary = tmp_path / "blocks"
+    subprocess.run(["g++", "-std=c++17", f"-I{gm.ROOT}/csrc", str(source), "-o", str(binary)], check=True)
+    printed = subprocess.run([str(binary)], check=True, capture_output=True, text=True).stdout.split("\n")
+    for (m, n, d, t, h, s, a, b), line in zip(cases, printed):
+        plan = gm.plan_gradient_blocks(m, n, d, t, h, bool(s), a, b)
+        assert [plan[k] for k in ("block_rows", "row_blocks", "block_cols", "col_blocks", "total_bytes")] == \
+            [int(v) for v in line.split()], (m, n, d, t, h, s, a, b)
 
 
 def test_ceilings_file_overrides_the_datasheet(tmp_path):
