@@ -455,8 +455,9 @@ def cuda_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dict,
                           note=f"{bwd_cycles:.2f} cycles/element ({bwd_pipe})"))
         summed = b["col_blocks"] > 1
         acc_bytes = accumulator or e_in  # where the rows' sum is kept: float32 beside, or the output
-        product_l2 = {f"{output}[r] read-modify-write per column block": (b["col_blocks"] - 1) * kd * acc_bytes * 2} \
-            if summed else {}
+        product_l2 = {}
+        if summed:
+            product_l2[f"{output}[r] read-modify-write per column block"] = (b["col_blocks"] - 1) * kd * acc_bytes * 2
         out.append(Kernel("backward", product, blocks, flops=2.0 * kk * d,
                           dram={"∂L/∂s read": kk * e_g, "y re-read per row block": b["row_blocks"] * kd * e_in,
                                 f"{output} written": kd * (acc_bytes if summed else e_in)},

@@ -154,28 +154,37 @@ def test_strip_constants_are_read_from_the_header():
     assert k["kThreads"] == 256 and k["kStatSlots"] == 6 and k["kDefaultWorkspaceMiB"] == 64
 
 
+def printed_by_the_header(tmp_path, show: str, calls: list) -> list:
+    """What a C++ program of strip_plan.h prints: `show` (a function printing one plan per line)
+    called with each of `calls` (argument lists as C++ source)."""
+    source = tmp_path / "plan.cpp"
+    body = "\n".join(f"  show({call});" for call in calls)
+    source.write_text('#include <cstdio>\n#include "cuda/strip_plan.h"\nnamespace sp = evidential_ops::cuda;\n'
+                      f"{show}\nint main() {{\n{body}\n}}\n")
+    binary = tmp_path / "plan"
+    subprocess.run(["g++", "-std=c++17", f"-I{gm.ROOT}/csrc", str(source), "-o", str(binary)], check=True)
+    out = subprocess.run([str(binary)], check=True, capture_output=True, text=True).stdout
+    return [[int(v) for v in line.split()] for line in out.splitlines()]
+
+
+FLAG = {0: "false", 1: "true"}
+
+
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")
 def test_plan_strips_port_matches_the_header(tmp_path):
     cases = [(16384, 16384, 4, 0, 1, 0, 64 << 20), (65536, 65536, 4, 0, 1, 0, 64 << 20),
              (65536, 65536, 4, 2, 0, 0, 64 << 20), (4096, 4096, 8, 0, 1, 0, 1 << 20), (1000, 3000, 4, 2, 0, 1, 12345),
              (7, 5, 0, 0, 1, 0, 64 << 20)]
-    flag = {0: "false", 1: "true"}
-    body = "\n".join(f"  show({m}, {n}, sp::StripNeeds{{{t}, {h}, {flag[p]}, {flag[s]}}}, {b});"
-                     for m, n, t, h, p, s, b in cases)
-    source = tmp_path / "plan.cpp"
-    source.write_text('#include <cstdio>\n#include "cuda/strip_plan.h"\nnamespace sp = evidential_ops::cuda;\n'
-                      "void show(long m, long n, sp::StripNeeds needs, long budget) {\n"
-                      "  auto p = sp::plan_strips(m, n, needs, budget);\n"
-                      '  std::printf("%lld %lld %lld %lld %lld\\n", (long long)p.strip_rows, (long long)p.strips, '
-                      "(long long)p.col_blocks, (long long)p.row_groups, (long long)p.total_bytes);\n}\n"
-                      f"int main() {{\n{body}\n}}\n")
-    binary = tmp_path / "plan"
-    subprocess.run(["g++", "-std=c++17", f"-I{gm.ROOT}/csrc", str(source), "-o", str(binary)], check=True)
-    printed = subprocess.run([str(binary)], check=True, capture_output=True, text=True).stdout.split("\n")
-    for (m, n, t, h, p, s, b), line in zip(cases, printed):
+    show = ("void show(long m, long n, sp::StripNeeds needs, long budget) {\n"
+            "  auto p = sp::plan_strips(m, n, needs, budget);\n"
+            '  std::printf("%lld %lld %lld %lld %lld\\n", (long long)p.strip_rows, (long long)p.strips, '
+            "(long long)p.col_blocks, (long long)p.row_groups, (long long)p.total_bytes);\n}")
+    calls = [f"{m}, {n}, sp::StripNeeds{{{t}, {h}, {FLAG[p]}, {FLAG[s]}}}, {b}" for m, n, t, h, p, s, b in cases]
+    printed = printed_by_the_header(tmp_path, show, calls)
+    for (m, n, t, h, p, s, b), line in zip(cases, printed, strict=True):
         plan = gm.plan_strips(m, n, t, h, bool(p), bool(s), b)
-        assert [plan[k] for k in ("strip_rows", "strips", "col_blocks", "row_groups", "total_bytes")] == \
-            [int(v) for v in line.split()], (m, n, t, h, p, s, b)
+        assert [plan[k] for k in ("strip_rows", "strips", "col_blocks", "row_groups", "total_bytes")] == line, \
+            (m, n, t, h, p, s, b)
 
 
 @pytest.mark.skipif(shutil.which("g++") is None, reason="no g++")
@@ -184,23 +193,17 @@ def test_plan_gradient_blocks_port_matches_the_header(tmp_path):
     cases = [(16384, 16384, 1024, 4, 2, 0, 4, 64 << 20), (65536, 65536, 1024, 4, 0, 0, 0, 64 << 20),
              (4096, 4096, 1024, 4, 2, 0, 4, 64 << 20), (65536, 65536, 1024, 4, 2, 1, 4, 64 << 20),
              (1000, 3000, 203, 8, 0, 0, 0, 12345), (1, 65536, 7, 4, 0, 0, 0, 65536), (7, 5, 3, 0, 0, 0, 0, 1)]
-    flag = {0: "false", 1: "true"}
-    body = "\n".join(f"  show({m}, {n}, {d}, sp::StripNeeds{{{t}, {h}, false, {flag[s]}}}, {a}, {b});"
-                     for m, n, d, t, h, s, a, b in cases)
-    source = tmp_path / "blocks.cpp"
-    source.write_text('#include <cstdio>\n#include "cuda/strip_plan.h"\nnamespace sp = evidential_ops::cuda;\n'
-                      "void show(long m, long n, long d, sp::StripNeeds needs, long acc, long budget) {\n"
-                      "  auto p = sp::plan_gradient_blocks(m, n, d, needs, acc, budget);\n"
-                      '  std::printf("%lld %lld %lld %lld %lld\\n", (long long)p.block_rows, (long long)p.row_blocks, '
-                      "(long long)p.block_cols, (long long)p.col_blocks, (long long)p.total_bytes);\n}\n"
-                      f"int main() {{\n{body}\n}}\n")
-    binary = tmp_path / "blocks"
-    subprocess.run(["g++", "-std=c++17", f"-I{gm.ROOT}/csrc", str(source), "-o", str(binary)], check=True)
-    printed = subprocess.run([str(binary)], check=True, capture_output=True, text=True).stdout.split("\n")
-    for (m, n, d, t, h, s, a, b), line in zip(cases, printed):
+    show = ("void show(long m, long n, long d, sp::StripNeeds needs, long acc, long budget) {\n"
+            "  auto p = sp::plan_gradient_blocks(m, n, d, needs, acc, budget);\n"
+            '  std::printf("%lld %lld %lld %lld %lld\\n", (long long)p.block_rows, (long long)p.row_blocks, '
+            "(long long)p.block_cols, (long long)p.col_blocks, (long long)p.total_bytes);\n}")
+    calls = [f"{m}, {n}, {d}, sp::StripNeeds{{{t}, {h}, false, {FLAG[s]}}}, {a}, {b}"
+             for m, n, d, t, h, s, a, b in cases]
+    printed = printed_by_the_header(tmp_path, show, calls)
+    for (m, n, d, t, h, s, a, b), line in zip(cases, printed, strict=True):
         plan = gm.plan_gradient_blocks(m, n, d, t, h, bool(s), a, b)
-        assert [plan[k] for k in ("block_rows", "row_blocks", "block_cols", "col_blocks", "total_bytes")] == \
-            [int(v) for v in line.split()], (m, n, d, t, h, s, a, b)
+        assert [plan[k] for k in ("block_rows", "row_blocks", "block_cols", "col_blocks", "total_bytes")] == line, \
+            (m, n, d, t, h, s, a, b)
 
 
 def test_ceilings_file_overrides_the_datasheet(tmp_path):

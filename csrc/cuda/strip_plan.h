@@ -77,6 +77,17 @@ struct StripPlan {
 inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
 inline std::int64_t align_up(std::int64_t bytes) { return ceil_div(bytes, kAlignment) * kAlignment; }
 
+// Sub-buffers placed one after another in the workspace, each aligned (size 0: offset 0, no room).
+struct WorkspaceLayout {
+  std::int64_t offset = 0;
+  void place(std::int64_t bytes, std::int64_t& at, std::int64_t& size) {
+    size = bytes;
+    at = bytes > 0 ? offset : 0;
+    offset += align_up(bytes);
+  }
+  std::int64_t total_bytes() const { return std::max<std::int64_t>(offset, kAlignment); }
+};
+
 // Row groups of a launch over `rows` rows of a strip: enough blocks to fill a large GPU, never
 // groups of fewer than kMinGroupRows rows. Depends on the sizes only (not on the device), so a
 // result does not change from one GPU to another with the same budget.
@@ -109,18 +120,13 @@ inline StripPlan plan_strips(std::int64_t m, std::int64_t n, const StripNeeds& n
   p.strips = ceil_div(m, rows);
   p.row_groups = std::min(row_groups_for(rows, p.col_blocks), max_groups);
 
-  std::int64_t offset = 0;
-  const auto place = [&offset](std::int64_t bytes, std::int64_t& at, std::int64_t& size) {
-    size = bytes;
-    at = bytes > 0 ? offset : 0;
-    offset += align_up(bytes);
-  };
-  place(rows * n * needs.tile_element_bytes, p.tile_offset, p.tile_bytes);
-  place(rows * n * needs.half_element_bytes, p.half_offset, p.half_bytes);
-  place(needs.partials ? p.col_blocks * stat_bytes * rows : 0, p.row_partial_offset, p.row_partial_bytes);
-  place(needs.partials ? p.row_groups * stat_bytes * n : 0, p.col_partial_offset, p.col_partial_bytes);
-  place(needs.scalars ? kScalarBytes : 0, p.scalars_offset, p.scalars_bytes);
-  p.total_bytes = std::max<std::int64_t>(offset, kAlignment);
+  WorkspaceLayout layout;
+  layout.place(rows * n * needs.tile_element_bytes, p.tile_offset, p.tile_bytes);
+  layout.place(rows * n * needs.half_element_bytes, p.half_offset, p.half_bytes);
+  layout.place(needs.partials ? p.col_blocks * stat_bytes * rows : 0, p.row_partial_offset, p.row_partial_bytes);
+  layout.place(needs.partials ? p.row_groups * stat_bytes * n : 0, p.col_partial_offset, p.col_partial_bytes);
+  layout.place(needs.scalars ? kScalarBytes : 0, p.scalars_offset, p.scalars_bytes);
+  p.total_bytes = layout.total_bytes();
   return p;
 }
 
@@ -191,17 +197,12 @@ inline BlockPlan plan_gradient_blocks(std::int64_t m, std::int64_t n, std::int64
   p.block_cols = cols;
   p.col_blocks = ceil_div(n, cols);
 
-  std::int64_t offset = 0;
-  const auto place = [&offset](std::int64_t bytes, std::int64_t& at, std::int64_t& size) {
-    size = bytes;
-    at = bytes > 0 ? offset : 0;
-    offset += align_up(bytes);
-  };
-  place(rows * cols * needs.tile_element_bytes, p.tile_offset, p.tile_bytes);
-  place(rows * cols * needs.half_element_bytes, p.half_offset, p.half_bytes);
-  place(p.col_blocks > 1 ? rows * accumulator_row : 0, p.accumulator_offset, p.accumulator_bytes);
-  place(needs.scalars ? kScalarBytes : 0, p.scalars_offset, p.scalars_bytes);
-  p.total_bytes = std::max<std::int64_t>(offset, kAlignment);
+  WorkspaceLayout layout;
+  layout.place(rows * cols * needs.tile_element_bytes, p.tile_offset, p.tile_bytes);
+  layout.place(rows * cols * needs.half_element_bytes, p.half_offset, p.half_bytes);
+  layout.place(p.col_blocks > 1 ? rows * accumulator_row : 0, p.accumulator_offset, p.accumulator_bytes);
+  layout.place(needs.scalars ? kScalarBytes : 0, p.scalars_offset, p.scalars_bytes);
+  p.total_bytes = layout.total_bytes();
   return p;
 }
 
