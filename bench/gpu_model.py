@@ -13,7 +13,7 @@ What a step does is derived from the code, per backend:
   from the header), and per strip or block the cuBLAS products (the backward recomputes s), the
   element kernels, the partial-sum reductions; the K×D buffers (dy in float32 for bfloat16 inputs,
   or where that buffer exceeds the budget a second backward sweep over sᵀ that writes dy once; dx[r]
-  summed over column blocks in L2), the launches of the per-line work and the overflow check's
+  read and written once per column block), the launches of the per-line work and the overflow check's
   host read where `overflow_possible` says one is needed.
 - Triton (evidential_ops/triton_backend/launch.py): the one-pass or two-pass forward chosen as
   `_line_statistics` chooses it (PARTIAL_BUDGET_BYTES, the SM count), the tile sizes of
@@ -265,7 +265,7 @@ def strip_constants(path: str = STRIP_PLAN_H) -> dict:
     """The `constexpr` integers of strip_plan.h (kThreads, kStatSlots, kTargetBlocks, ...)."""
     found = static_profile.source_ints(path)
     needed = ("kThreads", "kStatSlots", "kTargetBlocks", "kMinGroupRows", "kMaxRowGroups", "kAlignment",
-              "kScalarBytes", "kDefaultWorkspaceMiB")
+              "kScalarBytes", "kDefaultWorkspaceMiB", "kColumnAlignment")
     missing = [n for n in needed if n not in found]
     if missing:
         raise RuntimeError(f"strip_plan.h no longer defines {missing}: update bench/gpu_model.py's port")
@@ -346,7 +346,10 @@ def plan_gradient_blocks(m: int, n: int, d: int, tile_bytes: int, half_bytes: in
     cols = n
     if element > 0 and room > 0:
         side = square_side(element, accumulator_row, room)
-        cut = _ceil_div(n, _ceil_div(n, side))
+        step = k["kColumnAlignment"]
+        widest = side // step * step if side >= step else side
+        even = _ceil_div(n, _ceil_div(n, widest))
+        cut = _ceil_div(even, step) * step if side >= step else even
         if n > side and (n * element > room or _ceil_div(m, rows_for(cut)) < _ceil_div(m, rows_for(n))):
             cols = cut
     rows = rows_for(cols)
@@ -455,22 +458,20 @@ def cuda_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dict,
                           note=f"{bwd_cycles:.2f} cycles/element ({bwd_pipe})"))
         summed = b["col_blocks"] > 1
         acc_bytes = accumulator or e_in  # where the rows' sum is kept: float32 beside, or the output
-        product_l2 = {}
-        if summed:
-            product_l2[f"{output}[r] read-modify-write per column block"] = (b["col_blocks"] - 1) * kd * acc_bytes * 2
-        out.append(Kernel("backward", product, blocks, flops=2.0 * kk * d,
-                          dram={"∂L/∂s read": kk * e_g, "y re-read per row block": b["row_blocks"] * kd * e_in,
-                                f"{output} written": kd * (acc_bytes if summed else e_in)},
-                          l2=product_l2))
+        product_dram = {"∂L/∂s read": kk * e_g, "y re-read per row block": b["row_blocks"] * kd * e_in,
+                        f"{output} written": kd * (acc_bytes if summed else e_in)}
+        if summed:  # not counted on to stay in L2 beside the s and G blocks (strip_plan.h)
+            product_dram[f"{output}[r] read-modify-write per column block"] = (b["col_blocks"] - 1) * kd * acc_bytes * 2
+        out.append(Kernel("backward", product, blocks, flops=2.0 * kk * d, dram=product_dram))
         if summed and accumulator:
             out.append(Kernel("backward", f"{output}[r] cast float32 → input dtype (per row block)", b["row_blocks"],
-                              dram={f"{output} written": kd * e_in}, l2={"accumulator read": kd * accumulator}))
+                              dram={f"{output} written": kd * e_in, "accumulator read": kd * accumulator}))
         if accumulates_dy:
             out.append(Kernel("backward", "dy GEMM Gᵀ·x (per block)", blocks, flops=2.0 * kk * d,
-                              dram={"∂L/∂s read": kk * e_g,
+                              dram={"∂L/∂s read": kk * e_g, "x row blocks": kd * e_in,
                                     "dy accumulator read-modify-write per row block (float32)":
                                         b["row_blocks"] * kd * e_prod * 2},
-                              l2={"x row block again per column block": b["col_blocks"] * kd * e_in}))
+                              l2={"x row block again per column block": (b["col_blocks"] - 1) * kd * e_in}))
     if e_prod != e_in and not dy_by_columns:
         out.append(Kernel("backward", "dy cast float32 → input dtype", 1, dram={"dy float32 read": kd * e_prod,
                                                                                   "dy written": kd * e_in}))

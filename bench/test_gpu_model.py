@@ -99,12 +99,12 @@ def test_cuda_step_counts_what_the_host_code_does():
     assert gemms == pytest.approx(8 * 16384**2 * 1024)  # s twice (the backward recomputes it), dx, dy
     dy = next(k for k in row["kernels"] if k["name"].startswith("dy GEMM"))
     # 2-D blocks: dy's float32 accumulator read and written once per row block (6, not 25 strips),
-    # dx[r] summed in L2 over the column blocks and cast once per row block
+    # dx[r] in float32 read and written once per column block and cast once per row block
     assert (plan["row_blocks"], plan["col_blocks"]) == (6, 6)
     assert dy["dram_bytes"]["dy accumulator read-modify-write per row block (float32)"] == \
         plan["row_blocks"] * 16384 * 1024 * 4 * 2
     dx = next(k for k in row["kernels"] if k["name"].startswith("dx GEMM"))
-    assert dx["l2_bytes"]["dx[r] read-modify-write per column block"] == 5 * 16384 * 1024 * 4 * 2
+    assert dx["dram_bytes"]["dx[r] read-modify-write per column block"] == 5 * 16384 * 1024 * 4 * 2
     assert "dy cast float32 → input dtype" in names
     assert next(k for k in row["kernels"] if k["name"].startswith("dx[r] cast"))["launches"] == 6
     assert row["syncs"] == 1  # exp evidence: the overflow check reads the device

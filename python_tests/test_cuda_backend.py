@@ -117,8 +117,8 @@ def test_strips_do_not_change_the_result(budget, gen, dtype):
     # A few strips; forward or backward in one-row strips; one row each. The backward cuts the rows
     # of s into 2-D blocks where a row no longer fits a square block and the cut gives fewer row
     # blocks than strips (strip_plan.h plan_gradient_blocks): float64 from 700 000 on down (1 × 2
-    # blocks), the others from 200 000 (float32 1 × 2, half types 2 × 2 with dx[r] summed in float32),
-    # 3 × 4 to 5 × 5 blocks at 40 000; one-row strips at 1. Below K·D·4 bytes (48 000 here) half
+    # blocks), half types from 200 000 (2 × 3, dx[r] summed in float32), every dtype at 40 000 (2 × 5
+    # to 5 × 5 blocks, the last column block narrower); one-row strips at 1. Below K·D·4 bytes (48 000 here) half
     # inputs take dy from the second sweep over the blocks of sᵀ (evidential_cuda.cpp loss_backward).
     for small in (700_000, 200_000, 40_000, 1):
         budget(small)

@@ -2,8 +2,8 @@
 // in csrc/op_args.h shared with the CPU, kernels in csrc/cuda/*.cu, strips in strip_plan.h).
 //
 // Shape of every op (README "Backends"): s is visited in pieces sized to a fixed working budget
-// (64 MiB by default): row strips in the forward, square blocks in the backward once a row of s is
-// longer than a block's side (strip_plan.h). From embeddings, a piece is one cuBLAS product
+// (64 MiB by default): row strips in the forward; in the backward row strips too, or near-square
+// blocks where that means fewer passes over dy and y (strip_plan.h plan_gradient_blocks). From embeddings, a piece is one cuBLAS product
 // x[r]·y[c]ᵀ; the element kernels turn it into line statistics (forward) or into ∂L/∂s in place
 // (backward), which two more products turn into dx[r] (+)= G·y[c] and dy[c] += Gᵀ·x[r] (half
 // inputs whose float32 dy would exceed the budget: dy from a second sweep over the blocks of sᵀ
@@ -531,10 +531,10 @@ std::tuple<Tensor, Tensor> loss_backward(const Tensor& grad_rows, const Tensor& 
   if (need_dy) dy = dy_by_columns ? at::empty({src.cols, d}, y.options()) : at::zeros({src.cols, d}, x.options().dtype(product));
 
   const StripNeeds needs{static_cast<std::int64_t>(c10::elementSize(product)), half ? 2 : 0, false, scaled};
-  const std::int64_t accumulator_bytes = half ? 4 : 0;
-  const BlockPlan plan = plan_gradient_blocks(src.rows, src.cols, d, needs, accumulator_bytes, budget);
+  // A float32 sum of half rows over column blocks: dx's (if asked for), and the sᵀ sweep's dy.
+  const BlockPlan plan = plan_gradient_blocks(src.rows, src.cols, d, needs, half && need_dx ? 4 : 0, budget);
   const BlockPlan column_plan =
-      dy_by_columns ? plan_gradient_blocks(src.cols, src.rows, d, needs, accumulator_bytes, budget) : plan;
+      dy_by_columns ? plan_gradient_blocks(src.cols, src.rows, d, needs, 4, budget) : plan;
   Tensor workspace =
       at::empty({std::max(plan.total_bytes, column_plan.total_bytes)}, x.options().dtype(at::kByte));
   const cudaStream_t stream = current_stream();

@@ -12,9 +12,10 @@
 //   column partials (forward) row_groups·kStatSlots·N doubles: each row group's sum of the
 //             column statistics, likewise (at most half the budget: fewer row groups if need be);
 //   scalars   a few bytes (the float16 scale of ∂L/∂s and cuBLAS's alpha/beta).
-// Everything is one workspace allocation of at most the budget, except two floors whatever the
-// budget: a strip is never less than one row (a row of s, O(N)), and the column partials never
-// less than one row group (kStatSlots·N doubles, 48·N bytes: beyond 64 MiB from N ≈ 1.4 million).
+// Everything is one workspace allocation of at most the budget, except floors whatever the
+// budget: a strip is never less than one row (a row of s, O(N)), the column partials never less
+// than one row group (kStatSlots·N doubles, 48·N bytes: beyond 64 MiB from N ≈ 1.4 million), and a
+// backward block never less than 1 × 1 (plus, for half inputs cut into blocks, a float32 row of dx).
 #pragma once
 
 #include <algorithm>
@@ -135,15 +136,21 @@ inline StripPlan plan_strips(std::int64_t m, std::int64_t n, const StripNeeds& n
 // The backward visits s in blocks of block_rows × block_cols, column blocks inside row blocks:
 // per block one product s = x[r]·y[c]ᵀ, its ∂L/∂s, then dx[r] (+)= G·y[c] and dy[c] += Gᵀ·x[r].
 // What a full-width strip costs in traffic is the dy accumulator, read and written in full for
-// every strip (and y, read again for every strip): K/rows times. Square blocks of the same
-// workspace make that K/side times, side = √(budget/element bytes): at K = 16384, D = 1024 from
-// bfloat16, 6 instead of 25 passes over the 64 MiB float32 dy; at K = 65536 from float32, 16
-// instead of 256 over 256 MiB. Meanwhile dx[r], accumulated over the column blocks of a row
-// block, stays at block_rows × D: in L2 on a GPU. Where dx[r] is the input's half type it is
-// accumulated in a float32 block of the workspace (the accumulator below) and cast once per row
-// block; float32 and float64 outputs accumulate in place. A row of s no longer than the side is
-// not cut, nor one whose blocks would not be fewer row blocks than the strips: full-width strips
-// then, exactly plan_strips' (no accumulator: dx written once).
+// every strip (and y, read again for every strip): K/rows times. Near-square blocks of the same
+// workspace make that about K/side times, side = √(budget/element bytes): at K = 16384, D = 1024
+// from bfloat16, 6 instead of 25 passes over the 64 MiB float32 dy; at K = 65536 from float32, 16
+// instead of 258 over 256 MiB. In exchange dx[r] is summed over the column blocks of its row
+// block: read and written once per column block (block_rows × D, as much as L2 holds beside the
+// blocks of s and G, so not counted on to stay there). Where dx[r] is the input's half type it is
+// summed in a float32 block of the workspace (the accumulator below) and cast once per row block;
+// float32 and float64 outputs accumulate in place. A block's width is a multiple of
+// kColumnAlignment (the leading dimension of s and G in the products: 16-bit rows 128-byte
+// aligned, as the tensor cores' fastest kernels want; a full row of s keeps N). A row of s is cut
+// only where it is longer than the side and either alone exceeds the budget or its blocks come in
+// fewer row blocks than full-width strips; otherwise full-width strips, exactly plan_strips' (no
+// accumulator: dx written once).
+constexpr std::int64_t kColumnAlignment = 64;
+
 struct BlockPlan {
   std::int64_t block_rows, row_blocks;  // rows of every row block but the last; ceil(m / block_rows)
   std::int64_t block_cols, col_blocks;  // likewise along the columns (col_blocks 1: full width)
@@ -185,7 +192,12 @@ inline BlockPlan plan_gradient_blocks(std::int64_t m, std::int64_t n, std::int64
   std::int64_t cols = n;
   if (element > 0 && room > 0) {  // (no room at all: one-row strips, plan_strips' floor)
     const std::int64_t side = square_side(element, accumulator_row, room);
-    const std::int64_t cut = ceil_div(n, ceil_div(n, side));  // equal column blocks
+    // Blocks as equal as kColumnAlignment allows (the last may be shorter), none wider than the
+    // side; below one aligned width of side, unaligned.
+    const std::int64_t widest = side >= kColumnAlignment ? side / kColumnAlignment * kColumnAlignment : side;
+    const std::int64_t even = ceil_div(n, ceil_div(n, widest));
+    const std::int64_t cut =
+        side >= kColumnAlignment ? ceil_div(even, kColumnAlignment) * kColumnAlignment : even;
     // Cut where a row of s alone exceeds the room, or where that makes fewer passes over dy and y
     // than full-width strips (not at K = 4096 from bfloat16: 2 × 2 blocks would pass twice, as 2
     // strips do, with twice the launches).

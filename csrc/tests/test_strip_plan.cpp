@@ -157,8 +157,8 @@ void check_blocks(std::int64_t m, std::int64_t n, std::int64_t d, const sp::Stri
   for (const auto& [size, count, extent] : {std::tuple{p.block_rows, p.row_blocks, m}, std::tuple{p.block_cols, p.col_blocks, n}}) {
     expect(size >= 1 && size <= extent, "block size in [1, extent]: " + at);
     expect(count == sp::ceil_div(extent, size), "blocks = ceil(extent / size): " + at);
-    expect(extent - (count - 1) * size > size - count, "blocks of (nearly) equal size: " + at);
   }
+  expect(m - (p.row_blocks - 1) * p.block_rows > p.block_rows - p.row_blocks, "row blocks of (nearly) equal size: " + at);
   const std::int64_t element = needs.tile_element_bytes + needs.half_element_bytes;
   const std::int64_t one_block = element + d * accumulator + (needs.scalars ? sp::kScalarBytes : 0) + 4 * sp::kAlignment;
   if (one_block <= budget) {
@@ -176,7 +176,11 @@ void check_blocks(std::int64_t m, std::int64_t n, std::int64_t d, const sp::Stri
     expect(p.total_bytes == strips.total_bytes, "...with plan_strips' workspace: " + at);
   } else {
     expect(element > 0 && n > side, "rows cut only when longer than the side: " + at);
-    expect(p.block_cols <= side && p.col_blocks == sp::ceil_div(n, side), "columns cut at the side: " + at);
+    // Column blocks: as few as blocks no wider than the side take, each a multiple of
+    // kColumnAlignment wide where the side allows one.
+    const std::int64_t widest = side >= sp::kColumnAlignment ? side / sp::kColumnAlignment * sp::kColumnAlignment : side;
+    expect(p.block_cols <= widest && p.col_blocks == sp::ceil_div(n, widest), "columns cut at the side: " + at);
+    expect(side < sp::kColumnAlignment || p.block_cols % sp::kColumnAlignment == 0, "aligned column blocks: " + at);
     expect(n * element > room || p.row_blocks < strips.strips,
            "cut only for a row beyond the room or fewer row blocks than strips: " + at);
   }
@@ -209,9 +213,9 @@ void test_blocks() {
       }
     }
   }
-  // The default budget at D = 1024 (printed for the record): K = 16384 from bfloat16 in 6 × 6
+  // The default budget at D = 1024 (printed for the record): K = 16384 from bfloat16 in 6 row
   // blocks (dy's float32 accumulator read and written 6 times, not 25), K = 65536 from float32 in
-  // 16 × 16 (16 times over 256 MiB, not 256).
+  // 16 (16 times over 256 MiB, not 258).
   for (const auto& [k, needs, accumulator] : {std::tuple{16384, bf16, 4}, std::tuple{65536, f32, 0}, std::tuple{16384, f32, 0}}) {
     const sp::BlockPlan p = sp::plan_gradient_blocks(k, k, 1024, needs, accumulator, 64 * mib);
     const sp::StripPlan strips = sp::plan_strips(k, k, needs, 64 * mib);
