@@ -3,11 +3,12 @@
 //
 // Shape of every op (README "Backends"): s is visited in pieces sized to a fixed working budget
 // (64 MiB by default): row strips in the forward; in the backward row strips too, or near-square
-// blocks where that means fewer passes over dy and y (strip_plan.h plan_gradient_blocks). From embeddings, a piece is one cuBLAS product
-// x[r]·y[c]ᵀ; the element kernels turn it into line statistics (forward) or into ∂L/∂s in place
-// (backward), which two more products turn into dx[r] (+)= G·y[c] and dy[c] += Gᵀ·x[r] (half
-// inputs whose float32 dy would exceed the budget: dy from a second sweep over the blocks of sᵀ
-// instead, see loss_backward). Extra device memory: the workspace and O(K) statistics; never K×K.
+// blocks where that means fewer passes over dy and y (strip_plan.h plan_gradient_blocks). From
+// embeddings, a piece is one cuBLAS product x[r]·y[c]ᵀ; the element kernels turn it into line
+// statistics (forward) or into ∂L/∂s in place (backward), which two more products turn into
+// dx[r] (+)= G·y[c] and dy[c] += Gᵀ·x[r] (half inputs whose float32 dy would exceed the budget: dy
+// from a second sweep over the blocks of sᵀ instead, see loss_backward). Extra device memory: the
+// workspace and O(K) statistics; never K×K.
 //
 // Precision. Products of float32 inputs are exact IEEE float32 (cuBLAS with
 // CUBLAS_COMPUTE_32F and the default math mode) unless the op's matmul_precision argument is
