@@ -46,8 +46,9 @@ def cpu_isa(request: str = "") -> str:
 def cuda_workspace_bytes(budget: int | None = None) -> int:
     """The working budget of the CUDA kernels in bytes: the strips or blocks of s that one op keeps
     on the device at a time (docs/backends.md "Backends"). With `budget`, set it (any positive number
-    of bytes; a forward strip is never less than one row of s, a backward block never less than 1 × 1). Initially EO_CUDA_WORKSPACE_MIB MiB, default 64 MiB.
-    Read at every op call; exists in every build (it only matters where the cuda backend runs)."""
+    of bytes; a forward strip is never less than one row of s, a backward block never less than
+    1 × 1). Initially EO_CUDA_WORKSPACE_MIB MiB, default 64 MiB. Read at every op call; exists in
+    every build (it only matters where the cuda backend runs)."""
     if _C is None:
         raise RuntimeError(f"the C++ extension is not loaded: {LOAD_ERROR}")
     if budget is None:

@@ -118,8 +118,9 @@ def test_strips_do_not_change_the_result(budget, gen, dtype):
     # of s into 2-D blocks where a row no longer fits a square block and the cut gives fewer row
     # blocks than strips (strip_plan.h plan_gradient_blocks): float64 from 700 000 on down (1 × 2
     # blocks), half types from 200 000 (2 × 3, dx[r] summed in float32), every dtype at 40 000 (2 × 5
-    # to 5 × 5 blocks, the last column block narrower); one-row strips at 1. Below K·D·4 bytes (48 000 here) half
-    # inputs take dy from the second sweep over the blocks of sᵀ (evidential_cuda.cpp loss_backward).
+    # to 5 × 5 blocks, the last column block narrower); one-row strips at 1. Below K·D·4 bytes
+    # (48 000 here) half inputs take dy from the second sweep over the blocks of sᵀ
+    # (evidential_cuda.cpp loss_backward).
     for small in (700_000, 200_000, 40_000, 1):
         budget(small)
         strips = loss_and_grads(x, y, **kwargs)

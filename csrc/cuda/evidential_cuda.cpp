@@ -556,8 +556,9 @@ std::tuple<Tensor, Tensor> loss_backward(const Tensor& grad_rows, const Tensor& 
     void* half_g = half ? base + p.half_offset : nullptr;
     unsigned int* max_bits = scaled ? reinterpret_cast<unsigned int*>(base + p.scalars_offset) : nullptr;
     float* alphas = scaled ? reinterpret_cast<float*>(base + p.scalars_offset + 16) : nullptr;
-    // Half rows over several column blocks: summed in float32, cast once per row block.
-    const bool off_to_side = half && p.col_blocks > 1;
+    // Half rows over several column blocks: summed in the plan's float32 accumulator, cast once
+    // per row block.
+    const bool off_to_side = p.accumulator_bytes > 0;
     for (std::int64_t rb = 0; rb < p.row_blocks; ++rb) {
       const std::int64_t r0 = rb * p.block_rows;
       const std::int64_t nr = std::min(p.block_rows, rows - r0);

@@ -43,6 +43,19 @@ std::int64_t one_row_bytes(std::int64_t m, std::int64_t n, const sp::StripNeeds&
   return sp::plan_strips(m, n, needs, 1).total_bytes;
 }
 
+// A workspace's sub-buffers (offset, bytes; 0 bytes: not there): aligned, inside it, disjoint.
+void check_sub_buffers(const std::vector<std::pair<std::int64_t, std::int64_t>>& buffers, std::int64_t total,
+                       const std::string& at) {
+  std::vector<std::pair<std::int64_t, std::int64_t>> placed;
+  for (const auto& [offset, bytes] : buffers) {
+    if (bytes == 0) continue;
+    expect(offset % sp::kAlignment == 0, "aligned sub-buffer: " + at);
+    expect(offset >= 0 && offset + bytes <= total, "sub-buffer inside the workspace: " + at);
+    for (const auto& [o, b] : placed) expect(offset >= o + b || o >= offset + bytes, "disjoint sub-buffers: " + at);
+    placed.emplace_back(offset, bytes);
+  }
+}
+
 void check_plan(std::int64_t m, std::int64_t n, const sp::StripNeeds& needs, std::int64_t budget) {
   const sp::StripPlan p = sp::plan_strips(m, n, needs, budget);
   const std::string at = describe(m, n, needs, budget);
@@ -70,18 +83,10 @@ void check_plan(std::int64_t m, std::int64_t n, const sp::StripNeeds& needs, std
   expect(p.row_partial_bytes == (needs.partials ? p.col_blocks * stat * p.strip_rows : 0), "row partials: " + at);
   expect(p.col_partial_bytes == (needs.partials ? p.row_groups * stat * n : 0), "column partials: " + at);
   expect(p.scalars_bytes == (needs.scalars ? sp::kScalarBytes : 0), "scalars: " + at);
-  // Disjoint, aligned, inside the workspace.
-  std::vector<std::pair<std::int64_t, std::int64_t>> spans;
-  for (auto [offset, bytes] : {std::pair{p.tile_offset, p.tile_bytes}, std::pair{p.half_offset, p.half_bytes},
-                               std::pair{p.row_partial_offset, p.row_partial_bytes},
-                               std::pair{p.col_partial_offset, p.col_partial_bytes},
-                               std::pair{p.scalars_offset, p.scalars_bytes}}) {
-    if (bytes == 0) continue;
-    expect(offset % sp::kAlignment == 0, "aligned sub-buffer: " + at);
-    expect(offset >= 0 && offset + bytes <= p.total_bytes, "sub-buffer inside the workspace: " + at);
-    for (const auto& [o, b] : spans) expect(offset >= o + b || o >= offset + bytes, "disjoint sub-buffers: " + at);
-    spans.emplace_back(offset, bytes);
-  }
+  check_sub_buffers({{p.tile_offset, p.tile_bytes}, {p.half_offset, p.half_bytes},
+                     {p.row_partial_offset, p.row_partial_bytes}, {p.col_partial_offset, p.col_partial_bytes},
+                     {p.scalars_offset, p.scalars_bytes}},
+                    p.total_bytes, at);
 }
 
 void test_row_groups() {
@@ -187,16 +192,9 @@ void check_blocks(std::int64_t m, std::int64_t n, std::int64_t d, const sp::Stri
   expect(p.tile_bytes == p.block_rows * p.block_cols * needs.tile_element_bytes, "tile size: " + at);
   expect(p.half_bytes == p.block_rows * p.block_cols * needs.half_element_bytes, "half size: " + at);
   expect(p.accumulator_bytes == (p.col_blocks > 1 ? p.block_rows * d * accumulator : 0), "accumulator size: " + at);
-  std::vector<std::pair<std::int64_t, std::int64_t>> spans;
-  for (auto [offset, bytes] : {std::pair{p.tile_offset, p.tile_bytes}, std::pair{p.half_offset, p.half_bytes},
-                               std::pair{p.accumulator_offset, p.accumulator_bytes},
-                               std::pair{p.scalars_offset, p.scalars_bytes}}) {
-    if (bytes == 0) continue;
-    expect(offset % sp::kAlignment == 0, "aligned block sub-buffer: " + at);
-    expect(offset >= 0 && offset + bytes <= p.total_bytes, "block sub-buffer inside the workspace: " + at);
-    for (const auto& [o, b] : spans) expect(offset >= o + b || o >= offset + bytes, "disjoint block sub-buffers: " + at);
-    spans.emplace_back(offset, bytes);
-  }
+  check_sub_buffers({{p.tile_offset, p.tile_bytes}, {p.half_offset, p.half_bytes},
+                     {p.accumulator_offset, p.accumulator_bytes}, {p.scalars_offset, p.scalars_bytes}},
+                    p.total_bytes, at);
 }
 
 void test_blocks() {
