@@ -36,7 +36,7 @@ struct AnyStored {};
 constexpr int kAnyEvidence = -1;
 
 template <typename Stored>
-__device__ __forceinline__ float widen_stored(Stored v) {
+__device__ __forceinline__ auto widen_stored(Stored v) {  // float for the half types, else v itself
   if constexpr (std::is_same<Stored, __half>::value) {
     return __half2float(v);
   } else if constexpr (std::is_same<Stored, __nv_bfloat16>::value) {
@@ -56,14 +56,10 @@ __device__ __forceinline__ T load_similarity(const SimilarityView& s, std::int64
     return static_cast<T>(widen_stored(static_cast<const Stored*>(s.data)[at]));
   } else {
     switch (s.kind) {
-      case ScalarKind::kFloat32:
-        return static_cast<T>(static_cast<const float*>(s.data)[at]);
-      case ScalarKind::kFloat64:
-        return static_cast<T>(static_cast<const double*>(s.data)[at]);
-      case ScalarKind::kFloat16:
-        return static_cast<T>(__half2float(static_cast<const __half*>(s.data)[at]));
-      default:
-        return static_cast<T>(__bfloat162float(static_cast<const __nv_bfloat16*>(s.data)[at]));
+      case ScalarKind::kFloat32: return load_similarity<T, float>(s, at);
+      case ScalarKind::kFloat64: return load_similarity<T, double>(s, at);
+      case ScalarKind::kFloat16: return load_similarity<T, __half>(s, at);
+      default: return load_similarity<T, __nv_bfloat16>(s, at);
     }
   }
 }
@@ -72,7 +68,9 @@ __device__ __forceinline__ T load_similarity(const SimilarityView& s, std::int64
 // the CPU kernels' roundings; a float value goes to half directly.
 template <typename Stored = AnyStored, typename T>
 __device__ __forceinline__ void store_gradient(void* out, ScalarKind kind, std::int64_t at, T g) {
-  if constexpr (std::is_same<Stored, float>::value) {
+  if constexpr (std::is_same<Stored, double>::value) {
+    static_cast<double*>(out)[at] = static_cast<double>(g);
+  } else if constexpr (std::is_same<Stored, float>::value) {
     static_cast<float*>(out)[at] = static_cast<float>(g);
   } else if constexpr (std::is_same<Stored, __half>::value) {
     static_cast<__half*>(out)[at] = __float2half_rn(static_cast<float>(g));
@@ -80,18 +78,10 @@ __device__ __forceinline__ void store_gradient(void* out, ScalarKind kind, std::
     static_cast<__nv_bfloat16*>(out)[at] = __float2bfloat16_rn(static_cast<float>(g));
   } else {
     switch (kind) {
-      case ScalarKind::kFloat64:
-        static_cast<double*>(out)[at] = static_cast<double>(g);
-        break;
-      case ScalarKind::kFloat32:
-        static_cast<float*>(out)[at] = static_cast<float>(g);
-        break;
-      case ScalarKind::kFloat16:
-        static_cast<__half*>(out)[at] = __float2half_rn(static_cast<float>(g));
-        break;
-      default:
-        static_cast<__nv_bfloat16*>(out)[at] = __float2bfloat16_rn(static_cast<float>(g));
-        break;
+      case ScalarKind::kFloat64: return store_gradient<double>(out, kind, at, g);
+      case ScalarKind::kFloat32: return store_gradient<float>(out, kind, at, g);
+      case ScalarKind::kFloat16: return store_gradient<__half>(out, kind, at, g);
+      default: return store_gradient<__nv_bfloat16>(out, kind, at, g);
     }
   }
 }
