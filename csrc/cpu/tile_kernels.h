@@ -135,70 +135,55 @@ void for_each_chunk(const float* alpha, std::int64_t cols, const Fn& fn) {
 // forms), or exp_tanh's t (kOfTanh: one polynomial in t per function, for every column).
 constexpr int kOfTanh = -2;
 
-template <bool kKl, bool kFmse, bool kLogdet, int kClass>
-EO_HOST_DEVICE ElementForwardF32 forward_values_of(float v) {
-  if constexpr (kClass == kOfTanh) {
-    return element_forward_f32_of_tanh<kKl, kFmse, kLogdet>(v);
+// Loop 2's four value columns, in either direction: forward (kl_h_plus_one, x_trigamma,
+// log_trigamma, remainder) or backward (kl_v, fisher_slope, logdet_ratio, logdet_r_prime).
+struct ValueColumns {
+  float kl, fmse, logdet_first, logdet_second;
+};
+
+template <bool kBackward, bool kKl, bool kFmse, bool kLogdet, int kClass>
+ValueColumns values_of(float v) {
+  if constexpr (kBackward) {
+    ElementBackwardF32 f;
+    if constexpr (kClass == kOfTanh) {
+      f = element_backward_f32_of_tanh<kKl, kFmse, kLogdet>(v);
+    } else {
+      f = element_backward_f32<kKl, kFmse, kLogdet>(v, polygammas_for<kClass>(v));
+    }
+    return ValueColumns{f.kl_v, f.fisher_slope, f.logdet_ratio, f.logdet_r_prime};
   } else {
-    return element_forward_f32<kKl, kFmse, kLogdet>(v, polygammas_for<kClass>(v));
+    ElementForwardF32 f;
+    if constexpr (kClass == kOfTanh) {
+      f = element_forward_f32_of_tanh<kKl, kFmse, kLogdet>(v);
+    } else {
+      f = element_forward_f32<kKl, kFmse, kLogdet>(v, polygammas_for<kClass>(v));
+    }
+    return ValueColumns{f.kl_h_plus_one, f.x_trigamma, f.log_trigamma, f.remainder};
   }
 }
 
-template <bool kKl, bool kFmse, bool kLogdet, int kClass>
-EO_HOST_DEVICE ElementBackwardF32 backward_values_of(float v) {
-  if constexpr (kClass == kOfTanh) {
-    return element_backward_f32_of_tanh<kKl, kFmse, kLogdet>(v);
-  } else {
-    return element_backward_f32<kKl, kFmse, kLogdet>(v, polygammas_for<kClass>(v));
-  }
-}
-
-// Loop 2, forward: the ElementForwardF32 fields of n columns (of one argument class, or of t) into
-// four float columns (kl_h_plus_one, x_trigamma, log_trigamma, remainder; each `stride` long).
-template <bool kKl, bool kFmse, bool kLogdet, int kClass>
-void forward_values_f32(const float* variable, std::int64_t n, float* values, std::int64_t stride) {
+// Loop 2: the value columns of n columns (of one argument class, or of t) into four float
+// columns, each `stride` long.
+template <bool kBackward, bool kKl, bool kFmse, bool kLogdet, int kClass>
+void values_f32(const float* variable, std::int64_t n, float* values, std::int64_t stride) {
 #pragma omp simd
   for (std::int64_t j = 0; j < n; ++j) {
-    const ElementForwardF32 f = forward_values_of<kKl, kFmse, kLogdet, kClass>(variable[j]);
-    if constexpr (kKl) values[j] = f.kl_h_plus_one;
-    if constexpr (kFmse) values[stride + j] = f.x_trigamma;
+    const ValueColumns f = values_of<kBackward, kKl, kFmse, kLogdet, kClass>(variable[j]);
+    if constexpr (kKl) values[j] = f.kl;
+    if constexpr (kFmse) values[stride + j] = f.fmse;
     if constexpr (kLogdet) {
-      values[2 * stride + j] = f.log_trigamma;
-      values[3 * stride + j] = f.remainder;
+      values[2 * stride + j] = f.logdet_first;
+      values[3 * stride + j] = f.logdet_second;
     }
   }
 }
 
-// Loop 2, forward, of a row: exp_tanh from t (`tanh` not null), the other maps chunk by chunk from α.
-template <bool kKl, bool kFmse, bool kLogdet>
-void forward_values_row_f32(const float* alpha, const float* tanh, std::int64_t cols, float* values) {
-  if (tanh != nullptr) return forward_values_f32<kKl, kFmse, kLogdet, kOfTanh>(tanh, cols, values, cols);
+// Loop 2 of a row: exp_tanh from t (`tanh` not null), the other maps chunk by chunk from α.
+template <bool kBackward, bool kKl, bool kFmse, bool kLogdet>
+void values_row_f32(const float* alpha, const float* tanh, std::int64_t cols, float* values) {
+  if (tanh != nullptr) return values_f32<kBackward, kKl, kFmse, kLogdet, kOfTanh>(tanh, cols, values, cols);
   for_each_chunk(alpha, cols, [&](auto cls, std::int64_t c, std::int64_t n) {
-    forward_values_f32<kKl, kFmse, kLogdet, decltype(cls)::value>(alpha + c, n, values + c, cols);
-  });
-}
-
-// Loop 2, backward: the ElementBackwardF32 fields (kl_v, fisher_slope, logdet_ratio,
-// logdet_r_prime) likewise.
-template <bool kKl, bool kFmse, bool kLogdet, int kClass>
-void backward_values_f32(const float* variable, std::int64_t n, float* values, std::int64_t stride) {
-#pragma omp simd
-  for (std::int64_t j = 0; j < n; ++j) {
-    const ElementBackwardF32 f = backward_values_of<kKl, kFmse, kLogdet, kClass>(variable[j]);
-    if constexpr (kKl) values[j] = f.kl_v;
-    if constexpr (kFmse) values[stride + j] = f.fisher_slope;
-    if constexpr (kLogdet) {
-      values[2 * stride + j] = f.logdet_ratio;
-      values[3 * stride + j] = f.logdet_r_prime;
-    }
-  }
-}
-
-template <bool kKl, bool kFmse, bool kLogdet>
-void backward_values_row_f32(const float* alpha, const float* tanh, std::int64_t cols, float* values) {
-  if (tanh != nullptr) return backward_values_f32<kKl, kFmse, kLogdet, kOfTanh>(tanh, cols, values, cols);
-  for_each_chunk(alpha, cols, [&](auto cls, std::int64_t c, std::int64_t n) {
-    backward_values_f32<kKl, kFmse, kLogdet, decltype(cls)::value>(alpha + c, n, values + c, cols);
+    values_f32<kBackward, kKl, kFmse, kLogdet, decltype(cls)::value>(alpha + c, n, values + c, cols);
   });
 }
 
@@ -313,7 +298,7 @@ void forward_tile_impl(const cpu::ForwardTile& t) {
     if (float32) {
       const float* s = static_cast<const float*>(t.s.data) + i * t.s.ld;
       const bool beyond = evidence_row_f32(t.evidence, s, cols, inv_tau_f, alpha_f, nullptr, tanh_f);
-      if constexpr (kSpecial) forward_values_row_f32<kKl, kFmse, kLogdet>(alpha_f, tanh_f, cols, values_f);
+      if constexpr (kSpecial) values_row_f32<false, kKl, kFmse, kLogdet>(alpha_f, tanh_f, cols, values_f);
       if (!beyond) {
         forward_row<kKl, kFmse, kLogdet, 2>(alpha_f, values_f, cols, target, col, sums);
       } else {
@@ -459,7 +444,7 @@ void backward_tile_impl(const cpu::BackwardTile& t) {
       const float* s = static_cast<const float*>(t.s.data) + i * t.s.ld;
       float* out = static_cast<float*>(t.grad) + i * t.grad_ld;
       const bool beyond = evidence_row_f32(t.evidence, s, cols, inv_tau_f, alpha_f, rho_f, tanh_f);
-      if constexpr (kSpecial) backward_values_row_f32<kKl, kFmse, kLogdet>(alpha_f, tanh_f, cols, values_f);
+      if constexpr (kSpecial) values_row_f32<true, kKl, kFmse, kLogdet>(alpha_f, tanh_f, cols, values_f);
       if (!beyond) {
         const bool redo = backward_row_f32<kKl, kFmse, kLogdet>(alpha_f, rho_f, values_f, cols,
                                                                 narrow_line_gradient(row), column_lines, inv_tau_f, out);
