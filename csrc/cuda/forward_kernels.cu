@@ -1,17 +1,17 @@
 // Forward statistics of one strip of s (kernels.h: launch_forward_stats). Torch-free.
 //
 // Two launches per strip:
-//   1. forward_stats_kernel: a thread takes columns j (float64 views), or j and j + 32 (float32
-//      and half views: kColumnsPerThread), walking the rows of its row group. Per element:
-//      evidence α, then what α contributes to the line statistics: element_forward (the CPU
-//      kernels' double-precision math) for float64 views, the float32 element math for float32 and
-//      half views (device_common.cuh: float32 evidence). The columns' sums (float64) stay in
-//      registers and end up in col_partial[group]; each row's sum over the block's 256 columns is
-//      the thread's own columns in order, then the warp's 32 lanes in lane order (staged in shared
-//      memory, a few rows at a time), then the block's warps in order, into row_partial[column
-//      block]. The
-//      target element of a row (column row0 + i + target_offset) is stored, not summed, as
-//      α_target of its row and of its column (a unique writer for each).
+//   1. forward_stats_kernel: a thread takes columns j (float64 views), or j, j + 32, j + 64 and
+//      j + 96 (float32 and half views: kColumnsPerThread), walking the rows of its row group. Per
+//      element: evidence α, then what α contributes to the line statistics: element_forward (the
+//      CPU kernels' double-precision math) for float64 views, the float32 element math for float32
+//      and half views (device_common.cuh: float32 evidence), whose rare elements (targets, α beyond
+//      float32) are added after their stage of rows (rare_stage_sums). The columns' sums (float64)
+//      stay in registers and end up in col_partial[group]; each row's sum over the block's 256
+//      columns is the thread's own columns in order, then the warp's 32 lanes in lane order
+//      (staged in shared memory, a few rows at a time), then the block's warps in order, into
+//      row_partial[column block]. The target element of a row (column row0 + i + target_offset)
+//      is stored, not summed, as α_target of its row and of its column (a unique writer for each).
 //   2. reduce_partials, both directions: row i's statistics = Σ over column blocks, in a fixed
 //      order (a block per 32 rows and slot, its warps splitting the column blocks); column j's
 //      statistics += Σ over row groups, in group order (a block per 256 columns and slot).
@@ -24,24 +24,25 @@ namespace {
 constexpr int kRowChunk = 32;  // rows whose warp sums are staged in shared memory at a time
 
 // On the float32 path a thread takes kColumnsPerThread of its block's kThreads columns, so that
-// the warp's reduction of a row's sums serves that many elements; the thread's own columns are
-// added up first, in column order (fixed: results stay run-to-run exact). Blocks still cover kThreads columns each (the row partials'
-// layout, strip_plan.h), with fewer threads. Two columns, not four: with four the column
-// accumulators and the out-of-line calls of the rare elements push ptxas into spills (at 128
-// registers and uncapped alike). The float64 path keeps one column per thread.
-constexpr int kColumnsPerThread = 2;
+// the warp's reduction of a row's sums and the row loop's own work serve that many elements; the
+// thread's own columns are added up first, in column order (fixed: results stay run-to-run exact).
+// Blocks still cover kThreads columns each (the row partials' layout, strip_plan.h), with fewer
+// threads. Four columns: with the rare elements out of the row loop (rare_stage_sums) their
+// accumulators fit in 128 registers without spills, and the loop issues about 7 instructions per
+// element fewer than with two (`python bench/static_profile.py --direction fwd`). The float64 path
+// keeps one column per thread.
+constexpr int kColumnsPerThread = 4;
 __host__ __device__ constexpr int columns_per_thread(bool float32) { return float32 ? kColumnsPerThread : 1; }
 __host__ __device__ constexpr int forward_threads(bool float32) { return kThreads / columns_per_thread(float32); }
 static_assert(forward_threads(true) % 32 == 0, "whole warps");
 
-// Minimum blocks per multiprocessor of the float32 path: 4 blocks of 128 threads (<= 128
-// registers, the occupancy of element_min_blocks' 2 blocks of 256); 3 where the KL joins the
-// Fisher terms (no method's set: TCL is the KL alone, UML the Fisher terms alone), which spill 8
-// to 28 bytes at 128. Left free, ptxas aims lower and spills around the out-of-line calls of the
-// rare elements. The float64 path 1: with none, ptxas held two of its logdet instantiations to 80
-// registers on sm_80 and spilled 12-16 bytes.
+// Minimum blocks per multiprocessor of the float32 path: 512 threads (<= 128 registers, the
+// occupancy of element_min_blocks' 2 blocks of 256); 384 where the KL joins the Fisher terms (no
+// method's set: TCL is the KL alone, UML the Fisher terms alone), which spilled 8 to 28 bytes at
+// 128. Left free, ptxas aims lower and spills. The float64 path 1: with none, ptxas held two of
+// its logdet instantiations to 80 registers on sm_80 and spilled 12-16 bytes.
 __host__ __device__ constexpr int forward_min_blocks(bool float32, bool kl_and_fisher) {
-  return float32 ? (kl_and_fisher ? 3 : 2 * columns_per_thread(true)) : 1;
+  return float32 ? (kl_and_fisher ? 384 : 512) / forward_threads(true) : 1;
 }
 
 // Statistic slot k (LineStat k + 1: rest, kl_h, squares, fisher, log_trigamma, remainder) is
@@ -81,6 +82,7 @@ __host__ __device__ constexpr int stage_rows(int warps, int slots) {
   return rows;
 }
 static_assert(kRowChunk % 8 == 0, "a row chunk holds whole stages");
+static_assert(8 * kColumnsPerThread <= 32, "a stage's rare elements are the bits of an unsigned int");
 
 inline int slot_mask(const TermFlags& t) {
   int mask = 0;
@@ -108,20 +110,26 @@ __device__ __forceinline__ ElementStats element_stats_f32(float alpha_f, double 
 
 // A rare element of the float32 path (device_common.cuh: float32 evidence): a line's target, or
 // an α beyond float32. α from the double map; its functions the float32 ones of float(α), or
-// beyond FLT_MAX the double ones. One out-of-line call per rare element, so that the loop holds
-// neither the double math's registers nor a second copy of the float functions, and its common
-// path runs straight through.
+// beyond FLT_MAX the double ones.
 template <bool kKl, bool kFmse, bool kLogdet>
-__device__ EO_OUT_OF_LINE ElementStats rare_element_stats(int kind, float s, double inv_tau) {
+__device__ __forceinline__ ElementStats rare_element_stats(int kind, float s, double inv_tau) {
   const kn::EvidenceValue d = evidence_of(kind, static_cast<double>(s) * inv_tau);
   if (!(d.alpha <= kFloatMax)) return element_stats_f64<kKl, kFmse, kLogdet>(d.alpha);  // NaN too
   const float alpha_f = static_cast<float>(d.alpha);
   return element_stats_f32(alpha_f, d.alpha, kn::element_forward_f32<kKl, kFmse, kLogdet>(alpha_f));
 }
 
+// Where a line's target α goes (ForwardArgs' statistics; nullptr: that direction not computed).
+struct TargetAlphas {
+  double* row_stats;
+  std::int64_t row_stride;
+  double* col_stats;
+  std::int64_t col_stride;
+};
+
 // Element (line, j)'s contributions c[k] to the statistic slots; a target's α is stored instead.
 template <bool kKl, bool kFmse, bool kLogdet>
-__device__ __forceinline__ void add_element(const ForwardArgs& a, std::int64_t line, std::int64_t j, bool target,
+__device__ __forceinline__ void add_element(const TargetAlphas& to, std::int64_t line, std::int64_t j, bool target,
                                             double alpha, double square, const kn::ElementForward& f,
                                             double c[kStatSlots]) {
   // Selects, not 0/1 masks: 0·∞ would turn an overflowed target into NaN and hide the overflow
@@ -135,9 +143,62 @@ __device__ __forceinline__ void add_element(const ForwardArgs& a, std::int64_t l
     c[5] = f.remainder;
   }
   if (target) {
-    if (a.row_stats != nullptr) a.row_stats[kn::kTargetAlpha * a.row_stride + line] = alpha;
-    if (a.col_stats != nullptr) a.col_stats[kn::kTargetAlpha * a.col_stride + j] = alpha;
+    if (to.row_stats != nullptr) to.row_stats[kn::kTargetAlpha * to.row_stride + line] = alpha;
+    if (to.col_stats != nullptr) to.col_stats[kn::kTargetAlpha * to.col_stride + j] = alpha;
   }
+}
+
+// Where a stage of rows starts (its first row), for rare_stage_sums to find its elements again.
+struct StageStart {
+  std::int64_t line;          // the row's line
+  std::int64_t at0;           // element offset of (row, j0)
+  std::int64_t target_delta;  // its target column relative to j0 (-1: no column)
+  std::int64_t target_step;   // per row: 1 with targets, else 0
+};
+
+template <int kColumns>
+struct ColumnSums {
+  double v[kColumns][kStatSlots];
+};
+
+// The float32 path's rare elements of a stage of rows (device_common.cuh: float32 evidence): a
+// line's target, or an α beyond float32. The row loop only marks them (bit sr·kColumns + cc of
+// `rare`: row sr of the stage, the thread's column cc) and adds nothing for them, so that every
+// element it runs takes the common path; here each is evaluated again from s, its α stored if it
+// is a target, its contributions added to its row's staged sums (before the warp adds those up)
+// and returned for the thread's column sums. One out-of-line call per stage that has any: the row
+// loop holds neither their registers nor their code (the whole inline rare path was a fifth of the
+// loop's instructions: `python bench/static_profile.py --direction fwd` before and after). Their
+// place in the sums is fixed by the stage (after the stage's other rows), so results stay
+// run-to-run exact.
+template <typename Stored, int kColumns, int kStageRows, bool kKl, bool kFmse, bool kLogdet>
+__device__ EO_OUT_OF_LINE ColumnSums<kColumns> rare_stage_sums(const SimilarityView s, int evidence, double inv_tau,
+                                                               const TargetAlphas to, unsigned int rare,
+                                                               const StageStart stage, std::int64_t j0,
+                                                               double (*lane_rows)[kStageLanes], int lane,
+                                                               bool want_rows) {
+  ColumnSums<kColumns> out;
+  for (int cc = 0; cc < kColumns; ++cc) {
+    for (int k = 0; k < kStatSlots; ++k) out.v[cc][k] = 0.0;
+  }
+  for (int bit = 0; bit < kStageRows * kColumns; ++bit) {  // rows in order, a row's columns in order
+    if (!((rare >> bit) & 1u)) continue;
+    const int sr = bit / kColumns, cc = bit % kColumns;
+    const std::int64_t at = stage.at0 + sr * s.row_stride + cc * 32 * s.col_stride;
+    const bool target = stage.target_delta + sr * stage.target_step == 32 * cc;
+    const ElementStats e =
+        rare_element_stats<kKl, kFmse, kLogdet>(evidence, load_similarity<float, Stored>(s, at), inv_tau);
+    double c[kStatSlots] = {};
+    add_element<kKl, kFmse, kLogdet>(to, stage.line + sr, j0 + 32 * cc, target, e.alpha, e.square, e.f, c);
+    int compact = 0;
+    for (int k = 0; k < kStatSlots; ++k) {
+      if (!slot_enabled(k, kKl, kFmse, kLogdet)) continue;
+      out.v[cc][k] += c[k];
+      if (want_rows) lane_rows[compact * kStageRows + sr][lane] += c[k];
+      ++compact;
+    }
+  }
+  return out;
 }
 
 template <bool kFloat32, typename Stored, int kEvidence, bool kKl, bool kFmse, bool kLogdet>
@@ -158,6 +219,7 @@ __global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(
   const RowRange range = group_rows(a.s.rows);
   const float inv_tau_f = static_cast<float>(a.inv_tau);  // narrowed once (float32 path only)
   const bool of_tanh = tanh_evidence<kEvidence>(a.evidence);  // uniform over the launch
+  const TargetAlphas targets{a.row_stats, a.row_stride, a.col_stats, a.col_stride};
 
   // The thread's columns inside the strip: the first `columns` of its kColumns.
   const std::int64_t beyond = a.s.cols - j0;
@@ -184,7 +246,11 @@ __global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(
     // adds them up.
     for (int first = 0; first < n; first += kStageRows) {
       const int staged = n - first < kStageRows ? n - first : kStageRows;
-      for (int sr = 0; sr < staged; ++sr, ++line, at0 += a.s.row_stride, target_delta += target_step) {
+      const StageStart stage{line, at0, target_delta, target_step};
+      unsigned int rare = 0;          // float32 path: the stage's rare elements (rare_stage_sums)
+      unsigned int row_bit = 1;       // bit of (row sr, column 0) in `rare`
+      for (int sr = 0; sr < staged;
+           ++sr, ++line, at0 += a.s.row_stride, target_delta += target_step, row_bit <<= kColumns) {
         // This row's sums over the thread's columns, in column order: one warp reduction per row
         // for kColumns elements.
         double row[kStatSlots];
@@ -203,24 +269,23 @@ __global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(
             const float s = load_similarity<float, Stored>(a.s, at);
             const kn::EvidenceValueF32 v = evidence_of<kEvidence>(a.evidence, s * inv_tau_f);
             if (target || !(v.alpha < kInfinityF)) {  // NaN too: it comes out NaN either way
-              const ElementStats e = rare_element_stats<kKl, kFmse, kLogdet>(a.evidence, s, a.inv_tau);
-              add_element<kKl, kFmse, kLogdet>(a, line, j, target, e.alpha, e.square, e.f, c);
+              rare |= row_bit << cc;  // added after the stage's rows; adds nothing here
             } else if (of_tanh) {
               // exp_tanh: the functions from t = tanh x (kn::has_tanh_functions)
               const ElementStats e =
                   element_stats_f32(v.alpha, v.alpha, kn::element_forward_f32_of_tanh<kKl, kFmse, kLogdet>(v.tanh));
-              add_element<kKl, kFmse, kLogdet>(a, line, j, false, e.alpha, e.square, e.f, c);
+              add_element<kKl, kFmse, kLogdet>(targets, line, j, false, e.alpha, e.square, e.f, c);
             } else {  // never a target: add_element's selects and stores fold away
               const ElementStats e =
                   element_stats_f32(v.alpha, v.alpha, kn::element_forward_f32<kKl, kFmse, kLogdet>(v.alpha));
-              add_element<kKl, kFmse, kLogdet>(a, line, j, false, e.alpha, e.square, e.f, c);
+              add_element<kKl, kFmse, kLogdet>(targets, line, j, false, e.alpha, e.square, e.f, c);
             }
           } else {
             const double alpha =
                 evidence_of(a.evidence, load_similarity<double>(a.s, at) * a.inv_tau).alpha;
             const kn::ElementForward f = kn::element_forward<kKl, kFmse, kLogdet>(alpha);
             const double scaled = alpha * kn::kSquareScale;
-            add_element<kKl, kFmse, kLogdet>(a, line, j, target, alpha, scaled * scaled, f, c);
+            add_element<kKl, kFmse, kLogdet>(targets, line, j, target, alpha, scaled * scaled, f, c);
           }
 #pragma unroll
           for (int k = 0; k < kStatSlots; ++k) {
@@ -233,6 +298,19 @@ __global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(
 #pragma unroll
           for (int k = 0; k < kStatSlots; ++k) {
             if (slot_enabled(k, kKl, kFmse, kLogdet)) lane_rows[warp][compact++ * kStageRows + sr][lane] = row[k];
+          }
+        }
+      }
+      if constexpr (kFloat32) {
+        if (rare != 0) {
+          const ColumnSums<kColumns> r = rare_stage_sums<Stored, kColumns, kStageRows, kKl, kFmse, kLogdet>(
+              a.s, a.evidence, a.inv_tau, targets, rare, stage, j0, lane_rows[warp], lane, want_rows);
+#pragma unroll
+          for (int cc = 0; cc < kColumns; ++cc) {
+#pragma unroll
+            for (int k = 0; k < kStatSlots; ++k) {
+              if (slot_enabled(k, kKl, kFmse, kLogdet)) column[cc][k] += r.v[cc][k];
+            }
           }
         }
       }
