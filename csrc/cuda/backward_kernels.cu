@@ -6,8 +6,9 @@
 // views: element_backward and line_share in double, exactly the CPU kernels' expression. Float32
 // and half views: the float32 element math, and the line constants narrowed to float once per line
 // (the column's in registers, the rows' staged in shared memory a chunk at a time), so no FP64
-// multiply remains per element; an element whose α exceeds FLT_MAX, or whose float coefficient is
-// not finite (a line constant beyond FLT_MAX), is redone in double. Nothing is reduced except, for
+// multiply remains per element; a line's target, an element whose α exceeds FLT_MAX, or one whose
+// float coefficient is not finite (a line constant beyond FLT_MAX) is redone after its chunk of
+// rows, in double where float cannot hold it (rare_chunk_gradients). Nothing is reduced except, for
 // float16 operands, max |∂L/∂s| (an integer atomicMax on float bits: exact in any order).
 #include "device_common.cuh"
 
@@ -47,10 +48,10 @@ __device__ EO_OUT_OF_LINE double element_gradient_f64(const double* row_constant
 // out non-finite (a line constant beyond FLT_MAX; α and ρ the float map's). For the double map's α
 // within float32, the float gradient as the loop forms it (the lines' constants narrowed again, the
 // same values); redone in double where α exceeds FLT_MAX or that gradient is not finite. The loop's
-// own non-finite float gradient is not formed again: the same inputs would give it again. One
-// out-of-line call per rare element: the loop holds neither the double math nor a second copy of
-// the float functions. (The arguments' members by value: a reference to the kernel's parameters
-// would copy them all to a stack frame.)
+// own non-finite float gradient is not formed again: the same inputs would give it again. Called
+// from rare_chunk_gradients, out of the row loop; out of line itself too (inlined there, ptxas
+// spilled 4-8 bytes in three instantiations). (The arguments' members by value: a reference to the
+// kernel's parameters would copy them all to a stack frame.)
 template <bool kKl, bool kFmse, bool kLogdet>
 __device__ EO_OUT_OF_LINE float rare_element_gradient(int evidence, double inv_tau, const double* row_constants,
                                                       std::int64_t n_rows, const double* col_constants,
@@ -80,6 +81,36 @@ __device__ EO_OUT_OF_LINE float rare_element_gradient(int evidence, double inv_t
       beyond ? rho : rho_f, on, inv_tau));
 }
 
+// The float32 path's rare elements of a chunk of rows of column j (bit r of `rare`: row chunk + r),
+// which the row loop marks and does not store: each redone by rare_element_gradient and stored.
+// Returns their largest |∂L/∂s|. One out-of-line call per chunk that has any (a line's target
+// comes once per row): the row loop then holds neither the call's arguments nor its moves (the
+// per-element call was a tenth of the loop's instructions: `python bench/static_profile.py
+// --direction bwd` before and after). s is read again here, so an in-place ∂L/∂s (grad = s's
+// buffer) must not have been written at these elements: the loop skips their stores.
+template <typename SStored, typename GStored, bool kKl, bool kFmse, bool kLogdet>
+__device__ EO_OUT_OF_LINE float rare_chunk_gradients(const SimilarityView s, int evidence, double inv_tau,
+                                                     const double* row_constants, std::int64_t n_rows,
+                                                     const double* col_constants, std::int64_t n_cols, void* grad,
+                                                     ScalarKind grad_kind, std::int64_t grad_ld, std::int64_t chunk,
+                                                     std::int64_t j, std::int64_t target_delta, unsigned int rare,
+                                                     float inv_tau_f) {
+  float largest = 0.0f;
+  for (int r = 0; r < 32; ++r) {
+    if (!((rare >> r) & 1u)) continue;
+    const std::int64_t i = chunk + r;
+    const float value = load_similarity<float, SStored>(s, i * s.row_stride + j * s.col_stride);
+    const bool on = target_delta + r == 0;
+    const bool double_map = on || !(evidence_of(evidence, value * inv_tau_f).alpha < kInfinityF);
+    const float g = rare_element_gradient<kKl, kFmse, kLogdet>(evidence, inv_tau, row_constants, n_rows,
+                                                               col_constants, n_cols, s.row0 + i, j, value, on,
+                                                               double_map, inv_tau_f);
+    store_gradient<GStored>(grad, grad_kind, i * grad_ld + j, g);
+    largest = fmaxf(largest, fabsf(g));
+  }
+  return largest;
+}
+
 template <bool kFloat32, typename SStored, typename GStored, int kEvidence, bool kKl, bool kFmse, bool kLogdet>
 __global__ void __launch_bounds__(kThreads, element_min_blocks(kFloat32)) gradient_kernel(const BackwardArgs a) {
   const std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
@@ -103,11 +134,13 @@ __global__ void __launch_bounds__(kThreads, element_min_blocks(kFloat32)) gradie
       // row at a time: additions, not 64-bit multiplies, per element.
       std::int64_t s_at = chunk * a.s.row_stride + j * a.s.col_stride;
       std::int64_t grad_at = chunk * a.grad_ld + j;
-      std::int64_t target_delta = a.s.row0 + chunk + a.target_offset - j;
+      const std::int64_t chunk_target_delta = a.s.row0 + chunk + a.target_offset - j;
+      std::int64_t target_delta = chunk_target_delta;
+      unsigned int rare = 0;     // the chunk's rare elements (rare_chunk_gradients)
+      unsigned int row_bit = 1;  // bit r
+      static_assert(kRowChunk <= 32, "a chunk's rare elements are the bits of an unsigned int");
       for (int r = 0; active && r < n;
-           ++r, s_at += a.s.row_stride, grad_at += a.grad_ld, ++target_delta) {
-        const std::int64_t i = chunk + r;
-        const std::int64_t line = a.s.row0 + i;
+           ++r, s_at += a.s.row_stride, grad_at += a.grad_ld, ++target_delta, row_bit <<= 1) {
         const bool on = target_delta == 0;
         const float s = load_similarity<float, SStored>(a.s, s_at);
         const kn::EvidenceValueF32 v = evidence_of<kEvidence>(a.evidence, s * inv_tau_f);
@@ -125,12 +158,17 @@ __global__ void __launch_bounds__(kThreads, element_min_blocks(kFloat32)) gradie
           }
         }
         if (double_map || !(fabsf(g) <= kFloatMaxF)) {
-          g = rare_element_gradient<kKl, kFmse, kLogdet>(a.evidence, a.inv_tau, a.row_constants, a.n_rows,
-                                                         a.col_constants, a.n_cols, line, j, s, on, double_map,
-                                                         inv_tau_f);
+          rare |= row_bit;  // stored after the chunk's rows
+        } else {
+          store_gradient<GStored>(a.grad, a.grad_kind, grad_at, g);
+          largest = fmaxf(largest, fabsf(g));  // fmaxf drops NaN: NaN propagates anyway
         }
-        store_gradient<GStored>(a.grad, a.grad_kind, grad_at, g);
-        largest = fmaxf(largest, fabsf(g));  // fmaxf drops NaN: NaN propagates anyway
+      }
+      if (rare != 0) {
+        largest = fmaxf(largest, rare_chunk_gradients<SStored, GStored, kKl, kFmse, kLogdet>(
+                                     a.s, a.evidence, a.inv_tau, a.row_constants, a.n_rows, a.col_constants,
+                                     a.n_cols, a.grad, a.grad_kind, a.grad_ld, chunk, j, chunk_target_delta, rare,
+                                     inv_tau_f));
       }
       __syncthreads();
     }
