@@ -1,7 +1,8 @@
 // ∂L/∂s of one strip (kernels.h: launch_gradient, launch_scale_to_half). Torch-free.
 //
-// gradient_kernel: thread = column j (its LineGradient constants held in registers), walking the
-// rows of its row group. Per element: evidence α and ρ = g'(x)/α, the per-element factors of the
+// gradient_kernel: a thread takes column j (float64 views), or j, j + 32, j + 64 and j + 96
+// (float32 and half views: kColumnsPerThread), their LineGradient constants held in registers,
+// walking the rows of its row group. Per element: evidence α and ρ = g'(x)/α, the per-element factors of the
 // gradient, then ∂L/∂s = (row share + column share)·ρ/τ, stored in the output's type. Float64
 // views: element_backward and line_share in double, exactly the CPU kernels' expression. Float32
 // and half views: the float32 element math, and the line constants narrowed to float once per line
@@ -24,6 +25,32 @@ __device__ __forceinline__ kn::LineGradient zero_line_gradient() {
 }
 
 constexpr int kRowChunk = 32;  // rows whose narrowed constants are staged in shared memory at a time
+
+// On the float32 path a thread takes kColumnsPerThread of its block's kThreads columns (j0 + 32c,
+// so a warp's loads of one c are consecutive), the forward's layout: a row's narrowed constants
+// (read from shared memory) and the row loop's own offsets and branch then serve that many
+// elements (`python bench/static_profile.py --direction bwd`: TCL 118 -> 104.8 instructions per
+// element). Blocks still cover kThreads columns each (element_grid), with fewer threads; as many
+// resident threads per multiprocessor as before (element_min_blocks' 2 blocks of 256: at most
+// 128 registers), 384 where the KL joins the other terms (no method's set), which spilled 8 bytes
+// at 128. The float64 path, and the generic float32 one (stored types and map switched per
+// element: a given half s), which spilled 8-20 bytes with four, keep one column per thread.
+constexpr int kColumnsPerThread = 4;
+__host__ __device__ constexpr int gradient_columns(bool float32) { return float32 ? kColumnsPerThread : 1; }
+__host__ __device__ constexpr int gradient_threads(bool float32) { return kThreads / gradient_columns(float32); }
+__host__ __device__ constexpr int gradient_min_blocks(bool float32, bool roomy) {
+  return float32 ? (roomy ? 384 : 512) / gradient_threads(true) : element_min_blocks(false);
+}
+// Instantiations given up to 170 registers (384 threads per multiprocessor): the KL with another
+// term (no method's set), the Fisher and logdet terms together (UML's set) for the maps other
+// than UML's exp_tanh, and the generic ones, which spilled 8 to 20 bytes at 128 (ptxas -v).
+__host__ __device__ constexpr bool roomy_gradient(bool typed, int evidence, bool kl, bool fmse, bool logdet) {
+  return !typed || (kl && (fmse || logdet)) ||
+         (fmse && logdet && evidence != static_cast<int>(kn::EvidenceKind::kExpTanh));
+}
+template <typename SStored>
+constexpr bool kTyped = !std::is_same<SStored, AnyStored>::value;
+static_assert(kThreads / kColumnsPerThread >= kRowChunk, "a thread per row of a chunk stages its constants");
 
 // ∂L/∂s of one element of the float32 path in double, for its rare elements (α beyond FLT_MAX, a
 // non-finite float coefficient): the float64 path's expression, both lines' constants read from
@@ -112,67 +139,91 @@ __device__ EO_OUT_OF_LINE float rare_chunk_gradients(const SimilarityView s, int
 }
 
 template <bool kFloat32, typename SStored, typename GStored, int kEvidence, bool kKl, bool kFmse, bool kLogdet>
-__global__ void __launch_bounds__(kThreads, element_min_blocks(kFloat32)) gradient_kernel(const BackwardArgs a) {
-  const std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  const bool active = j < a.s.cols;
+__global__ void __launch_bounds__(gradient_threads(kFloat32),
+                                  gradient_min_blocks(kFloat32, roomy_gradient(kTyped<SStored>, kEvidence, kKl,
+                                                                               kFmse, kLogdet)))
+    gradient_kernel(const BackwardArgs a) {
   const RowRange range = group_rows(a.s.rows);
   const kn::LineGradientArrays rows = kn::gradient_arrays(a.row_constants, a.n_rows);
   float largest = 0.0f;
   if constexpr (kFloat32) {
+    constexpr int kColumns = gradient_columns(true);
     __shared__ kn::LineGradientF32 row_lines[kRowChunk];
-    const kn::LineGradientF32 column = kn::narrow_line_gradient(
-        active ? kn::load_line_gradient(kn::gradient_arrays(a.col_constants, a.n_cols), j) : zero_line_gradient());
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const std::int64_t j0 = static_cast<std::int64_t>(blockIdx.x) * kThreads + warp * 32 * kColumns + lane;
+    // The thread's columns inside the strip: the first `columns` of its kColumns.
+    const std::int64_t beyond = a.s.cols - j0;
+    const int columns =
+        beyond <= 0 ? 0 : (beyond >= 32 * (kColumns - 1) + 1 ? kColumns : static_cast<int>((beyond + 31) / 32));
+    kn::LineGradientF32 column[kColumns];
+#pragma unroll
+    for (int cc = 0; cc < kColumns; ++cc) {
+      column[cc] = kn::narrow_line_gradient(
+          cc < columns ? kn::load_line_gradient(kn::gradient_arrays(a.col_constants, a.n_cols), j0 + 32 * cc)
+                       : zero_line_gradient());
+    }
     const float inv_tau_f = static_cast<float>(a.inv_tau);
     const bool of_tanh = tanh_evidence<kEvidence>(a.evidence);  // uniform over the launch
+    const std::int64_t s_step = 32 * a.s.col_stride;  // from column cc to cc + 1
     for (std::int64_t chunk = range.begin; chunk < range.end; chunk += kRowChunk) {
       const int n = static_cast<int>(range.end - chunk < kRowChunk ? range.end - chunk : kRowChunk);
       if (static_cast<int>(threadIdx.x) < n) {
         row_lines[threadIdx.x] = kn::narrow_line_gradient(kn::load_line_gradient(rows, a.s.row0 + chunk + threadIdx.x));
       }
       __syncthreads();
-      // Offsets of (chunk, j) in s and in ∂L/∂s, and (chunk's target column) − j, advanced by a
+      // Offsets of (chunk, j0) in s and in ∂L/∂s, and (chunk's target column) − j0, advanced by a
       // row at a time: additions, not 64-bit multiplies, per element.
-      std::int64_t s_at = chunk * a.s.row_stride + j * a.s.col_stride;
-      std::int64_t grad_at = chunk * a.grad_ld + j;
-      const std::int64_t chunk_target_delta = a.s.row0 + chunk + a.target_offset - j;
+      std::int64_t s_at = chunk * a.s.row_stride + j0 * a.s.col_stride;
+      std::int64_t grad_at = chunk * a.grad_ld + j0;
+      const std::int64_t chunk_target_delta = a.s.row0 + chunk + a.target_offset - j0;
       std::int64_t target_delta = chunk_target_delta;
-      unsigned int rare = 0;     // the chunk's rare elements (rare_chunk_gradients)
-      unsigned int row_bit = 1;  // bit r
+      unsigned int rare[kColumns] = {};  // per column: the chunk's rare elements (rare_chunk_gradients)
+      unsigned int row_bit = 1;          // bit r
       static_assert(kRowChunk <= 32, "a chunk's rare elements are the bits of an unsigned int");
-      for (int r = 0; active && r < n;
+      for (int r = 0; columns > 0 && r < n;
            ++r, s_at += a.s.row_stride, grad_at += a.grad_ld, ++target_delta, row_bit <<= 1) {
-        const bool on = target_delta == 0;
-        const float s = load_similarity<float, SStored>(a.s, s_at);
-        const kn::EvidenceValueF32 v = evidence_of<kEvidence>(a.evidence, s * inv_tau_f);
-        const bool double_map = on || !(v.alpha < kInfinityF);  // NaN too: NaN either way
-        float g = 0.0f;
-        if (!double_map) {
-          if (of_tanh) {  // exp_tanh: the functions from t = tanh x
-            g = kn::element_gradient_f32<kKl, kFmse, kLogdet>(
-                v.alpha, v.rho, on, inv_tau_f, kn::element_backward_f32_of_tanh<kKl, kFmse, kLogdet>(v.tanh),
-                row_lines[r], column);
+        const kn::LineGradientF32 row = row_lines[r];
+#pragma unroll
+        for (int cc = 0; cc < kColumns; ++cc) {
+          if (cc >= columns) break;
+          const bool on = target_delta == 32 * cc;
+          const float s = load_similarity<float, SStored>(a.s, s_at + cc * s_step);
+          const kn::EvidenceValueF32 v = evidence_of<kEvidence>(a.evidence, s * inv_tau_f);
+          const bool double_map = on || !(v.alpha < kInfinityF);  // NaN too: NaN either way
+          float g = 0.0f;
+          if (!double_map) {
+            if (of_tanh) {  // exp_tanh: the functions from t = tanh x
+              g = kn::element_gradient_f32<kKl, kFmse, kLogdet>(
+                  v.alpha, v.rho, on, inv_tau_f, kn::element_backward_f32_of_tanh<kKl, kFmse, kLogdet>(v.tanh), row,
+                  column[cc]);
+            } else {
+              g = kn::element_gradient_f32<kKl, kFmse, kLogdet>(v.alpha, v.rho, on, inv_tau_f,
+                                                            kn::element_backward_f32<kKl, kFmse, kLogdet>(v.alpha),
+                                                            row, column[cc]);
+            }
+          }
+          if (double_map || !(fabsf(g) <= kFloatMaxF)) {
+            rare[cc] |= row_bit;  // stored after the chunk's rows
           } else {
-            g = kn::element_gradient_f32<kKl, kFmse, kLogdet>(v.alpha, v.rho, on, inv_tau_f,
-                                                          kn::element_backward_f32<kKl, kFmse, kLogdet>(v.alpha),
-                                                          row_lines[r], column);
+            store_gradient<GStored>(a.grad, a.grad_kind, grad_at + 32 * cc, g);
+            largest = fmaxf(largest, fabsf(g));  // fmaxf drops NaN: NaN propagates anyway
           }
         }
-        if (double_map || !(fabsf(g) <= kFloatMaxF)) {
-          rare |= row_bit;  // stored after the chunk's rows
-        } else {
-          store_gradient<GStored>(a.grad, a.grad_kind, grad_at, g);
-          largest = fmaxf(largest, fabsf(g));  // fmaxf drops NaN: NaN propagates anyway
-        }
       }
-      if (rare != 0) {
-        largest = fmaxf(largest, rare_chunk_gradients<SStored, GStored, kKl, kFmse, kLogdet>(
-                                     a.s, a.evidence, a.inv_tau, a.row_constants, a.n_rows, a.col_constants,
-                                     a.n_cols, a.grad, a.grad_kind, a.grad_ld, chunk, j, chunk_target_delta, rare,
-                                     inv_tau_f));
+#pragma unroll
+      for (int cc = 0; cc < kColumns; ++cc) {
+        if (rare[cc] != 0) {
+          largest = fmaxf(largest, rare_chunk_gradients<SStored, GStored, kKl, kFmse, kLogdet>(
+                                       a.s, a.evidence, a.inv_tau, a.row_constants, a.n_rows, a.col_constants,
+                                       a.n_cols, a.grad, a.grad_kind, a.grad_ld, chunk, j0 + 32 * cc,
+                                       chunk_target_delta - 32 * cc, rare[cc], inv_tau_f));
+        }
       }
       __syncthreads();
     }
   } else {
+    const std::int64_t j = static_cast<std::int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+    const bool active = j < a.s.cols;
     const kn::LineGradient column =
         active ? kn::load_line_gradient(kn::gradient_arrays(a.col_constants, a.n_cols), j) : zero_line_gradient();
     if (active) {
@@ -192,13 +243,14 @@ __global__ void __launch_bounds__(kThreads, element_min_blocks(kFloat32)) gradie
     }
   }
   if (a.max_bits != nullptr) {  // uniform over the launch
-    __shared__ float warp_largest[kWarps];
+    constexpr int kGradientWarps = gradient_threads(kFloat32) / 32;
+    __shared__ float warp_largest[kGradientWarps];
     largest = warp_max(largest);
     if ((threadIdx.x & 31) == 0) warp_largest[threadIdx.x >> 5] = largest;
     __syncthreads();
     if (threadIdx.x == 0) {
       float block = 0.0f;
-      for (int w = 0; w < kWarps; ++w) block = fmaxf(block, warp_largest[w]);
+      for (int w = 0; w < kGradientWarps; ++w) block = fmaxf(block, warp_largest[w]);
       atomicMax(a.max_bits, __float_as_uint(block));  // non-negative floats order like their bits
     }
   }
@@ -229,7 +281,7 @@ __global__ void scale_to_half_kernel(const float* g, __half* out, std::int64_t c
 template <bool kFloat32, typename SStored, typename GStored, int kEvidence>
 void launch_gradient_kernel(const BackwardArgs& a, dim3 grid, cudaStream_t stream) {
   kn::with_term_flags(a.terms, [&](auto kl, auto fmse, auto logdet) {
-    EO_LAUNCH(grid, kThreads, stream,
+    EO_LAUNCH(grid, gradient_threads(kFloat32), stream,
               gradient_kernel<kFloat32, SStored, GStored, kEvidence, decltype(kl)::value, decltype(fmse)::value,
                               decltype(logdet)::value>)(a);
   });
