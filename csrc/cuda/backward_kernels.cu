@@ -2,8 +2,9 @@
 //
 // gradient_kernel: a thread takes column j (float64 views), or j, j + 32, j + 64 and j + 96
 // (float32 and half views: kColumnsPerThread), their LineGradient constants held in registers,
-// walking the rows of its row group. Per element: evidence α and ρ = g'(x)/α, the per-element factors of the
-// gradient, then ∂L/∂s = (row share + column share)·ρ/τ, stored in the output's type. Float64
+// walking the rows of its row group. Per element: evidence α and ρ = g'(x)/α, the per-element
+// factors of the gradient, then ∂L/∂s = (row share + column share)·ρ/τ, stored in the output's
+// type. Float64
 // views: element_backward and line_share in double, exactly the CPU kernels' expression. Float32
 // and half views: the float32 element math, and the line constants narrowed to float once per line
 // (the column's in registers, the rows' staged in shared memory a chunk at a time), so no FP64
