@@ -33,9 +33,8 @@ constexpr int kRowChunk = 32;  // rows whose narrowed constants are staged in sh
 // elements (`python bench/static_profile.py --direction bwd`: TCL 118 -> 104.8 instructions per
 // element). Blocks still cover kThreads columns each (element_grid), with fewer threads; as many
 // resident threads per multiprocessor as before (element_min_blocks' 2 blocks of 256: at most
-// 128 registers), 384 where the KL joins the other terms (no method's set), which spilled 8 bytes
-// at 128. The float64 path, and the generic float32 one (stored types and map switched per
-// element: a given half s), which spilled 8-20 bytes with four, keep one column per thread.
+// 128 registers), 384 for the instantiations roomy_gradient names. The float64 path keeps one
+// column per thread.
 constexpr int kColumnsPerThread = 4;
 __host__ __device__ constexpr int gradient_columns(bool float32) { return float32 ? kColumnsPerThread : 1; }
 __host__ __device__ constexpr int gradient_threads(bool float32) { return kThreads / gradient_columns(float32); }
@@ -55,7 +54,7 @@ static_assert(kThreads / kColumnsPerThread >= kRowChunk, "a thread per row of a 
 
 // ∂L/∂s of one element of the float32 path in double, for its rare elements (α beyond FLT_MAX, a
 // non-finite float coefficient): the float64 path's expression, both lines' constants read from
-// memory. Out of line, so that the per-element loop does not hold registers for it.
+// memory. Out of line, so that its caller (rare_chunk_gradients) does not hold registers for it.
 template <bool kKl, bool kFmse, bool kLogdet>
 __device__ EO_OUT_OF_LINE double element_gradient_f64(const double* row_constants, std::int64_t n_rows,
                                                       const double* col_constants, std::int64_t n_cols,

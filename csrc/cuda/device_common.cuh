@@ -138,10 +138,10 @@ inline bool float32_elements(const SimilarityView& s, double inv_tau) {
 // x = s·(1/τ), a float32 product, except where its α leaves float32 (exp evidence beyond x = 88.7)
 // or at a line's target, whose α enters ψ(α_y) and the strength (the CPU keeps every α in double):
 // there the double map at x = s/τ formed in double, and beyond FLT_MAX the double element
-// functions too. The kernels test for those rare elements with the float32 map in the loop: the
-// backward hands each to one out-of-line function (rare_element_gradient), a branch one lane per
-// row takes; the forward marks them and adds them after its stage of rows, in one out-of-line call
-// per stage that has any (forward_kernels.cu: rare_stage_sums).
+// functions too. The kernels test for those rare elements with the float32 map in the loop and
+// only mark them there; each is handled after its stage (forward) or chunk (backward) of rows, in
+// one out-of-line call per stage or chunk that has any (forward_kernels.cu rare_stage_sums,
+// backward_kernels.cu rare_chunk_gradients).
 
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll

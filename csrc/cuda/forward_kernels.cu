@@ -8,7 +8,8 @@
 //      and half views (device_common.cuh: float32 evidence), whose rare elements (targets, α beyond
 //      float32) are added after their stage of rows (rare_stage_sums). The columns' sums (float64)
 //      stay in registers and end up in col_partial[group]; each row's sum over the block's 256
-//      columns is the thread's own columns in order, then the warp's 32 lanes in lane order
+//      columns is the thread's own columns in order (its rare ones after the others), then the
+//      warp's 32 lanes in lane order
 //      (staged in shared memory, a few rows at a time), then the block's warps in order, into
 //      row_partial[column block]. The target element of a row (column row0 + i + target_offset)
 //      is stored, not summed, as α_target of its row and of its column (a unique writer for each).
@@ -25,7 +26,8 @@ constexpr int kRowChunk = 32;  // rows whose warp sums are staged in shared memo
 
 // On the float32 path a thread takes kColumnsPerThread of its block's kThreads columns, so that
 // the warp's reduction of a row's sums and the row loop's own work serve that many elements; the
-// thread's own columns are added up first, in column order (fixed: results stay run-to-run exact).
+// thread's own columns are added up first, in column order, a rare element after the others
+// (fixed: results stay run-to-run exact).
 // Blocks still cover kThreads columns each (the row partials' layout, strip_plan.h), with fewer
 // threads. Four columns: with the rare elements out of the row loop (rare_stage_sums) their
 // accumulators fit in 128 registers without spills, and the loop issues about 7 instructions per
@@ -251,8 +253,8 @@ __global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(
       unsigned int row_bit = 1;       // bit of (row sr, column 0) in `rare`
       for (int sr = 0; sr < staged;
            ++sr, ++line, at0 += a.s.row_stride, target_delta += target_step, row_bit <<= kColumns) {
-        // This row's sums over the thread's columns, in column order: one warp reduction per row
-        // for kColumns elements.
+        // This row's sums over the thread's columns, in column order (rare ones added after the
+        // stage): one warp reduction per row for kColumns elements.
         double row[kStatSlots];
 #pragma unroll
         for (int k = 0; k < kStatSlots; ++k) row[k] = 0.0;
