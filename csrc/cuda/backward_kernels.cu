@@ -128,6 +128,9 @@ __device__ EO_OUT_OF_LINE float rare_chunk_gradients(const SimilarityView s, int
     const std::int64_t i = chunk + r;
     const float value = load_similarity<float, SStored>(s, i * s.row_stride + j * s.col_stride);
     const bool on = target_delta + r == 0;
+    // The row loop's test, made again here rather than inside rare_element_gradient (which then
+    // evaluates the float map a second time where it is false): moved there, ptxas spilled 8-32
+    // bytes in twelve of the sm_80 gradient kernels.
     const bool double_map = on || !(evidence_of(evidence, value * inv_tau_f).alpha < kInfinityF);
     const float g = rare_element_gradient<kKl, kFmse, kLogdet>(evidence, inv_tau, row_constants, n_rows,
                                                                col_constants, n_cols, s.row0 + i, j, value, on,
