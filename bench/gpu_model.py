@@ -546,9 +546,8 @@ def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dic
     # ---- forward (launch._line_statistics, rows and columns)
     out.append(Kernel("forward", "zero line statistics", 2, dram={"statistics": 2 * 7 * k * 8}))
     row_blocks = _ceil_div(k, st.block_m)
-    fit = max(1, launch.PARTIAL_BUDGET_BYTES // (ns * k * 8))
-    programs = min(row_blocks, fit)
-    one_pass = programs >= min(row_blocks, c["sms"])
+    programs = launch.one_pass_programs(row_blocks, k, ns, c["sms"])
+    one_pass = programs > 0
     per_sm = occupancy(fwd_row["resources"].get("registers", 255), 32 * st.num_warps, c)
     partial_bytes = programs * ns * k * 8 if one_pass else 0
     passes = [("stats_kernel, rows and column partials", programs)] if one_pass else \

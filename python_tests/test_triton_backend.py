@@ -386,8 +386,8 @@ def test_triton_results_are_bitwise_deterministic(gen):
 
 
 def test_triton_two_pass_forward_matches_the_column_partials(gen, monkeypatch):
-    """Both directions in one pass (column partials + second pass) or, when the partials would not
-    fit (or leave SMs idle), as two passes: the same statistics."""
+    """Both directions in one pass (column partials) or, when so few programs' partials fit that
+    they would take longer (launch.one_pass_programs), as two passes: the same statistics."""
     from evidential_ops.triton_backend import launch
 
     x, y = hard_pairs(100, 40, generator=gen)
@@ -395,9 +395,15 @@ def test_triton_two_pass_forward_matches_the_column_partials(gen, monkeypatch):
     ops = eo.backends.resolve("triton", x.device).ops
     config = eo.checks.loss_config(evidence="exp", tau=0.05, weights=ALL_WEIGHTS, direction="both", reduction="none")
     w, mask = eo.ops.weights_tensor(config), eo.ops.terms_mask(config)
+    passes = []
+    original = launch._stats_pass
+    monkeypatch.setattr(launch, "_stats_pass", lambda *args: (passes.append(args[3] is None), original(*args)))
     one = ops.loss_forward(x, y, None, "exp", 0.05, w, mask, True, True)
+    # One program's partials against two row blocks on SMs enough for both: two sweeps either way.
+    monkeypatch.setattr(launch, "PARTIAL_BUDGET_BYTES", 0)
     monkeypatch.setattr(launch, "_sm_count", lambda device: 10**6)
     two = ops.loss_forward(x, y, None, "exp", 0.05, w, mask, True, True)
+    assert passes == [False, True, True]
     for a, b in zip(one, two):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=0)
 
@@ -638,7 +644,8 @@ def test_triton_backward_paths_match_the_reference(gen, monkeypatch, path):
         plans.append(self)
 
     monkeypatch.setattr(launch.BackwardPlan, "__init__", record)
-    # With strips of 16 rows dy is shared with dx's pass while D <= 16 (BackwardPlan's traffic rule)
+    # With 8 strips of 16 rows dy is shared with dx's pass while 7·D·8 <= (8 + 16)·113, D <= 48
+    # (BackwardPlan's traffic rule)
     _backward_against_reference(gen, 113, {"strips": 13, "fused": 63}.get(path, 203), requires)
     expected = {"fused": "fused", "strips, two passes": "strips, two passes"}.get(path, "strips")
     assert [p.kind for p in plans] == [expected]
@@ -657,6 +664,20 @@ def test_triton_fused_backward_is_bitwise_deterministic(gen, monkeypatch):
         gen.manual_seed(1)
         runs.append(_backward_against_reference(gen, 70, 24))
     assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+def test_triton_one_pass_forward_where_its_programs_take_fewer_sweeps_than_two_passes(monkeypatch):
+    """launch.one_pass_programs on an H100 (132 SMs; BLOCK_M 64: 256 row blocks at K = 16384) with
+    the default 48 MiB of partials."""
+    from evidential_ops.triton_backend import launch
+
+    monkeypatch.setattr(launch, "PARTIAL_BUDGET_BYTES", 48 * 2**20)
+    # UML's four partials (rest, fisher, two logdet): 96 programs fit, 3 sweeps each against two
+    # passes of two waves; balanced to the 86 programs 3 sweeps need.
+    assert launch.one_pass_programs(256, 16384, 4, 132) == 86
+    assert launch.one_pass_programs(256, 16384, 2, 132) == 128  # TCL's two: 192 fit, 2 sweeps
+    assert launch.one_pass_programs(1024, 65536, 2, 132) == 0  # 48 fit: 22 sweeps against 2 × 8 waves
+    assert launch.one_pass_programs(2, 100, 6, 1) == 2  # every row block a program of its own
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

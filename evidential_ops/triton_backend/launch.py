@@ -30,8 +30,9 @@ NUM_LINE_STATS = kernels.NUM_LINE_STATS
 NUM_GRADIENT_FIELDS = kernels.NUM_GRADIENT_FIELDS
 LINE_BLOCK = 128  # lines per program of the per-line kernels
 # Column partials of the one-pass forward (G programs × NS × N float64) may use this much device
-# memory; beyond it (or when G would leave SMs idle) both directions run as two passes. With the
-# (7, K) statistics of both directions (7 MiB at K = 65536) the forward stays below 64 MiB.
+# memory; where so few programs fit that they would take longer than two passes, both directions
+# run as two passes (one_pass_programs). With the (7, K) statistics of both directions (7 MiB at
+# K = 65536) the forward stays below 64 MiB.
 PARTIAL_BUDGET_BYTES = int(float(os.environ.get("EO_TRITON_PARTIAL_MIB", "48")) * 2**20)
 # The backward where D is wider than a register block stages G = ∂L/∂s through a strip of rows of
 # at most STRIP_BUDGET_BYTES, and keeps a float32 dy for 16-bit inputs (with the product's float32
@@ -39,6 +40,11 @@ PARTIAL_BUDGET_BYTES = int(float(os.environ.get("EO_TRITON_PARTIAL_MIB", "48")) 
 # (BackwardPlan, docs/backends.md "How the triton backend works").
 STRIP_BUDGET_BYTES = int(float(os.environ.get("EO_TRITON_STRIP_MIB", "32")) * 2**20)
 ACCUMULATOR_BUDGET_BYTES = 24 * 2**20
+# What a second backward pass costs beyond its G traffic, in bytes of device-memory time per element
+# of s: recomputing the element work (about 1.1 cycles an element in the static profile, on an
+# H100's 132 SMs at 1.98 GHz against 3.35 TB/s: 15 bytes); its product is not counted, so the
+# rule leans to two passes.
+RECOMPUTE_BYTES_PER_ELEMENT = 16
 
 
 # ----------------------------------------------------------------------------------- launching
@@ -357,9 +363,8 @@ def _line_statistics(source: _Source, t_off: int, evidence: int, inv_tau: float,
         ns = terms.num_partials() if terms is not None else 1
         config = configs.default("stats", like.device)
         row_blocks = triton_cdiv(source.n_own, config.block_m)
-        fit = max(1, PARTIAL_BUDGET_BYTES // (ns * source.n_other * 8))
-        programs = min(row_blocks, fit)
-        if programs >= min(row_blocks, _sm_count(like.device)):
+        programs = one_pass_programs(row_blocks, source.n_other, ns, _sm_count(like.device))
+        if programs:
             partials = torch.zeros((programs, ns, source.n_other), dtype=torch.float64, device=like.device)
             _stats_pass(source, row_stats, col_stats, partials, t_off, evidence, inv_tau, terms, has_target, precision)
             flags = terms.stat_flags() if terms is not None else dict(MSE=0, KL=0, FMSE=0, LOGDET=0)
@@ -372,6 +377,22 @@ def _line_statistics(source: _Source, t_off: int, evidence: int, inv_tau: float,
         _stats_pass(source.transposed(), col_stats, row_stats, None, -t_off, evidence, inv_tau, terms, has_target,
                     precision)
     return row_stats, col_stats
+
+
+def one_pass_programs(row_blocks: int, n_other: int, num_partials: int, sms: int) -> int:
+    """Programs of the one-pass forward of `row_blocks` row blocks (each sweeping its share of them
+    and summing the columns into a float64 partial of its own, num_partials × n_other, within
+    PARTIAL_BUDGET_BYTES), or 0 for two passes (rows, then columns with s computed again).
+
+    One pass where a program's share is fewer sweeps than two passes' waves at one program per SM
+    (the default tiles' registers leave room for one): at K = 16384 UML's four partials fit 96
+    programs, three sweeps each against two passes of two waves. The programs are then balanced:
+    as many as that number of sweeps needs (86 there), so none runs a sweep fewer than another."""
+    fit = max(1, PARTIAL_BUDGET_BYTES // (num_partials * n_other * 8))
+    sweeps = triton_cdiv(row_blocks, min(row_blocks, fit))
+    if sweeps >= 2 * triton_cdiv(row_blocks, sms):
+        return 0
+    return triton_cdiv(row_blocks, sweeps)
 
 
 def _overflow_possible(kind: int, dtype: torch.dtype, inv_tau: float, n: int) -> bool:
@@ -527,8 +548,10 @@ class BackwardPlan:
     - "strips": G of `strip` rows at a time (grad_block_kernel, stored in the input dtype), then
       dx[strip] = G·y and, in the same pass, dy += Gᵀ·x[strip] (float32/float64 inputs: into dy
       itself; 16-bit inputs: a float32 dy, and the product's float32 result, where both fit
-      ACCUMULATOR_BUDGET_BYTES), where reading and writing dy again for every further strip moves
-      no more bytes than a second pass's G (one strip, or strips of about D rows in float32).
+      ACCUMULATOR_BUDGET_BYTES), where reading and writing dy again for every further strip costs
+      no more than a second pass: its G traffic and RECOMPUTE_BYTES_PER_ELEMENT (strips of at
+      least D/3 rows in float32: K = 16384, D = 1024 takes strips of 512 rows, dy moved 4 GiB
+      against 2 GiB of G and the element work of 2.7e8 elements, ~4 GiB).
       3 GEMM-equivalents (2 for one gradient).
     - "strips, two passes" otherwise: dy from strips of columns, G recomputed. 4 GEMM-equivalents.
       At K = 65536, D = 1024 (strips of 128 float32 or 256 bfloat16 rows): dy read and written 512
@@ -554,11 +577,11 @@ class BackwardPlan:
             self.strip = max(1, min(longest, STRIP_BUDGET_BYTES // (longest * size)))
             accumulator = 2 * n * d * acc_size if sixteen_bit else 0
             # dy in the same pass is read and written again for every strip after the first; a
-            # second pass writes and reads G once more (and recomputes s): the pass is shared where
-            # the first is no more traffic.
+            # second pass writes and reads G once more and recomputes s: the pass is shared where
+            # the first costs no more than the second's G traffic and element work.
             dy_traffic = (triton_cdiv(m, self.strip) - 1) * n * d * acc_size * 2
             self.dy_in_pass = (need_dx and need_dy and accumulator <= ACCUMULATOR_BUDGET_BYTES
-                               and dy_traffic <= 2 * m * n * size)
+                               and dy_traffic <= (2 * size + RECOMPUTE_BYTES_PER_ELEMENT) * m * n)
             two_passes = need_dx and need_dy and not self.dy_in_pass
             self.kind = "strips, two passes" if two_passes else "strips"
             self.recomputations = 2 if two_passes else 1
