@@ -386,8 +386,8 @@ def one_pass_programs(row_blocks: int, n_other: int, num_partials: int, sms: int
 
     One pass where a program's share is fewer sweeps than two passes' waves at one program per SM
     (the default tiles' registers leave room for one): at K = 16384 UML's four partials fit 96
-    programs, three sweeps each against two passes of two waves. The programs are then balanced:
-    as many as that number of sweeps needs (86 there), so none runs a sweep fewer than another."""
+    programs, three sweeps each against two passes of two waves. Then as few programs as that many
+    sweeps need (86 there): the same time, fewer partials to zero and add up."""
     fit = max(1, PARTIAL_BUDGET_BYTES // (num_partials * n_other * 8))
     sweeps = triton_cdiv(row_blocks, min(row_blocks, fit))
     if sweeps >= 2 * triton_cdiv(row_blocks, sms):
