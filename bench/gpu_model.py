@@ -439,7 +439,7 @@ def cuda_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dict,
                       dram={"line constants": 2 * 9 * k * 8}))
     if not dy_by_columns:
         out.append(Kernel("backward", "zero dy (float32)", 1, dram={"dy": kd * e_prod}))
-    # (label, its product into an output summed over column blocks, whether dy is accumulated too)
+    # (label, its product, the output that product sums over column blocks, whether dy is accumulated too)
     sweeps = [("", "dx GEMM G·y (per block)", "dx", not dy_by_columns)]
     if dy_by_columns:
         sweeps.append((" (sᵀ sweep)", "dy GEMM (∂L/∂sᵀ)·x (per block)", "dy", False))

@@ -574,7 +574,7 @@ def _float32_s_loads(opcodes: dict) -> int:
 
 
 def cuda_elements_per_iteration(direction: str) -> int:
-    """Elements one thread handles per iteration of its row loop: the forward kernel's
+    """Elements one thread handles per iteration of its row loop: the direction's kernel file's
     kColumnsPerThread (its columns, unrolled), 1 for a kernel without that constant (one column
     per thread). The "cuda" build checks it: its loop body loads s once per element."""
     return source_ints(os.path.join(ROOT, "csrc", "cuda", CUDA_FILES[direction])).get("kColumnsPerThread", 1)

@@ -31,25 +31,23 @@ constexpr int kRowChunk = 32;  // rows whose narrowed constants are staged in sh
 // so a warp's loads of one c are consecutive), the forward's layout: a row's narrowed constants
 // (read from shared memory) and the row loop's own offsets and branch then serve that many
 // elements (`python bench/static_profile.py --direction bwd`: TCL 118 -> 104.8 instructions per
-// element). Blocks still cover kThreads columns each (element_grid), with fewer threads; as many
-// resident threads per multiprocessor as before (element_min_blocks' 2 blocks of 256: at most
-// 128 registers), 384 for the instantiations roomy_gradient names. The float64 path keeps one
-// column per thread.
+// element). Blocks still cover kThreads columns each (element_grid), with fewer threads; 512
+// resident threads per multiprocessor (float32_min_blocks), 384 for the instantiations
+// roomy_gradient names. The float64 path keeps one column per thread and no minimum.
 constexpr int kColumnsPerThread = 4;
 __host__ __device__ constexpr int gradient_columns(bool float32) { return float32 ? kColumnsPerThread : 1; }
 __host__ __device__ constexpr int gradient_threads(bool float32) { return kThreads / gradient_columns(float32); }
 __host__ __device__ constexpr int gradient_min_blocks(bool float32, bool roomy) {
-  return float32 ? (roomy ? 384 : 512) / gradient_threads(true) : element_min_blocks(false);
+  return float32 ? float32_min_blocks(gradient_threads(true), roomy) : 0;
 }
 // Instantiations given up to 170 registers (384 threads per multiprocessor): the KL with another
 // term (no method's set), the Fisher and logdet terms together (UML's set) for the maps other
-// than UML's exp_tanh, and the generic ones, which spilled 8 to 20 bytes at 128 (ptxas -v).
-__host__ __device__ constexpr bool roomy_gradient(bool typed, int evidence, bool kl, bool fmse, bool logdet) {
-  return !typed || (kl && (fmse || logdet)) ||
+// than UML's exp_tanh, and the generic ones (any evidence, any stored type), which spilled 8 to 20
+// bytes at 128 (ptxas -v).
+__host__ __device__ constexpr bool roomy_gradient(int evidence, bool kl, bool fmse, bool logdet) {
+  return evidence == kAnyEvidence || (kl && (fmse || logdet)) ||
          (fmse && logdet && evidence != static_cast<int>(kn::EvidenceKind::kExpTanh));
 }
-template <typename SStored>
-constexpr bool kTyped = !std::is_same<SStored, AnyStored>::value;
 static_assert(kThreads / kColumnsPerThread >= kRowChunk, "a thread per row of a chunk stages its constants");
 
 // ∂L/∂s of one element of the float32 path in double, for its rare elements (α beyond FLT_MAX, a
@@ -143,8 +141,7 @@ __device__ EO_OUT_OF_LINE float rare_chunk_gradients(const SimilarityView s, int
 
 template <bool kFloat32, typename SStored, typename GStored, int kEvidence, bool kKl, bool kFmse, bool kLogdet>
 __global__ void __launch_bounds__(gradient_threads(kFloat32),
-                                  gradient_min_blocks(kFloat32, roomy_gradient(kTyped<SStored>, kEvidence, kKl,
-                                                                               kFmse, kLogdet)))
+                                  gradient_min_blocks(kFloat32, roomy_gradient(kEvidence, kKl, kFmse, kLogdet)))
     gradient_kernel(const BackwardArgs a) {
   const RowRange range = group_rows(a.s.rows);
   const kn::LineGradientArrays rows = kn::gradient_arrays(a.row_constants, a.n_rows);

@@ -24,8 +24,6 @@ namespace cuda {
 
 namespace kn = evidential_ops::generic;
 
-constexpr int kWarps = kThreads / 32;
-
 // The stored type of s or of ∂L/∂s, fixed at compile time in the float32 path's main
 // instantiations (float s; float or __nv_bfloat16 ∂L/∂s), or AnyStored: the view's run-time kind,
 // a uniform switch per element (the float64 path, and the float32 path's other combinations).
@@ -124,10 +122,10 @@ constexpr double kFloatMax = 3.4028234663852886e38;  // FLT_MAX, as a double
 #endif
 #endif
 
-// Minimum blocks per multiprocessor for the element kernels' __launch_bounds__: 2 for the float32
-// ones (left to itself, ptxas squeezes some of them to 64 or 80 registers with a few bytes
-// spilled), 0 ("none") for the float64 ones, whose allocation stays as it was.
-__host__ __device__ constexpr int element_min_blocks(bool float32) { return float32 ? 2 : 0; }
+// Minimum blocks per multiprocessor of a float32 element kernel of `threads` threads a block, for
+// its __launch_bounds__: 512 resident threads (at most 128 registers each), 384 for the term sets
+// that spilled at 128 (`roomy`: up to 170). Left free, ptxas aims lower and spills.
+__host__ __device__ constexpr int float32_min_blocks(int threads, bool roomy) { return (roomy ? 384 : 512) / threads; }
 
 // The launchers' choice: 1/τ beyond FLT_MAX (τ < 2.9e-39) would make x infinite in float.
 inline bool float32_elements(const SimilarityView& s, double inv_tau) {

@@ -38,13 +38,13 @@ __host__ __device__ constexpr int columns_per_thread(bool float32) { return floa
 __host__ __device__ constexpr int forward_threads(bool float32) { return kThreads / columns_per_thread(float32); }
 static_assert(forward_threads(true) % 32 == 0, "whole warps");
 
-// Minimum blocks per multiprocessor of the float32 path: 512 threads (<= 128 registers, the
-// occupancy of element_min_blocks' 2 blocks of 256); 384 where the KL joins the Fisher terms (no
+// Minimum blocks per multiprocessor of the float32 path: 512 threads (<= 128 registers,
+// float32_min_blocks); 384 where the KL joins the Fisher terms (no
 // method's set: TCL is the KL alone, UML the Fisher terms alone), which spilled 8 to 28 bytes at
 // 128. Left free, ptxas aims lower and spills. The float64 path 1: with none, ptxas held two of
 // its logdet instantiations to 80 registers on sm_80 and spilled 12-16 bytes.
 __host__ __device__ constexpr int forward_min_blocks(bool float32, bool kl_and_fisher) {
-  return float32 ? (kl_and_fisher ? 384 : 512) / forward_threads(true) : 1;
+  return float32 ? float32_min_blocks(forward_threads(true), kl_and_fisher) : 1;
 }
 
 // Statistic slot k (LineStat k + 1: rest, kl_h, squares, fisher, log_trigamma, remainder) is

@@ -3,7 +3,7 @@
 // arguments (csrc/op_args.h), plans the strips (strip_plan.h), runs the cuBLAS products, and
 // calls these. Every function enqueues work on `stream` and returns cudaGetLastError().
 //
-// The element kernels give one thread to each column of a strip of s (the float32 forward: two
+// The element kernels give one thread to each column of a strip of s (the float32 path: four
 // columns, 32 apart) and let it walk down the rows of its row group (blockIdx.y): the loads of a
 // warp are consecutive columns (coalesced), a column's sums stay in registers, and a row's sum is
 // the warp's lanes in lane order (staged in shared memory) and then the block's warps in order, so

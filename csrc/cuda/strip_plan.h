@@ -26,7 +26,7 @@
 namespace evidential_ops {
 namespace cuda {
 
-constexpr int kThreads = 256;               // threads per block of the element kernels: one column each
+constexpr int kThreads = 256;               // columns per block of the element kernels (one thread each on the float64 path)
 constexpr int kStatSlots = 6;               // LineStats accumulated per element: all but kTargetAlpha
 constexpr std::int64_t kTargetBlocks = 1024;  // a strip's rows are split into groups until a launch has this many blocks
 constexpr std::int64_t kMinGroupRows = 8;   // ...but no group has fewer rows than this
