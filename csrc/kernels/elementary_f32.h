@@ -137,12 +137,14 @@ struct LogPartsF32 {
 };
 
 EO_HOST_DEVICE LogPartsF32 log_parts_f(float x) {
-  const std::uint32_t bits = bits_of(x);
-  const std::int32_t biased = static_cast<std::int32_t>(bits >> 23);
-  float mantissa = float_of((bits & 0x007FFFFFu) | 0x3F800000u);  // [1, 2)
-  const bool high = mantissa > 1.41421354f;
-  mantissa = high ? mantissa * 0.5f : mantissa;  // now in [0.707, 1.414]
-  const float k = static_cast<float>(biased - 127 + (high ? 1 : 0));
+  // The mantissa m ∈ [1, 2) is halved (and the exponent raised) where m > 1.41421354, in integer
+  // arithmetic: adding kCarry carries into the exponent exactly for those mantissas, and the same
+  // offset then rebuilds m or m/2. A select on m here is what GCC if-converts by evaluating the
+  // whole logarithm, and every polynomial in it downstream, once per side (twice the work).
+  constexpr std::uint32_t kCarry = 0x00800000u - 0x003504F4u;  // mantissa fields >= 0x3504F4 carry
+  const std::uint32_t shifted = bits_of(x) + kCarry;
+  const float k = static_cast<float>(static_cast<std::int32_t>(shifted >> 23) - 127);
+  const float mantissa = float_of((shifted & 0x007FFFFFu) + (0x3F800000u - kCarry));  // [0.707, 1.414]
   const float f = mantissa - 1.0f;  // exact
   // ln(1 + f) = 2 atanh(s), s = f/(2 + f), |s| <= 0.172: 2s + s·R(s²), R = Σ 2s^2j/(2j + 1)
   // (j <= 5; the next term is below 2^-30 relative), arranged as f − (½f² − s(½f² + R)) so that
