@@ -200,6 +200,19 @@ void check_properties(Failures& f) {
                 wide.fisher == (static_cast<double>(a) + 1.0) * static_cast<double>(fw.x_trigamma),
             "widen at α = " + fmt(a));
   }
+  // The logarithm's reduction x = m·2^k, m ∈ [0.707, 1.414]: k steps up exactly where the
+  // mantissa passes 1.41421354 (the last float below √2), in every binade; ln m, the tail, then
+  // matches log_f of m itself (its own k is 0) bit for bit.
+  for (int e = -126; e < 128; ++e) {
+    for (const float m : {1.0f, 1.41421342f, 1.41421354f, 1.41421366f, 1.99999988f}) {
+      const float x = std::ldexp(m, e);
+      const kn::LogPartsF32 parts = kn::log_parts_f(x);
+      const bool high = m > 1.41421354f;
+      const float reduced = high ? 0.5f * m : m;
+      f.check(parts.k == static_cast<float>(e + (high ? 1 : 0)) && parts.tail == kn::log_f(reduced),
+              "log reduction at x = " + fmt(x));
+    }
+  }
   // x → ∞ (and the log-space entry far beyond FLT_MAX): the limits, exactly.
   const kn::PolygammasF32 inf = kn::polygammas(INFINITY);
   f.check(inf.x_trigamma == 1.0f && inf.x2_tetragamma == -1.0f && kn::x_kl_v(INFINITY, inf) == 0.5f &&
