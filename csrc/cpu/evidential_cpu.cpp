@@ -40,7 +40,9 @@ const TileKernels& kernels() {
   }
 }
 
-TermFlags term_flags(const TermSelection& terms) { return TermFlags{terms.kl, terms.fmse, terms.logdet}; }
+TermFlags term_flags(const TermSelection& terms) {
+  return TermFlags{terms.kl, terms.fmse, terms.logdet, terms.enabled[generic::kMse]};
+}
 
 // Where the values of a tile of s come from: a GEMM of embedding blocks, or a block of s itself.
 class TileSource {
@@ -465,7 +467,7 @@ std::tuple<Tensor, Tensor> opinion_impl(const TileSource& source, const std::str
   const int kind = evidence_index(evidence);
   const double inv_tau = checked_inverse_tau(tau);
   auto [row_stats, col_stats] =
-      accumulate_stats(source, kind, inv_tau, Targets{false, 0}, TermFlags{false, false, false}, true, true);
+      accumulate_stats(source, kind, inv_tau, Targets{false, 0}, TermFlags{false, false, false, false}, true, true);
   check_finite_strengths(row_stats, tau, evidence);
   check_finite_strengths(col_stats, tau, evidence);
   // No targets: rest is the whole sum S.

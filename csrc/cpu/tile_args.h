@@ -17,6 +17,7 @@ struct TileRef {
 
 struct TermFlags {
   bool kl, fmse, logdet;  // which per-element special functions are needed
+  bool squares;           // whether the mse statistic Σα² is (the only term that reads it)
 };
 
 struct ForwardTile {

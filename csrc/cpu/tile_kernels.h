@@ -202,19 +202,23 @@ struct ColumnAccumulators {
   double *rest, *squares, *kl, *fisher, *log_trig, *remainder;
 };
 
-// Accumulates what one element contributes to its row's sums and its column's accumulators.
-template <bool kKl, bool kFmse, bool kLogdet>
+// Accumulates what one element contributes to its row's sums and its column's accumulators
+// (Σα² only where the mse term reads it: kWithSquares).
+template <bool kKl, bool kFmse, bool kLogdet, bool kWithSquares>
 EO_HOST_DEVICE void accumulate_element(double a, bool off, const ElementForward& f, const ColumnAccumulators& col,
                                        std::int64_t j, double& rest, double& squares, double& kl, double& fisher,
                                        double& log_trig, double& remainder) {
   // A select, not a multiplication by a 0/1 mask: 0·∞ would turn an overflowed target
   // into NaN and hide the overflow the forward must report.
-  const double scaled = a * kSquareScale;
-  const double c_rest = off ? a : 0.0, c_sq = off ? scaled * scaled : 0.0;
+  const double c_rest = off ? a : 0.0;
   rest += c_rest;
-  squares += c_sq;
   col.rest[j] += c_rest;
-  col.squares[j] += c_sq;
+  if constexpr (kWithSquares) {
+    const double scaled = a * kSquareScale;
+    const double c_sq = off ? scaled * scaled : 0.0;
+    squares += c_sq;
+    col.squares[j] += c_sq;
+  }
   if constexpr (kKl) {
     const double c_kl = off ? f.kl_h : 0.0;
     kl += c_kl;
@@ -236,9 +240,9 @@ EO_HOST_DEVICE void accumulate_element(double a, bool off, const ElementForward&
 // Loop 3, forward: one tile row into its row sums and the column accumulators. Element values
 // from the float64 functions (kSource 0: α double, computed here), a double table of widened
 // values (1: the rows with an α beyond float32), or the float32 pipeline (2: α and values float).
-template <bool kKl, bool kFmse, bool kLogdet, int kSource>
+template <bool kKl, bool kFmse, bool kLogdet, bool kWithSquares, int kSource>
 void forward_row(const void* alpha_in, const void* values_in, std::int64_t cols, std::int64_t target,
-                 double* const col_in[kNumLineStats], double sums[kNumLineStats]) {
+                    double* const col_in[kNumLineStats], double sums[kNumLineStats]) {
   const ColumnAccumulators col{col_in[kRest],   col_in[kSquares],     col_in[kKlH],
                                col_in[kFisher], col_in[kLogTrigamma], col_in[kRemainder]};
   double rest = 0.0, squares = 0.0, kl = 0.0, fisher = 0.0, log_trig = 0.0, remainder = 0.0;
@@ -257,8 +261,8 @@ void forward_row(const void* alpha_in, const void* values_in, std::int64_t cols,
       a = static_cast<const double*>(alpha_in)[j];
       f = element_forward<kKl, kFmse, kLogdet>(a);
     }
-    accumulate_element<kKl, kFmse, kLogdet>(a, j != target, f, col, j, rest, squares, kl, fisher, log_trig,
-                                            remainder);
+    accumulate_element<kKl, kFmse, kLogdet, kWithSquares>(a, j != target, f, col, j, rest, squares, kl, fisher,
+                                                      log_trig, remainder);
   }
   sums[kRest] = rest;
   sums[kSquares] = squares;
@@ -266,6 +270,17 @@ void forward_row(const void* alpha_in, const void* values_in, std::int64_t cols,
   sums[kFisher] = fisher;
   sums[kLogTrigamma] = log_trig;
   sums[kRemainder] = remainder;
+}
+
+// forward_row with Σα² accumulated or not, as the tile's terms ask (TermFlags::squares).
+template <bool kKl, bool kFmse, bool kLogdet, int kSource>
+void accumulate_row(bool squares, const void* alpha_in, const void* values_in, std::int64_t cols, std::int64_t target,
+                    double* const col_in[kNumLineStats], double sums[kNumLineStats]) {
+  if (squares) {
+    forward_row<kKl, kFmse, kLogdet, true, kSource>(alpha_in, values_in, cols, target, col_in, sums);
+  } else {
+    forward_row<kKl, kFmse, kLogdet, false, kSource>(alpha_in, values_in, cols, target, col_in, sums);
+  }
 }
 
 template <bool kKl, bool kFmse, bool kLogdet>
@@ -300,7 +315,7 @@ void forward_tile_impl(const cpu::ForwardTile& t) {
       const bool beyond = evidence_row_f32(t.evidence, s, cols, inv_tau_f, alpha_f, nullptr, tanh_f);
       if constexpr (kSpecial) values_row_f32<false, kKl, kFmse, kLogdet>(alpha_f, tanh_f, cols, values_f);
       if (!beyond) {
-        forward_row<kKl, kFmse, kLogdet, 2>(alpha_f, values_f, cols, target, col, sums);
+        accumulate_row<kKl, kFmse, kLogdet, 2>(t.terms.squares, alpha_f, values_f, cols, target, col, sums);
       } else {
         for (std::int64_t j = 0; j < cols; ++j) {
           alpha[j] = alpha_f[j];
@@ -317,7 +332,7 @@ void forward_tile_impl(const cpu::ForwardTile& t) {
           table[2 * cols + j] = g.log_trigamma;
           table[3 * cols + j] = g.remainder;
         }
-        forward_row<kKl, kFmse, kLogdet, 1>(alpha, table, cols, target, col, sums);
+        accumulate_row<kKl, kFmse, kLogdet, 1>(t.terms.squares, alpha, table, cols, target, col, sums);
       }
       // α of the target enters ψ(α_y) and the strength: float64 from the float64 map.
       if (target >= 0 && target < cols) {
@@ -325,7 +340,7 @@ void forward_tile_impl(const cpu::ForwardTile& t) {
       }
     } else {
       evidence_row(t.s, t.evidence, i, t.inv_tau, alpha, nullptr);
-      forward_row<kKl, kFmse, kLogdet, 0>(alpha, nullptr, cols, target, col, sums);
+      accumulate_row<kKl, kFmse, kLogdet, 0>(t.terms.squares, alpha, nullptr, cols, target, col, sums);
       if (target >= 0 && target < cols) target_alpha = alpha[target];
     }
     if (t.row_stats != nullptr) {

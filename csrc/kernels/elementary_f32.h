@@ -85,14 +85,41 @@ EO_HOST_DEVICE float approx_divide(float a, float b) {
 #endif
 }
 
+// e^x = e_r·2^k for x = k·ln 2 + r, |r| <= 0.347, k = round(x/ln 2) (the CPU's exp_f and
+// exp_f_of_moderate share it, so the two agree bit for bit where both apply).
+struct ExpPartsF32 {
+  float e_r;
+  std::int32_t k;
+};
+
+EO_HOST_DEVICE ExpPartsF32 exp_parts_f(float x) {
+  const float n = (x * kLog2eF + kRoundMagicF) - kRoundMagicF;  // round(x / ln 2), exact
+  const float r = (x - n * kLn2HiF) - n * kLn2LoF;              // |r| <= 0.347
+  // e^r = 1 + r + r²·Σ r^k/(k+2)!, Taylor to r^7: truncation r^8/8! < 5.3e-9 relative.
+  float p = 1.0f / 5040.0f;
+  p = p * r + 1.0f / 720.0f;
+  p = p * r + 1.0f / 120.0f;
+  p = p * r + 1.0f / 24.0f;
+  p = p * r + 1.0f / 6.0f;
+  p = p * r + 0.5f;
+  return ExpPartsF32{1.0f + (r + r * r * p), static_cast<std::int32_t>(n)};
+}
+
+// 2^k for a k whose power is a normal float (−126 <= k <= 127).
+EO_HOST_DEVICE float exp2_of_int(std::int32_t k) { return float_of(static_cast<std::uint32_t>(k + 127) << 23); }
+
 // exp(x) for float x: +inf above kMaxExpArgF, 0 below kMinExpArgF, subnormal results in between
-// rounded once (2^n is applied as two normal factors, so no intermediate leaves the range). On the
-// GPU: 2^(hi + lo), hi = x·log2 e rounded, lo its rounding error and x times log2 e's (|lo| <=
-// 2^-17), as ex2(hi)·(1 + lo·ln 2): within 3 ulp (ex2's 2, the rest below ½); +inf from x ≈ 88.72
-// (as here; an α that comes out infinite is redone in double by the kernels), results below
-// 2^-126 flushed to 0 (they enter α = 1 + e, or a ρ, as nothing). x is first raised to
-// kMinExpArgF − 64 (whose result is 0 as well), so that −inf, or an x·log2 e below −FLT_MAX, leaves
-// lo finite; where ex2 is +inf the FMA is skipped: inf·(lo·ln 2) + inf is NaN for lo < 0.
+// rounded once (2^k is applied as two normal factors, so no intermediate leaves the range). The
+// argument is clamped to [−104.5, 89], where the results at the ends are already 0 and +inf (e_r·2^k
+// rounds to them): no select on the result, each of which costs a SIMD loop a compare and a blend
+// (bit for bit the former form with those selects, over every float but NaN, whose result was and
+// is arbitrary: callers keep NaN themselves). On the GPU: 2^(hi + lo), hi = x·log2 e rounded, lo
+// its rounding error and x times log2 e's (|lo| <= 2^-17), as ex2(hi)·(1 + lo·ln 2): within 3 ulp
+// (ex2's 2, the rest below ½); +inf from x ≈ 88.72 (as here; an α that comes out infinite is redone
+// in double by the kernels), results below 2^-126 flushed to 0 (they enter α = 1 + e, or a ρ, as
+// nothing). x is first raised to kMinExpArgF − 64 (whose result is 0 as well), so that −inf, or an
+// x·log2 e below −FLT_MAX, leaves lo finite; where ex2 is +inf the FMA is skipped: inf·(lo·ln 2) +
+// inf is NaN for lo < 0.
 EO_HOST_DEVICE float exp_f(float x) {
 #if defined(__CUDA_ARCH__)
   constexpr float kLog2eLoF = 1.92596299e-8f;  // log2 e − kLog2eF
@@ -104,28 +131,26 @@ EO_HOST_DEVICE float exp_f(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(p) : "f"(hi));
   return p < __builtin_inff() ? __fmaf_rn(p, lo * kLn2F, p) : p;
 #else
-  const float xc = min_of(max_of(x, kMinExpArgF), kMaxExpArgF);
-  const float n = (xc * kLog2eF + kRoundMagicF) - kRoundMagicF;  // round(x / ln 2), exact
-  const float r = (xc - n * kLn2HiF) - n * kLn2LoF;             // |r| <= 0.347
-  // e^r = 1 + r + r²·Σ r^k/(k+2)!, Taylor to r^7: truncation r^8/8! < 5.3e-9 relative.
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  const float e_r = 1.0f + (r + r * r * p);
-  const std::int32_t k = static_cast<std::int32_t>(n);  // in [−150, 128]
-  const std::int32_t half = k / 2;                     // both factors 2^half, 2^(k − half) normal
-  const float scale_a = float_of(static_cast<std::uint32_t>(half + 127) << 23);
-  const float scale_b = float_of(static_cast<std::uint32_t>(k - half + 127) << 23);
-  const float result = (e_r * scale_a) * scale_b;
-  const float huge = x > kMaxExpArgF ? __builtin_inff() : result;
+  const ExpPartsF32 parts = exp_parts_f(min_of(max_of(x, -104.5f), 89.0f));  // k ∈ [−151, 128]
+  const std::int32_t half = parts.k >> 1;  // both factors 2^half, 2^(k − half) normal
+  const float result = (parts.e_r * exp2_of_int(half)) * exp2_of_int(parts.k - half);
 #if defined(EO_EMULATED_GPU_APPROXIMATIONS)
-  return emulated_approximation(x < kMinExpArgF ? 0.0f : huge, bits_of(x) ^ 0x5bd1e995u);
+  return emulated_approximation(result, bits_of(x) ^ 0x5bd1e995u);
 #else
-  return x < kMinExpArgF ? 0.0f : huge;
+  return result;
 #endif
+#endif
+}
+
+// exp(x) for |x| <= 87, where e^x is a normal float: exp_f's bits (its clamps and its second
+// scaling change nothing there), in a third fewer SIMD instructions. For arguments bounded by
+// construction, such as exp_tanh's e^t, t ∈ [−1, 1].
+EO_HOST_DEVICE float exp_f_of_moderate(float x) {
+#if defined(__CUDA_ARCH__) || defined(EO_EMULATED_GPU_APPROXIMATIONS)
+  return exp_f(x);
+#else
+  const ExpPartsF32 parts = exp_parts_f(x);
+  return parts.e_r * exp2_of_int(parts.k);
 #endif
 }
 

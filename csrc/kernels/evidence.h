@@ -46,6 +46,9 @@ using EvidenceValueF32 = EvidenceValueOf<float>;
 // The elementary functions of each precision (elementary.h, elementary_f32.h) under one name.
 EO_HOST_DEVICE double exp_of(double x) { return exp_d(x); }
 EO_HOST_DEVICE float exp_of(float x) { return exp_f(x); }
+// The same for |x| <= 87 (the float form skips the range handling there, same bits).
+EO_HOST_DEVICE double exp_of_moderate(double x) { return exp_d(x); }
+EO_HOST_DEVICE float exp_of_moderate(float x) { return exp_f_of_moderate(x); }
 EO_HOST_DEVICE double log1p_of(double y) { return log1p_d(y); }
 EO_HOST_DEVICE float log1p_of(float y) { return log1p_f(y); }
 // a/b: IEEE in double; in float the GPU's approximate quotient (elementary_f32.h approx_divide):
@@ -84,7 +87,7 @@ EO_HOST_DEVICE EvidenceValueOf<T> evidence_value(T x) {
     const T magnitude = (kOne - q) * inv;
     const T t = select(x < kZero, -magnitude, magnitude);
     out.tanh = t;
-    const T e = exp_of(t);
+    const T e = exp_of_moderate(t);  // t ∈ [−1, 1]
     out.alpha = e + kOne;
     out.rho = quotient_of(e * (static_cast<T>(4) * q * inv * inv), out.alpha);
   }
