@@ -213,6 +213,22 @@ void check_properties(Failures& f) {
               "log reduction at x = " + fmt(x));
     }
   }
+  // exp_f_of_moderate is exp_f bit for bit on |x| <= 87 (every 2^-10 of a binade there), and
+  // exp_f's clamped ends still give exactly 0 and +inf beyond its range.
+  for (std::uint32_t bits = 0; bits < 0x42AE0000u; bits += 1u << 13) {  // 0 … 87
+    float x;
+    std::memcpy(&x, &bits, sizeof x);
+    for (const float v : {x, -x}) {
+      f.check(kn::exp_f_of_moderate(v) == kn::exp_f(v), "exp_f_of_moderate differs from exp_f at x = " + fmt(v));
+    }
+  }
+  for (const float x : {-103.972084f, -104.5f, -200.0f, -3.0e38f, -INFINITY}) {
+    f.check(kn::exp_f(x) == 0.0f, "exp_f not 0 at x = " + fmt(x));
+  }
+  for (const float x : {88.7228470f, 89.0f, 200.0f, 3.0e38f, INFINITY}) {
+    f.check(kn::exp_f(x) == INFINITY, "exp_f not +inf at x = " + fmt(x));
+  }
+  f.check(kn::exp_f(-103.0f) > 0.0f && kn::exp_f(88.72f) < INFINITY, "exp_f within its range");
   // x → ∞ (and the log-space entry far beyond FLT_MAX): the limits, exactly.
   const kn::PolygammasF32 inf = kn::polygammas(INFINITY);
   f.check(inf.x_trigamma == 1.0f && inf.x2_tetragamma == -1.0f && kn::x_kl_v(INFINITY, inf) == 0.5f &&
