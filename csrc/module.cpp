@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "cpu/packed_gemm.h"
 #include "cpu/tile_isa.h"
 #include "cuda/strip_plan.h"
 #include "kernels/infonce_lines.h"
@@ -36,6 +37,10 @@ std::string build_info() {
     const char* requested = std::getenv("EO_CPU_ISA");
     info += std::string(";cpu_isa=invalid(EO_CPU_ISA=") + (requested ? requested : "") + ")";
   }
+  info += ";cpu_packed_gemm=";
+  info += !evidential_ops::cpu::packed_gemm_available() ? "unavailable"
+          : evidential_ops::cpu::packed_gemm_enabled()  ? "on"
+                                                        : "off(EO_CPU_PACKED_GEMM=0)";
   info += ";cuda=";
 #if defined(EO_WITH_CUDA)
   // setup.py passes the arch list as bare tokens (8.0,9.0+PTX): no quotes to survive the shell.
@@ -87,7 +92,7 @@ PyObject* py_cuda_workspace_bytes(PyObject*, PyObject* args) {
 
 PyMethodDef kMethods[] = {
     {"build_info", py_build_info, METH_NOARGS,
-     "build_info() -> str: compiler, OpenMP, CPU instruction set and CUDA settings of this build."},
+     "build_info() -> str: compiler, OpenMP, CPU instruction set, packed tile GEMMs and CUDA settings of this build."},
     {"cpu_isa", py_cpu_isa, METH_VARARGS,
      "cpu_isa(request='') -> str: the CPU kernels' instruction-set variant in use; a request "
      "('generic', 'avx2', 'avx512', 'best') switches to it (ValueError if not built or not supported)."},

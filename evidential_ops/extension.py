@@ -25,8 +25,10 @@ def module() -> ModuleType | None:
 
 
 def build_info() -> str:
-    """Compiler, OpenMP, CPU instruction set and CUDA settings of the compiled extension, or why it
-    did not load. A bad EO_CPU_ISA shows as `cpu_isa=invalid(EO_CPU_ISA=...)` (the ops raise)."""
+    """Compiler, OpenMP, CPU instruction set, whether the CPU tile GEMMs use the BLAS's packed
+    GEMM (`cpu_packed_gemm=on|off|unavailable`; EO_CPU_PACKED_GEMM=0 turns it off) and CUDA
+    settings of the compiled extension, or why it did not load. A bad EO_CPU_ISA shows as
+    `cpu_isa=invalid(EO_CPU_ISA=...)` (the ops raise)."""
     if _C is None:
         return f"extension not loaded: {LOAD_ERROR}"
     return _C.build_info()

@@ -141,6 +141,44 @@ def test_bitwise_deterministic_across_runs_and_thread_counts(gen):
             assert torch.equal(a, b)
 
 
+@pytest.mark.skipif("cpu_packed_gemm=unavailable" in eo.build_info(), reason="the BLAS has no packed GEMM")
+def test_packed_tile_gemms_match_the_unpacked_ones(gen, monkeypatch):
+    """The tile GEMMs with x's and y's blocks packed once per pass (and without, where a block is
+    partial: K = 300 in 64-row blocks) against at::mm's. Both are float32 GEMMs of the same
+    operands, so each product is within γ_D·Σ|x_k·y_k| of the exact one; a loss moves by at most
+    Σ|∂L/∂s|·(its products' difference), a gradient by as much again through ∂L/∂s (bounded with
+    the float64 reference's |G|, like the strips test) plus the dx/dy GEMMs' own reordering.
+    """
+    k, d = 300, 96
+    x, y = hard_pairs(k, d, generator=gen)
+    runs = {}
+    for mode in ("1", "0"):
+        monkeypatch.setenv("EO_CPU_PACKED_GEMM", mode)
+        assert ("cpu_packed_gemm=on" in eo.build_info()) == (mode == "1")
+        xx, yy = x.clone().requires_grad_(), y.clone().requires_grad_()
+        rows, cols = eo.evidential_loss(xx, yy, weights=ALL_WEIGHTS, backend="cpu", reduction="none")
+        (rows.sum() + cols.sum()).backward()
+        runs[mode] = (rows.detach().double(), cols.detach().double(), xx.grad.double(), yy.grad.double())
+    u = 2.0**-24
+    gamma = d * u / (1 - d * u)
+    s_ref = (x.double() @ y.double().T).requires_grad_()
+    ref_rows, ref_cols = eo.reference.evidential_loss_from_similarity(s_ref, weights=ALL_WEIGHTS, reduction="none")
+    (g_ref,) = torch.autograd.grad(ref_rows.sum() + ref_cols.sum(), s_ref)
+    products = 2 * gamma * (x.double().abs() @ y.double().abs().T)  # |Δs| of the two GEMMs
+    # G_ij is a function of x = s_ij/τ (τ = 0.05) through α = e^x, whose log-slope d ln|G|/dx is at
+    # most 2 for every term here, and of its lines' statistics, which the same Δs move by as much
+    # relatively at most: |ΔG| <= 2·2·|G|·|Δs|/τ to first order.
+    g_move = 4 * g_ref.abs() * products / 0.05
+    a, b = runs["1"], runs["0"]
+    for got, want, row_axis in ((a[0], b[0], 1), (a[1], b[1], 0)):
+        bound = (g_ref.abs() * products).sum(row_axis) * 2 + 4 * u * want.abs()
+        assert float(((got - want).abs() - bound).max()) <= 0
+    dx_bound = g_move @ y.double().abs() + 2 * (2 * k * u) * (g_ref.abs() @ y.double().abs()) + 2 * u * b[2].abs()
+    dy_bound = g_move.T @ x.double().abs() + 2 * (2 * k * u) * (g_ref.abs().T @ x.double().abs()) + 2 * u * b[3].abs()
+    assert float(((a[2] - b[2]).abs() - dx_bound).max()) <= 0
+    assert float(((a[3] - b[3]).abs() - dy_bound).max()) <= 0
+
+
 @pytest.mark.parametrize("n_q,n_g", [(5, 2000), (2000, 5), (130, 130)])
 def test_opinion_bitwise_deterministic_across_thread_counts(gen, n_q, n_g):
     x, _ = random_pairs(n_q, 32, generator=gen)

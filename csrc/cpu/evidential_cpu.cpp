@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <array>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -20,6 +21,7 @@
 
 #include "../kernels/line_finalise.h"
 #include "../op_args.h"
+#include "packed_gemm.h"
 #include "tile_args.h"
 #include "tile_isa.h"
 #include "tile_rounds.h"
@@ -63,6 +65,16 @@ class TileSource {
     direct_ = (s_.scalar_type() == at::kFloat || s_.scalar_type() == at::kDouble) && s_.stride(1) == 1;
   }
 
+  // The same source with y's blocks of `col_block` rows packed once for the tile GEMMs of
+  // row_block-row blocks of x (packed_gemm.h), where that path is on and the inputs are float32.
+  TileSource packed(std::int64_t row_block, std::int64_t col_block) const {
+    TileSource out = *this;
+    if (from_embeddings_ && type_ == at::kFloat && packed_gemm_enabled()) {
+      out.packed_y_ = std::make_shared<const PackedBlocks>(y_, col_block, row_block, true);
+    }
+    return out;
+  }
+
   std::int64_t rows() const { return n_rows_; }
   std::int64_t cols() const { return n_cols_; }
   at::ScalarType type() const { return type_; }
@@ -85,7 +97,10 @@ class TileSource {
     }
     Tensor out = at::from_blob(buffer.data_ptr(), {nr, nc}, buffer.options());
     if (from_embeddings_) {
-      at::mm_out(out, x_.narrow(0, r0, nr), y_.narrow(0, c0, nc).t());
+      const bool done = packed_y_ != nullptr &&
+                        packed_y_->multiply(c0 / packed_y_->block(), x_.const_data_ptr<float>() + r0 * x_.size(1),
+                                            x_.size(1), false, nr, 0.0f, out.data_ptr<float>(), nc);
+      if (!done) at::mm_out(out, x_.narrow(0, r0, nr), y_.narrow(0, c0, nc).t());
     } else {
       out.copy_(s_.narrow(0, r0, nr).narrow(1, c0, nc));
     }
@@ -96,6 +111,7 @@ class TileSource {
 
  private:
   Tensor x_, y_, s_;
+  std::shared_ptr<const PackedBlocks> packed_y_;
   bool from_embeddings_;
   bool direct_ = false;
   std::int64_t n_rows_ = 0, n_cols_ = 0;
@@ -131,9 +147,10 @@ struct Targets {
 
 // The LineStat statistics of every row and column: (kNumLineStats, M) and (kNumLineStats, N),
 // float64, zeros for a direction not asked for. Columns of a strip are partial (its rows only).
-std::pair<Tensor, Tensor> accumulate_stats(const TileSource& source, int evidence, double inv_tau, Targets targets,
+std::pair<Tensor, Tensor> accumulate_stats(const TileSource& unpacked, int evidence, double inv_tau, Targets targets,
                                            TermFlags flags, bool rows, bool cols) {
-  const std::int64_t bm = block_size(source.rows()), bn = block_size(source.cols());
+  const std::int64_t bm = block_size(unpacked.rows()), bn = block_size(unpacked.cols());
+  const TileSource source = unpacked.packed(bm, bn);
   const auto options = at::TensorOptions().dtype(at::kDouble);
   Tensor row_stats = at::zeros({kNumLineStats, source.rows()}, options);
   Tensor col_stats = at::zeros({kNumLineStats, source.cols()}, options);
@@ -299,9 +316,10 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> forward_impl(const TileSource& source
 // Runs the backward tile kernel over every tile; `consume(r0, nr, c0, nc, grad_tile)` then uses
 // ∂L/∂s of the tile (accumulates dx/dy, or stores ds). Rounds make consume's writes exclusive.
 template <typename Consume>
-void for_each_gradient_tile(const TileSource& source, const LossOptions& o, std::int64_t target_offset,
+void for_each_gradient_tile(const TileSource& unpacked, const LossOptions& o, std::int64_t target_offset,
                             const Tensor& row_g, const Tensor& col_g, const Consume& consume) {
-  const std::int64_t bm = block_size(source.rows()), bn = block_size(source.cols());
+  const std::int64_t bm = block_size(unpacked.rows()), bn = block_size(unpacked.cols());
+  const TileSource source = unpacked.packed(bm, bn);
   const TileKernels& tile_kernels = kernels();
   for_each_tile(num_blocks(source.rows(), bm), num_blocks(source.cols(), bn), [&](std::int64_t r, std::int64_t c) {
     Scratch scratch(bm, bn, source.type(), true);
@@ -429,15 +447,27 @@ std::tuple<Tensor, Tensor> loss_backward(const Tensor& grad_rows, const Tensor& 
   if (!need_dx && !need_dy) return {at::empty({0}, x.options()), at::empty({0}, y.options())};
   Tensor dx = need_dx ? at::zeros_like(source.x()) : Tensor();
   Tensor dy = need_dy ? at::zeros_like(source.y()) : Tensor();
+  // y's blocks as the B operand of dx_r += G·y_c, x's of dy_c += Gᵀ·x_r (packed_gemm.h).
+  const std::int64_t bm = block_size(source.rows()), bn = block_size(source.cols());
+  const bool packed = source.type() == at::kFloat && packed_gemm_enabled();
+  const std::unique_ptr<const PackedBlocks> packed_y =
+      packed && need_dx ? std::make_unique<const PackedBlocks>(source.y(), bn, bm, false) : nullptr;
+  const std::unique_ptr<const PackedBlocks> packed_x =
+      packed && need_dy ? std::make_unique<const PackedBlocks>(source.x(), bm, bn, false) : nullptr;
+  const std::int64_t d = source.x().size(1);
   for_each_gradient_tile(source, lines.options, target_offset, lines.rows, lines.cols,
                          [&](std::int64_t r0, std::int64_t nr, std::int64_t c0, std::int64_t nc, const Tensor& g) {
                            if (need_dx) {  // dx[r] += G·y[c]
-                             Tensor dx_block = dx.narrow(0, r0, nr);
-                             dx_block.addmm_(g, source.y().narrow(0, c0, nc));
+                             const bool done = packed_y != nullptr &&
+                                               packed_y->multiply(c0 / bn, g.const_data_ptr<float>(), nc, false, nr,
+                                                                  1.0f, dx.data_ptr<float>() + r0 * d, d);
+                             if (!done) dx.narrow(0, r0, nr).addmm_(g, source.y().narrow(0, c0, nc));
                            }
                            if (need_dy) {  // dy[c] += Gᵀ·x[r]
-                             Tensor dy_block = dy.narrow(0, c0, nc);
-                             dy_block.addmm_(g.t(), source.x().narrow(0, r0, nr));
+                             const bool done = packed_x != nullptr &&
+                                               packed_x->multiply(r0 / bm, g.const_data_ptr<float>(), nc, true, nc,
+                                                                  1.0f, dy.data_ptr<float>() + c0 * d, d);
+                             if (!done) dy.narrow(0, c0, nc).addmm_(g.t(), source.x().narrow(0, r0, nr));
                            }
                          });
   return {need_dx ? dx.to(x.scalar_type()) : at::empty({0}, x.options()),

@@ -1,0 +1,73 @@
+// MKL's packed GEMM for the CPU tile products (see packed_gemm.h). The functions are declared weak:
+// torch's CPU library exports them where it links MKL, and elsewhere they resolve to null and the
+// tile GEMMs stay at::mm.
+#include "packed_gemm.h"
+
+#include <ATen/Parallel.h>
+
+#include <cstdlib>
+#include <cstring>
+
+// MKL's CBLAS interface (LP64: 32-bit integers), as mkl_cblas.h declares it.
+extern "C" {
+__attribute__((weak)) std::size_t cblas_sgemm_pack_get_size(int identifier, int m, int n, int k);
+__attribute__((weak)) void cblas_sgemm_pack(int layout, int identifier, int trans, int m, int n, int k, float alpha,
+                                            const float* src, int ld, float* dest);
+__attribute__((weak)) void cblas_sgemm_compute(int layout, int transa, int transb, int m, int n, int k, const float* a,
+                                               int lda, const float* b, int ldb, float beta, float* c, int ldc);
+}
+
+namespace evidential_ops {
+namespace cpu {
+namespace {
+
+constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112, kPacked = 151, kBMatrix = 162;
+
+}  // namespace
+
+bool packed_gemm_available() {
+  return cblas_sgemm_pack_get_size != nullptr && cblas_sgemm_pack != nullptr && cblas_sgemm_compute != nullptr;
+}
+
+bool packed_gemm_enabled() {
+  if (!packed_gemm_available()) return false;
+  const char* flag = std::getenv("EO_CPU_PACKED_GEMM");
+  return flag == nullptr || std::strcmp(flag, "0") != 0;
+}
+
+PackedBlocks::PackedBlocks(const at::Tensor& m, std::int64_t block, std::int64_t a_rows, bool transposed)
+    : block_(block), a_rows_(a_rows), d_(m.size(1)), transposed_(transposed) {
+  const std::int64_t n = m.size(0);
+  const std::int64_t blocks = (n + block - 1) / block;
+  rows_.resize(blocks);
+  panels_.resize(blocks);
+  const float* data = m.const_data_ptr<float>();
+  for (std::int64_t b = 0; b < blocks; ++b) {
+    rows_[b] = std::min(block, n - b * block);
+    const int cols = static_cast<int>(transposed ? rows_[b] : d_), depth = static_cast<int>(transposed ? d_ : rows_[b]);
+    const std::size_t bytes = cblas_sgemm_pack_get_size(kBMatrix, static_cast<int>(a_rows), cols, depth);
+    panels_[b] = at::empty({static_cast<std::int64_t>((bytes + sizeof(float) - 1) / sizeof(float))},
+                           at::TensorOptions().dtype(at::kFloat));
+  }
+  at::parallel_for(0, blocks, 1, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t b = begin; b < end; ++b) {
+      const int cols = static_cast<int>(transposed_ ? rows_[b] : d_), depth = static_cast<int>(transposed_ ? d_ : rows_[b]);
+      cblas_sgemm_pack(kRowMajor, kBMatrix, transposed_ ? kTrans : kNoTrans, static_cast<int>(a_rows_), cols, depth,
+                       1.0f, data + b * block_ * d_, static_cast<int>(d_), panels_[b].data_ptr<float>());
+    }
+  });
+}
+
+bool PackedBlocks::multiply(std::int64_t b, const float* a, std::int64_t lda, bool a_transposed, std::int64_t a_rows,
+                            float beta, float* c, std::int64_t ldc) const {
+  // The packed layout is made for products with a_rows_ rows of A (MKL requires the same m).
+  if (a_rows != a_rows_) return false;
+  const int cols = static_cast<int>(transposed_ ? rows_[b] : d_), depth = static_cast<int>(transposed_ ? d_ : rows_[b]);
+  cblas_sgemm_compute(kRowMajor, a_transposed ? kTrans : kNoTrans, kPacked, static_cast<int>(a_rows), cols, depth, a,
+                      static_cast<int>(lda), panels_[b].const_data_ptr<float>(), static_cast<int>(d_), beta, c,
+                      static_cast<int>(ldc));
+  return true;
+}
+
+}  // namespace cpu
+}  // namespace evidential_ops
