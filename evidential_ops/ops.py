@@ -18,6 +18,8 @@ would infer a different schema from type hints), register their kernels, and
 Statistics layout (csrc/kernels/line_terms.h, line_finalise.h): `row_stats` (NUM_LINE_STATS, M)
 and `col_stats` (NUM_LINE_STATS, N), float64 on the inputs' device; row k of a direction's stats
 is LineStat k (α_target, Σ_{j≠y} α, Σ h(α), Σ (α·2^-511)², Σ α(α+1)ψ1(α), Σ ln ψ1(α), Σ r(α)).
+A statistic that no term of the mask reads is unspecified (0 on the CPU, accumulated anyway by
+some kernels): only line_losses and loss_backward with the same mask read them.
 The InfoNCE ops' statistics (csrc/kernels/infonce_lines.h) are (INFONCE_NUM_LINE_STATS = 2, K)
 per direction: the log-sum-exp of each line over its candidates, then over its positives.
 """

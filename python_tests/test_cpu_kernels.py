@@ -143,40 +143,55 @@ def test_bitwise_deterministic_across_runs_and_thread_counts(gen):
 
 @pytest.mark.skipif("cpu_packed_gemm=unavailable" in eo.build_info(), reason="the BLAS has no packed GEMM")
 def test_packed_tile_gemms_match_the_unpacked_ones(gen, monkeypatch):
-    """The tile GEMMs with x's and y's blocks packed once per pass (and without, where a block is
-    partial: K = 300 in 64-row blocks) against at::mm's. Both are float32 GEMMs of the same
-    operands, so each product is within γ_D·Σ|x_k·y_k| of the exact one; a loss moves by at most
-    Σ|∂L/∂s|·(its products' difference), a gradient by as much again through ∂L/∂s (bounded with
-    the float64 reference's |G|, like the strips test) plus the dx/dy GEMMs' own reordering.
+    """The tile GEMMs with x's and y's blocks packed once per pass (at::mm where a block is
+    partial: K = 300 in 64-row blocks) against at::mm's throughout, for the loss, its gradient and
+    a rectangular opinion (130 queries over 700 candidates: blocks of 64 by 128).
+
+    Both are float32 GEMMs of the same operands, so a similarity differs by at most
+    Δs = 2γ_D·Σ_k|x_k·y_k|. First order: a line's loss moves by Σ_j |∂L_line/∂s_ij|·Δs_ij (each
+    direction's own gradient, from the float64 reference). ∂L/∂s_ij = G_ij is a function of
+    x = s_ij/τ through α = e^x and of its lines' statistics; d ln|α·∂L/∂α|/dx and d ln ρ/dx are at
+    most 1 each for exp evidence, and the statistics move relatively by less than the largest
+    Δs/τ, so |ΔG_ij| <= 3·(|G^row_ij| + |G^col_ij|)·max Δs/τ; dx, dy move by that through the
+    GEMMs with y and x, plus those GEMMs' own reordering (2K·u of |G|·|y|).
     """
-    k, d = 300, 96
+    k, d, tau = 300, 96, 0.05
     x, y = hard_pairs(k, d, generator=gen)
+    queries, candidates = random_pairs(130, d, generator=gen)[0], random_pairs(700, d, generator=gen)[1]
     runs = {}
     for mode in ("1", "0"):
         monkeypatch.setenv("EO_CPU_PACKED_GEMM", mode)
         assert ("cpu_packed_gemm=on" in eo.build_info()) == (mode == "1")
         xx, yy = x.clone().requires_grad_(), y.clone().requires_grad_()
-        rows, cols = eo.evidential_loss(xx, yy, weights=ALL_WEIGHTS, backend="cpu", reduction="none")
+        rows, cols = eo.evidential_loss(xx, yy, weights=ALL_WEIGHTS, tau=tau, backend="cpu", reduction="none")
         (rows.sum() + cols.sum()).backward()
-        runs[mode] = (rows.detach().double(), cols.detach().double(), xx.grad.double(), yy.grad.double())
+        op = eo.opinion(queries, candidates, evidence="exp", tau=tau, backend="cpu")
+        runs[mode] = (rows.detach().double(), cols.detach().double(), xx.grad.double(), yy.grad.double(),
+                      op.row_log_strength.double(), op.col_log_strength.double())
     u = 2.0**-24
     gamma = d * u / (1 - d * u)
     s_ref = (x.double() @ y.double().T).requires_grad_()
-    ref_rows, ref_cols = eo.reference.evidential_loss_from_similarity(s_ref, weights=ALL_WEIGHTS, reduction="none")
-    (g_ref,) = torch.autograd.grad(ref_rows.sum() + ref_cols.sum(), s_ref)
-    products = 2 * gamma * (x.double().abs() @ y.double().abs().T)  # |Δs| of the two GEMMs
-    # G_ij is a function of x = s_ij/τ (τ = 0.05) through α = e^x, whose log-slope d ln|G|/dx is at
-    # most 2 for every term here, and of its lines' statistics, which the same Δs move by as much
-    # relatively at most: |ΔG| <= 2·2·|G|·|Δs|/τ to first order.
-    g_move = 4 * g_ref.abs() * products / 0.05
+    ref_rows, ref_cols = eo.reference.evidential_loss_from_similarity(s_ref, weights=ALL_WEIGHTS, tau=tau,
+                                                                      reduction="none")
+    (g_rows,) = torch.autograd.grad(ref_rows.sum(), s_ref, retain_graph=True)
+    (g_cols,) = torch.autograd.grad(ref_cols.sum(), s_ref)
+    delta_s = 2 * gamma * (x.double().abs() @ y.double().abs().T)
     a, b = runs["1"], runs["0"]
-    for got, want, row_axis in ((a[0], b[0], 1), (a[1], b[1], 0)):
-        bound = (g_ref.abs() * products).sum(row_axis) * 2 + 4 * u * want.abs()
-        assert float(((got - want).abs() - bound).max()) <= 0
-    dx_bound = g_move @ y.double().abs() + 2 * (2 * k * u) * (g_ref.abs() @ y.double().abs()) + 2 * u * b[2].abs()
-    dy_bound = g_move.T @ x.double().abs() + 2 * (2 * k * u) * (g_ref.abs().T @ x.double().abs()) + 2 * u * b[3].abs()
-    assert float(((a[2] - b[2]).abs() - dx_bound).max()) <= 0
-    assert float(((a[3] - b[3]).abs() - dy_bound).max()) <= 0
+    row_bound = (g_rows.abs() * delta_s).sum(1) + u * b[0].abs()
+    col_bound = (g_cols.abs() * delta_s).sum(0) + u * b[1].abs()
+    assert float(((a[0] - b[0]).abs() - 2 * row_bound).max()) <= 0
+    assert float(((a[1] - b[1]).abs() - 2 * col_bound).max()) <= 0
+    g_abs = g_rows.abs() + g_cols.abs()
+    g_move = 3 * g_abs * float(delta_s.max()) / tau
+    xa, ya = x.double().abs(), y.double().abs()
+    dx_bound = (g_move + 2 * (2 * k * u) * g_abs) @ ya + 2 * u * b[2].abs()
+    dy_bound = (g_move + 2 * (2 * k * u) * g_abs).T @ xa + 2 * u * b[3].abs()
+    assert float(((a[2] - b[2]).abs() - 2 * dx_bound).max()) <= 0
+    assert float(((a[3] - b[3]).abs() - 2 * dy_bound).max()) <= 0
+    # Opinions: log Σ_j α_ij moves by at most max_j Δs_ij/τ (each α by a factor e^{Δs/τ}).
+    delta_op = 2 * gamma * float((queries.double().abs() @ candidates.double().abs().T).max()) / tau
+    for got, want in ((a[4], b[4]), (a[5], b[5])):
+        assert float((got - want).abs().max()) <= 2 * delta_op + 4 * u * float(want.abs().max())
 
 
 @pytest.mark.parametrize("n_q,n_g", [(5, 2000), (2000, 5), (130, 130)])

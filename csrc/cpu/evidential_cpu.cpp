@@ -66,10 +66,11 @@ class TileSource {
   }
 
   // The same source with y's blocks of `col_block` rows packed once for the tile GEMMs of
-  // row_block-row blocks of x (packed_gemm.h), where that path is on and the inputs are float32.
+  // row_block-row blocks of x (packed_gemm.h), where that path is on, the inputs are float32 and
+  // x has two such blocks or more.
   TileSource packed(std::int64_t row_block, std::int64_t col_block) const {
     TileSource out = *this;
-    if (from_embeddings_ && type_ == at::kFloat && packed_gemm_enabled()) {
+    if (from_embeddings_ && type_ == at::kFloat && packed_gemm_enabled() && packing_pays(n_rows_, row_block)) {
       out.packed_y_ = std::make_shared<const PackedBlocks>(y_, col_block, row_block, true);
     }
     return out;
@@ -98,8 +99,8 @@ class TileSource {
     Tensor out = at::from_blob(buffer.data_ptr(), {nr, nc}, buffer.options());
     if (from_embeddings_) {
       const bool done = packed_y_ != nullptr &&
-                        packed_y_->multiply(c0 / packed_y_->block(), x_.const_data_ptr<float>() + r0 * x_.size(1),
-                                            x_.size(1), false, nr, 0.0f, out.data_ptr<float>(), nc);
+                        packed_y_->multiply(c0, nc, x_.const_data_ptr<float>() + r0 * x_.size(1), x_.size(1), false,
+                                            nr, 0.0f, out.data_ptr<float>(), nc);
       if (!done) at::mm_out(out, x_.narrow(0, r0, nr), y_.narrow(0, c0, nc).t());
     } else {
       out.copy_(s_.narrow(0, r0, nr).narrow(1, c0, nc));
@@ -316,10 +317,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> forward_impl(const TileSource& source
 // Runs the backward tile kernel over every tile; `consume(r0, nr, c0, nc, grad_tile)` then uses
 // ∂L/∂s of the tile (accumulates dx/dy, or stores ds). Rounds make consume's writes exclusive.
 template <typename Consume>
-void for_each_gradient_tile(const TileSource& unpacked, const LossOptions& o, std::int64_t target_offset,
+void for_each_gradient_tile(const TileSource& source, const LossOptions& o, std::int64_t target_offset,
                             const Tensor& row_g, const Tensor& col_g, const Consume& consume) {
-  const std::int64_t bm = block_size(unpacked.rows()), bn = block_size(unpacked.cols());
-  const TileSource source = unpacked.packed(bm, bn);
+  const std::int64_t bm = block_size(source.rows()), bn = block_size(source.cols());
   const TileKernels& tile_kernels = kernels();
   for_each_tile(num_blocks(source.rows(), bm), num_blocks(source.cols(), bn), [&](std::int64_t r, std::int64_t c) {
     Scratch scratch(bm, bn, source.type(), true);
@@ -447,25 +447,24 @@ std::tuple<Tensor, Tensor> loss_backward(const Tensor& grad_rows, const Tensor& 
   if (!need_dx && !need_dy) return {at::empty({0}, x.options()), at::empty({0}, y.options())};
   Tensor dx = need_dx ? at::zeros_like(source.x()) : Tensor();
   Tensor dy = need_dy ? at::zeros_like(source.y()) : Tensor();
-  // y's blocks as the B operand of dx_r += G·y_c, x's of dy_c += Gᵀ·x_r (packed_gemm.h).
+  // x's blocks packed as the B operand of dy_c += Gᵀ·x_r (packed_gemm.h). One packed copy per pass
+  // at most: the backward's peak holds dx, dy and that copy (3·K·D floats, 24 MiB at K = 4096,
+  // D = 512, within the 32 MiB of bench/test_bench_memory.py); packing y for the similarity tiles
+  // and for dx as well would gain 6% more per tile (csrc/cpu/packed_gemm.h) for 16 MiB more.
   const std::int64_t bm = block_size(source.rows()), bn = block_size(source.cols());
-  const bool packed = source.type() == at::kFloat && packed_gemm_enabled();
-  const std::unique_ptr<const PackedBlocks> packed_y =
-      packed && need_dx ? std::make_unique<const PackedBlocks>(source.y(), bn, bm, false) : nullptr;
   const std::unique_ptr<const PackedBlocks> packed_x =
-      packed && need_dy ? std::make_unique<const PackedBlocks>(source.x(), bm, bn, false) : nullptr;
+      source.type() == at::kFloat && packed_gemm_enabled() && need_dy && packing_pays(source.cols(), bn)
+          ? std::make_unique<const PackedBlocks>(source.x(), bm, bn, false)
+          : nullptr;
   const std::int64_t d = source.x().size(1);
   for_each_gradient_tile(source, lines.options, target_offset, lines.rows, lines.cols,
                          [&](std::int64_t r0, std::int64_t nr, std::int64_t c0, std::int64_t nc, const Tensor& g) {
                            if (need_dx) {  // dx[r] += G·y[c]
-                             const bool done = packed_y != nullptr &&
-                                               packed_y->multiply(c0 / bn, g.const_data_ptr<float>(), nc, false, nr,
-                                                                  1.0f, dx.data_ptr<float>() + r0 * d, d);
-                             if (!done) dx.narrow(0, r0, nr).addmm_(g, source.y().narrow(0, c0, nc));
+                             dx.narrow(0, r0, nr).addmm_(g, source.y().narrow(0, c0, nc));
                            }
                            if (need_dy) {  // dy[c] += Gᵀ·x[r]
                              const bool done = packed_x != nullptr &&
-                                               packed_x->multiply(r0 / bm, g.const_data_ptr<float>(), nc, true, nc,
+                                               packed_x->multiply(r0, nr, g.const_data_ptr<float>(), nc, true, nc,
                                                                   1.0f, dy.data_ptr<float>() + c0 * d, d);
                              if (!done) dy.narrow(0, c0, nc).addmm_(g.t(), source.x().narrow(0, r0, nr));
                            }

@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 // MKL's CBLAS interface (LP64: 32-bit integers), as mkl_cblas.h declares it.
 extern "C" {
@@ -23,11 +24,32 @@ namespace {
 
 constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112, kPacked = 151, kBMatrix = 162;
 
+// A 3×2 by 2×4 product through pack and compute against the plain sums (all small integers, so
+// exact): symbols of another interface (ILP64 integers) would fail it instead of corrupting tiles.
+bool packed_interface_works() {
+  const float a[6] = {1, 2, 3, 4, 5, 6};      // 3×2
+  const float b[8] = {1, 0, 2, 1, 3, 1, 0, 2};  // 2×4
+  std::vector<float> packed((cblas_sgemm_pack_get_size(kBMatrix, 3, 4, 2) + sizeof(float) - 1) / sizeof(float));
+  cblas_sgemm_pack(kRowMajor, kBMatrix, kNoTrans, 3, 4, 2, 1.0f, b, 4, packed.data());
+  float c[12] = {};
+  cblas_sgemm_compute(kRowMajor, kNoTrans, kPacked, 3, 4, 2, a, 2, packed.data(), 4, 0.0f, c, 4);
+  for (int i = 0; i < 3; ++i) {
+    for (int j = 0; j < 4; ++j) {
+      if (c[i * 4 + j] != a[i * 2] * b[j] + a[i * 2 + 1] * b[4 + j]) return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 bool packed_gemm_available() {
-  return cblas_sgemm_pack_get_size != nullptr && cblas_sgemm_pack != nullptr && cblas_sgemm_compute != nullptr;
+  static const bool available = cblas_sgemm_pack_get_size != nullptr && cblas_sgemm_pack != nullptr &&
+                                cblas_sgemm_compute != nullptr && packed_interface_works();
+  return available;
 }
+
+bool packing_pays(std::int64_t other_rows, std::int64_t a_rows) { return other_rows >= 2 * a_rows; }
 
 bool packed_gemm_enabled() {
   if (!packed_gemm_available()) return false;
@@ -58,10 +80,13 @@ PackedBlocks::PackedBlocks(const at::Tensor& m, std::int64_t block, std::int64_t
   });
 }
 
-bool PackedBlocks::multiply(std::int64_t b, const float* a, std::int64_t lda, bool a_transposed, std::int64_t a_rows,
-                            float beta, float* c, std::int64_t ldc) const {
+bool PackedBlocks::multiply(std::int64_t first, std::int64_t count, const float* a, std::int64_t lda,
+                            bool a_transposed, std::int64_t a_rows, float beta, float* c, std::int64_t ldc) const {
   // The packed layout is made for products with a_rows_ rows of A (MKL requires the same m).
-  if (a_rows != a_rows_) return false;
+  const std::int64_t b = first / block_;
+  if (a_rows != a_rows_ || first % block_ != 0 || b >= static_cast<std::int64_t>(rows_.size()) || count != rows_[b]) {
+    return false;
+  }
   const int cols = static_cast<int>(transposed_ ? rows_[b] : d_), depth = static_cast<int>(transposed_ ? d_ : rows_[b]);
   cblas_sgemm_compute(kRowMajor, a_transposed ? kTrans : kNoTrans, kPacked, static_cast<int>(a_rows), cols, depth, a,
                       static_cast<int>(lda), panels_[b].const_data_ptr<float>(), static_cast<int>(d_), beta, c,

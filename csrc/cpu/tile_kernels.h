@@ -242,7 +242,7 @@ EO_HOST_DEVICE void accumulate_element(double a, bool off, const ElementForward&
 // values (1: the rows with an α beyond float32), or the float32 pipeline (2: α and values float).
 template <bool kKl, bool kFmse, bool kLogdet, bool kWithSquares, int kSource>
 void forward_row(const void* alpha_in, const void* values_in, std::int64_t cols, std::int64_t target,
-                    double* const col_in[kNumLineStats], double sums[kNumLineStats]) {
+                 double* const col_in[kNumLineStats], double sums[kNumLineStats]) {
   const ColumnAccumulators col{col_in[kRest],   col_in[kSquares],     col_in[kKlH],
                                col_in[kFisher], col_in[kLogTrigamma], col_in[kRemainder]};
   double rest = 0.0, squares = 0.0, kl = 0.0, fisher = 0.0, log_trig = 0.0, remainder = 0.0;
@@ -262,7 +262,7 @@ void forward_row(const void* alpha_in, const void* values_in, std::int64_t cols,
       f = element_forward<kKl, kFmse, kLogdet>(a);
     }
     accumulate_element<kKl, kFmse, kLogdet, kWithSquares>(a, j != target, f, col, j, rest, squares, kl, fisher,
-                                                      log_trig, remainder);
+                                                          log_trig, remainder);
   }
   sums[kRest] = rest;
   sums[kSquares] = squares;

@@ -18,6 +18,10 @@ constexpr float kLog2eF = 1.44269504f;
 constexpr float kRoundMagicF = 12582912.0f;   // 1.5·2^23: x + magic rounds x to an integer
 constexpr float kMaxExpArgF = 88.7228394f;    // largest x with exp(x) < FLT_MAX
 constexpr float kMinExpArgF = -103.972076f;   // below: exp(x) rounds to 0 (half the least subnormal)
+// exp_f's argument clamps, a little beyond those: e_r·2^k there already rounds to 0 (k = −151)
+// and overflows to +inf (k = 128).
+constexpr float kExpClampLoF = -104.5f;
+constexpr float kExpClampHiF = 89.0f;
 
 EO_HOST_DEVICE std::uint32_t bits_of(float x) {
   std::uint32_t u;
@@ -85,8 +89,9 @@ EO_HOST_DEVICE float approx_divide(float a, float b) {
 #endif
 }
 
-// e^x = e_r·2^k for x = k·ln 2 + r, |r| <= 0.347, k = round(x/ln 2) (the CPU's exp_f and
-// exp_f_of_moderate share it, so the two agree bit for bit where both apply).
+// e^x = e_r·2^k for x = k·ln 2 + r, |r| <= 0.347, k = round(x/ln 2), for |x| <= 105 (the
+// rounding constant needs |x/ln 2| < 2^22; the CPU's exp_f and exp_f_of_moderate share it, so the
+// two agree bit for bit where both apply).
 struct ExpPartsF32 {
   float e_r;
   std::int32_t k;
@@ -110,10 +115,11 @@ EO_HOST_DEVICE float exp2_of_int(std::int32_t k) { return float_of(static_cast<s
 
 // exp(x) for float x: +inf above kMaxExpArgF, 0 below kMinExpArgF, subnormal results in between
 // rounded once (2^k is applied as two normal factors, so no intermediate leaves the range). The
-// argument is clamped to [−104.5, 89], where the results at the ends are already 0 and +inf (e_r·2^k
-// rounds to them): no select on the result, each of which costs a SIMD loop a compare and a blend
-// (bit for bit the former form with those selects, over every float but NaN, whose result was and
-// is arbitrary: callers keep NaN themselves). On the GPU: 2^(hi + lo), hi = x·log2 e rounded, lo
+// argument is clamped to [kExpClampLoF, kExpClampHiF], where the results are already 0 and +inf
+// (e_r·2^k rounds to them), so no select on the result is needed, each of which would cost a SIMD
+// loop a compare and a blend (csrc/tests/test_special_functions_f32.cpp checks 0 and +inf at every
+// float beyond the range). A NaN argument gives an arbitrary result: callers keep NaN themselves.
+// On the GPU: 2^(hi + lo), hi = x·log2 e rounded, lo
 // its rounding error and x times log2 e's (|lo| <= 2^-17), as ex2(hi)·(1 + lo·ln 2): within 3 ulp
 // (ex2's 2, the rest below ½); +inf from x ≈ 88.72 (as here; an α that comes out infinite is redone
 // in double by the kernels), results below 2^-126 flushed to 0 (they enter α = 1 + e, or a ρ, as
@@ -131,7 +137,7 @@ EO_HOST_DEVICE float exp_f(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(p) : "f"(hi));
   return p < __builtin_inff() ? __fmaf_rn(p, lo * kLn2F, p) : p;
 #else
-  const ExpPartsF32 parts = exp_parts_f(min_of(max_of(x, -104.5f), 89.0f));  // k ∈ [−151, 128]
+  const ExpPartsF32 parts = exp_parts_f(min_of(max_of(x, kExpClampLoF), kExpClampHiF));  // k ∈ [−151, 128]
   const std::int32_t half = parts.k >> 1;  // both factors 2^half, 2^(k − half) normal
   const float result = (parts.e_r * exp2_of_int(half)) * exp2_of_int(parts.k - half);
 #if defined(EO_EMULATED_GPU_APPROXIMATIONS)

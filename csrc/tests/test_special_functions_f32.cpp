@@ -222,12 +222,15 @@ void check_properties(Failures& f) {
       f.check(kn::exp_f_of_moderate(v) == kn::exp_f(v), "exp_f_of_moderate differs from exp_f at x = " + fmt(v));
     }
   }
-  for (const float x : {-103.972084f, -104.5f, -200.0f, -3.0e38f, -INFINITY}) {
+  // Every float between the range's ends and the clamps, then the clamps to ±FLT_MAX in steps.
+  for (float x = std::nextafter(kn::kMinExpArgF, -INFINITY); x >= kn::kExpClampLoF; x = std::nextafter(x, -INFINITY)) {
     f.check(kn::exp_f(x) == 0.0f, "exp_f not 0 at x = " + fmt(x));
   }
-  for (const float x : {88.7228470f, 89.0f, 200.0f, 3.0e38f, INFINITY}) {
+  for (float x = std::nextafter(kn::kMaxExpArgF, INFINITY); x <= kn::kExpClampHiF; x = std::nextafter(x, INFINITY)) {
     f.check(kn::exp_f(x) == INFINITY, "exp_f not +inf at x = " + fmt(x));
   }
+  for (const float x : {-200.0f, -3.0e38f, -INFINITY}) f.check(kn::exp_f(x) == 0.0f, "exp_f not 0 at x = " + fmt(x));
+  for (const float x : {200.0f, 3.0e38f, INFINITY}) f.check(kn::exp_f(x) == INFINITY, "exp_f not +inf at x = " + fmt(x));
   f.check(kn::exp_f(-103.0f) > 0.0f && kn::exp_f(88.72f) < INFINITY, "exp_f within its range");
   // x → ∞ (and the log-space entry far beyond FLT_MAX): the limits, exactly.
   const kn::PolygammasF32 inf = kn::polygammas(INFINITY);
