@@ -32,7 +32,8 @@ bool packed_gemm_available();
 bool packed_gemm_enabled();
 
 // Whether packing a matrix's blocks pays: each packed block must enter at least two products,
-// i.e. the other operand has at least two row blocks of exactly `a_rows` rows.
+// i.e. the other operand has at least two row blocks of exactly `a_rows` rows, and the blocks must
+// be large (256 rows or more; smaller products take the BLAS's small-matrix path as fast).
 bool packing_pays(std::int64_t other_rows, std::int64_t a_rows);
 
 // The row blocks [b·block, min((b + 1)·block, n)) of a contiguous float32 (n, D) matrix M, each
