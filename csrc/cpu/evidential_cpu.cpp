@@ -450,7 +450,8 @@ std::tuple<Tensor, Tensor> loss_backward(const Tensor& grad_rows, const Tensor& 
   // x's blocks packed as the B operand of dy_c += Gᵀ·x_r (packed_gemm.h). One packed copy per pass
   // at most: the backward's peak holds dx, dy and that copy (3·K·D floats, 24 MiB at K = 4096,
   // D = 512, within the 32 MiB of bench/test_bench_memory.py); packing y for the similarity tiles
-  // and for dx as well would gain 6% more per tile (csrc/cpu/packed_gemm.h) for 16 MiB more.
+  // and for dx as well would save 10% per backward tile instead of 3% (packed_gemm.h), for 16 MiB
+  // more.
   const std::int64_t bm = block_size(source.rows()), bn = block_size(source.cols());
   const std::unique_ptr<const PackedBlocks> packed_x =
       source.type() == at::kFloat && packed_gemm_enabled() && need_dy && packing_pays(source.cols(), bn)
