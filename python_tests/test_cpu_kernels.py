@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import evidential_ops as eo
-from conftest import hard_pairs, random_pairs
+from conftest import hard_pairs, random_pairs, unit_roundoff
 
 pytestmark = pytest.mark.skipif("cpu" not in eo.available_backends(), reason="C++ extension not built")
 
@@ -142,7 +142,8 @@ def test_bitwise_deterministic_across_runs_and_thread_counts(gen):
 
 
 @pytest.mark.skipif("cpu_packed_gemm=unavailable" in eo.build_info(), reason="the BLAS has no packed GEMM")
-def test_packed_tile_gemms_match_the_unpacked_ones(gen, monkeypatch):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_tile_gemms_match_the_unpacked_ones(gen, monkeypatch, dtype):
     """The tile GEMMs with an operand's blocks packed once per pass (at::mm where a block is
     partial: K = 2085 in 256-row blocks, the smallest size that packs) against at::mm's throughout,
     for the loss, its gradient and a rectangular opinion (2100 queries over 700 candidates: blocks
@@ -154,11 +155,13 @@ def test_packed_tile_gemms_match_the_unpacked_ones(gen, monkeypatch):
     x = s_ij/τ through α = e^x and of its lines' statistics; d ln|α·∂L/∂α|/dx and d ln ρ/dx are at
     most 1 each for exp evidence, and the statistics move relatively by less than the largest
     Δs/τ, so |ΔG_ij| <= 3·(|G^row_ij| + |G^col_ij|)·max Δs/τ; dx, dy move by that through the
-    GEMMs with y and x, plus those GEMMs' own reordering (2K·u of |G|·|y|).
+    GEMMs with y and x, plus those GEMMs' own reordering (2K·u of |G|·|y|). bfloat16 inputs are
+    multiplied in float32 too; each run then rounds its outputs once to the input dtype (u_out).
     """
-    k, d, tau = 2085, 96, 0.05
-    x, y = hard_pairs(k, d, generator=gen)
-    queries, candidates = random_pairs(2100, d, generator=gen)[0], random_pairs(700, d, generator=gen)[1]
+    k, d, tau = 2085, 203, 0.05
+    x, y = hard_pairs(k, d, generator=gen, dtype=dtype)
+    queries = random_pairs(2100, d, generator=gen, dtype=dtype)[0]
+    candidates = random_pairs(700, d, generator=gen, dtype=dtype)[1]
     runs = {}
     for mode in ("1", "0"):
         monkeypatch.setenv("EO_CPU_PACKED_GEMM", mode)
@@ -169,11 +172,11 @@ def test_packed_tile_gemms_match_the_unpacked_ones(gen, monkeypatch):
         op = eo.opinion(queries, candidates, evidence="exp", tau=tau, backend="cpu")
         runs[mode] = (rows.detach().double(), cols.detach().double(), xx.grad.double(), yy.grad.double(),
                       op.row_log_strength.double(), op.col_log_strength.double())
-    u = 2.0**-24
+    u, u_out = 2.0**-24, unit_roundoff(dtype)
     gamma = d * u / (1 - d * u)
     # Each direction's ∂L/∂s from the fused op on the materialised s (within 1e-4 of the float64
     # reference's by the suites above, which the factor 2 of the bounds below covers many times).
-    s32 = (x @ y.T).requires_grad_()
+    s32 = (x.float() @ y.float().T).requires_grad_()
     rows32, cols32 = eo.evidential_loss_from_similarity(s32, weights=ALL_WEIGHTS, tau=tau, backend="cpu",
                                                         reduction="none")
     (g_rows,) = torch.autograd.grad(rows32.sum(), s32, retain_graph=True)
@@ -181,21 +184,21 @@ def test_packed_tile_gemms_match_the_unpacked_ones(gen, monkeypatch):
     g_rows, g_cols = g_rows.double(), g_cols.double()
     delta_s = 2 * gamma * (x.double().abs() @ y.double().abs().T)
     a, b = runs["1"], runs["0"]
-    row_bound = (g_rows.abs() * delta_s).sum(1) + u * b[0].abs()
-    col_bound = (g_cols.abs() * delta_s).sum(0) + u * b[1].abs()
+    row_bound = (g_rows.abs() * delta_s).sum(1) + u_out * b[0].abs()
+    col_bound = (g_cols.abs() * delta_s).sum(0) + u_out * b[1].abs()
     assert float(((a[0] - b[0]).abs() - 2 * row_bound).max()) <= 0
     assert float(((a[1] - b[1]).abs() - 2 * col_bound).max()) <= 0
     g_abs = g_rows.abs() + g_cols.abs()
     g_move = 3 * g_abs * float(delta_s.max()) / tau
     xa, ya = x.double().abs(), y.double().abs()
-    dx_bound = (g_move + 2 * (2 * k * u) * g_abs) @ ya + 2 * u * b[2].abs()
-    dy_bound = (g_move + 2 * (2 * k * u) * g_abs).T @ xa + 2 * u * b[3].abs()
+    dx_bound = (g_move + 2 * (2 * k * u) * g_abs) @ ya + 2 * u_out * b[2].abs()
+    dy_bound = (g_move + 2 * (2 * k * u) * g_abs).T @ xa + 2 * u_out * b[3].abs()
     assert float(((a[2] - b[2]).abs() - 2 * dx_bound).max()) <= 0
     assert float(((a[3] - b[3]).abs() - 2 * dy_bound).max()) <= 0
     # Opinions: log Σ_j α_ij moves by at most max_j Δs_ij/τ (each α by a factor e^{Δs/τ}).
     delta_op = 2 * gamma * float((queries.double().abs() @ candidates.double().abs().T).max()) / tau
     for got, want in ((a[4], b[4]), (a[5], b[5])):
-        assert float((got - want).abs().max()) <= 2 * delta_op + 4 * u * float(want.abs().max())
+        assert float((got - want).abs().max()) <= 2 * delta_op + 4 * u_out * float(want.abs().max())
 
 
 @pytest.mark.parametrize("n_q,n_g", [(5, 2000), (2000, 5), (130, 130)])

@@ -69,21 +69,26 @@ PackedBlocks::PackedBlocks(const at::Tensor& m, std::int64_t block, std::int64_t
   const std::int64_t blocks = (n + block - 1) / block;
   rows_.resize(blocks);
   panels_.resize(blocks);
-  const float* data = m.const_data_ptr<float>();
   for (std::int64_t b = 0; b < blocks; ++b) {
     rows_[b] = std::min(block, n - b * block);
-    const int cols = static_cast<int>(transposed ? rows_[b] : d_), depth = static_cast<int>(transposed ? d_ : rows_[b]);
-    const std::size_t bytes = cblas_sgemm_pack_get_size(kBMatrix, static_cast<int>(a_rows), cols, depth);
+    const PanelShape shape = panel_shape(b);
+    const std::size_t bytes = cblas_sgemm_pack_get_size(kBMatrix, static_cast<int>(a_rows), shape.n, shape.k);
     panels_[b] = at::empty({static_cast<std::int64_t>((bytes + sizeof(float) - 1) / sizeof(float))},
                            at::TensorOptions().dtype(at::kFloat));
   }
+  const float* data = m.const_data_ptr<float>();
   at::parallel_for(0, blocks, 1, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t b = begin; b < end; ++b) {
-      const int cols = static_cast<int>(transposed_ ? rows_[b] : d_), depth = static_cast<int>(transposed_ ? d_ : rows_[b]);
-      cblas_sgemm_pack(kRowMajor, kBMatrix, transposed_ ? kTrans : kNoTrans, static_cast<int>(a_rows_), cols, depth,
-                       1.0f, data + b * block_ * d_, static_cast<int>(d_), panels_[b].data_ptr<float>());
+      const PanelShape shape = panel_shape(b);
+      cblas_sgemm_pack(kRowMajor, kBMatrix, transposed_ ? kTrans : kNoTrans, static_cast<int>(a_rows_), shape.n,
+                       shape.k, 1.0f, data + b * block_ * d_, static_cast<int>(d_), panels_[b].data_ptr<float>());
     }
   });
+}
+
+PackedBlocks::PanelShape PackedBlocks::panel_shape(std::int64_t b) const {
+  const int rows = static_cast<int>(rows_[b]), d = static_cast<int>(d_);
+  return transposed_ ? PanelShape{rows, d} : PanelShape{d, rows};
 }
 
 bool PackedBlocks::multiply(std::int64_t first, std::int64_t count, const float* a, std::int64_t lda,
@@ -93,9 +98,9 @@ bool PackedBlocks::multiply(std::int64_t first, std::int64_t count, const float*
   if (a_rows != a_rows_ || first % block_ != 0 || b >= static_cast<std::int64_t>(rows_.size()) || count != rows_[b]) {
     return false;
   }
-  const int cols = static_cast<int>(transposed_ ? rows_[b] : d_), depth = static_cast<int>(transposed_ ? d_ : rows_[b]);
-  cblas_sgemm_compute(kRowMajor, a_transposed ? kTrans : kNoTrans, kPacked, static_cast<int>(a_rows), cols, depth, a,
-                      static_cast<int>(lda), panels_[b].const_data_ptr<float>(), static_cast<int>(d_), beta, c,
+  const PanelShape shape = panel_shape(b);
+  cblas_sgemm_compute(kRowMajor, a_transposed ? kTrans : kNoTrans, kPacked, static_cast<int>(a_rows), shape.n, shape.k,
+                      a, static_cast<int>(lda), panels_[b].const_data_ptr<float>(), static_cast<int>(d_), beta, c,
                       static_cast<int>(ldc));
   return true;
 }

@@ -53,6 +53,12 @@ class PackedBlocks {
                 std::int64_t a_rows, float beta, float* c, std::int64_t ldc) const;
 
  private:
+  // Columns n and depth k of op(M_b).
+  struct PanelShape {
+    int n, k;
+  };
+  PanelShape panel_shape(std::int64_t b) const;
+
   std::int64_t block_, a_rows_, d_;
   bool transposed_;
   std::vector<std::int64_t> rows_;  // rows of each block

@@ -118,14 +118,14 @@ EO_HOST_DEVICE float exp2_of_int(std::int32_t k) { return float_of(static_cast<s
 // argument is clamped to [kExpClampLoF, kExpClampHiF], where the results are already 0 and +inf
 // (e_r·2^k rounds to them), so no select on the result is needed, each of which would cost a SIMD
 // loop a compare and a blend (csrc/tests/test_special_functions_f32.cpp checks 0 and +inf at every
-// float beyond the range). A NaN argument gives an arbitrary result: callers keep NaN themselves.
-// On the GPU: 2^(hi + lo), hi = x·log2 e rounded, lo
-// its rounding error and x times log2 e's (|lo| <= 2^-17), as ex2(hi)·(1 + lo·ln 2): within 3 ulp
-// (ex2's 2, the rest below ½); +inf from x ≈ 88.72 (as here; an α that comes out infinite is redone
-// in double by the kernels), results below 2^-126 flushed to 0 (they enter α = 1 + e, or a ρ, as
-// nothing). x is first raised to kMinExpArgF − 64 (whose result is 0 as well), so that −inf, or an
-// x·log2 e below −FLT_MAX, leaves lo finite; where ex2 is +inf the FMA is skipped: inf·(lo·ln 2) +
-// inf is NaN for lo < 0.
+// float between the range's ends and the clamps). A NaN argument gives an arbitrary result: callers
+// keep NaN themselves. On the GPU: 2^(hi + lo), hi = x·log2 e rounded, lo its rounding error and x
+// times log2 e's (|lo| <= 2^-17), as ex2(hi)·(1 + lo·ln 2): within 3 ulp (ex2's 2, the rest below
+// ½); +inf from x ≈ 88.72 (as here; an α that comes out infinite is redone in double by the
+// kernels), results below 2^-126 flushed to 0 (they enter α = 1 + e, or a ρ, as nothing). x is
+// first raised to kMinExpArgF − 64 (whose result is 0 as well), so that −inf, or an x·log2 e below
+// −FLT_MAX, leaves lo finite; where ex2 is +inf the FMA is skipped: inf·(lo·ln 2) + inf is NaN for
+// lo < 0.
 EO_HOST_DEVICE float exp_f(float x) {
 #if defined(__CUDA_ARCH__)
   constexpr float kLog2eLoF = 1.92596299e-8f;  // log2 e − kLog2eF
