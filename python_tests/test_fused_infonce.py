@@ -6,7 +6,8 @@ sensitivity to the logits sums to at most 2 (two softmaxes), so from float32 emb
 logit off by at most 8·√D·2⁻²⁴/τ (the float32 tile GEMM, §5), a loss is within
 2·8·√D·2⁻²⁴/τ absolute plus 1e-5 relative (float64 line sums, one float32 rounding of the result);
 gradients within 1e-4 + 8·√D·2⁻²⁴/τ of the largest entry (max-abs relative), as the evidential
-losses. The reference sees the same float32 inputs, upcast, with exact float64 products.
+losses. The float32 element math adds its own bound to both (float32_element_error). The reference
+sees the same float32 inputs, upcast, with exact float64 products.
 """
 
 from __future__ import annotations
@@ -38,6 +39,14 @@ def logit_error(d: int, tau: float, dtype: torch.dtype = torch.float32) -> float
     return 8 * math.sqrt(d) * (torch.finfo(dtype).eps / 2) / tau
 
 
+def float32_element_error(tau: float) -> tuple[float, float]:
+    """(absolute loss bound, relative gradient bound) of the float32 element math (SPEC §2
+    "InfoNCE", float32 element math), unit embeddings (|s| <= 1): LSE_D within u·(33 + 1.5·ln 512),
+    a gradient entry within u·(|s|/τ + |d|/2 + 4) <= u·(2/τ + 4) relative (|d| <= 2/τ)."""
+    u = 2.0**-24
+    return u * (33 + 1.5 * math.log(512)), u * (2 / tau + 4)
+
+
 def compare(fused, x, y, upstream=None, **kwargs):
     """Fused losses and gradients (x, y) against the float64 reference; returns the errors
     (largest loss error over its tolerance, largest gradient error over its tolerance)."""
@@ -61,6 +70,10 @@ def compare(fused, x, y, upstream=None, **kwargs):
     if exact:
         loss_abs += 4 * 2.0**-53 * (1 / tau_value + math.log(k))
     grad_tol = 1e-12 if exact else GRAD_RTOL + logit_error(d, tau_value)
+    if not exact:
+        element_loss, element_grad = float32_element_error(tau_value)
+        loss_abs += element_loss
+        grad_tol += element_grad
     # Float64: each softmax entry p = e^{v − LSE} is off by p·(2u(1/τ + ln K) + logit error), and
     # dx_i = (1/τ)Σ_j G_ij y_j sums four softmaxes (two per direction, each summing to 1) weighted
     # by upstream ≤ 1.5 and |y| ≤ 1: an absolute bound, since a confident row's gradient is far
@@ -156,6 +169,42 @@ def test_hard_regime(fused, gen):
     x, y = hard_pairs(k, d, generator=gen)
     compare(fused, x, y, tau=0.05)
     compare(fused, x, y, tau=0.05, group=torch.arange(k) // 4)
+
+
+@pytest.mark.parametrize("packed", ["1", "0"])
+def test_cpu_packed_tiles_at_a_size_that_packs(fused, gen, monkeypatch, packed):
+    # K = 2085: 256-row blocks with a partial last one, the smallest size whose tile GEMMs take
+    # the packed operands (forward y, backward x) when the BLAS has them; both paths must hold.
+    if fused.name != "cpu":
+        pytest.skip("the packed tile GEMMs are the CPU backend's")
+    monkeypatch.setenv("EO_CPU_PACKED_GEMM", packed)
+    k, d = 2085, 203
+    x, y = hard_pairs(k, d, generator=gen)
+    compare(fused, x, y, upstream=(torch.full((k,), 1.0 / k), torch.full((k,), 0.5 / k)), tau=0.05,
+            group=torch.arange(k) // 4)
+
+
+def test_cpu_tau_beyond_the_float32_path_takes_float64(fused, gen):
+    # 1/τ = 1e40 is not a float: the float32 element path would multiply by +inf (and form a peak's
+    # exponent as 0·inf). Such tiles take the float64 element path, whose losses must be those of
+    # float64 inputs up to the two GEMMs. Embeddings of norm 1e-15 keep the logits at
+    # |s|/τ <= 1e10, finite in float64; they are within Δv = 2γ_D·1e-30/τ of each other and the
+    # losses within 2Δv. (The backward's G = (∂L/∂s)/τ, up to 1/τ, is itself beyond float32 here:
+    # only the forward is compared.)
+    if fused.name != "cpu":
+        pytest.skip("the float32 element path is the CPU backend's")
+    k, d, tau, norm = 40, 16, 1e-40, 1e-15
+    # Positives at cosine 0.3: most rows and columns peak at a negative.
+    x, y = (t * norm for t in random_pairs(k, d, generator=gen, positive_cos=0.3))
+    with torch.no_grad():
+        r32, c32 = eo.infonce_loss(x, y, tau=tau, backend="cpu", reduction="none", direction="both")
+        r64, c64 = eo.infonce_loss(x.double(), y.double(), tau=tau, backend="cpu", reduction="none",
+                                   direction="both")
+    u = 2.0**-24
+    delta_v = 2 * (d * u / (1 - d * u)) * norm**2 / tau
+    for got, want in ((r32.double(), r64), (c32.double(), c64)):
+        assert torch.isfinite(got).all()
+        assert float((got - want).abs().max()) <= 2 * delta_v + u * float(want.abs().max())
 
 
 @pytest.mark.parametrize("tau", [0.01])

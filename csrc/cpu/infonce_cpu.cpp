@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "../kernels/infonce_lines.h"
 #include "../op_args.h"
 #include "infonce_tile_args.h"
+#include "packed_gemm.h"
 #include "tile_isa.h"
 #include "tile_rounds.h"
 
@@ -95,25 +97,36 @@ std::pair<Tensor, Tensor> compute_inputs(const Tensor& x, const Tensor& y) {
   return {x.detach().to(type).contiguous(), y.detach().to(type).contiguous()};
 }
 
+// y's blocks packed once for the forward's similarity tiles (packed_gemm.h), where that path is on
+// and pays; null otherwise (the tiles then use at::mm).
+std::unique_ptr<const PackedBlocks> packed_similarity_operand(const Tensor& x, const Tensor& y) {
+  const std::int64_t block = block_size(x.size(0));
+  if (x.scalar_type() != at::kFloat || !packed_gemm_enabled() || !packing_pays(x.size(0), block)) return nullptr;
+  return std::make_unique<const PackedBlocks>(y, block, block, true);
+}
+
 // The tile of s = x·yᵀ at rows [r0, r0 + nr), cols [c0, c0 + nc), written into `buffer`.
-TileRef gemm_tile(const Tensor& x, const Tensor& y, std::int64_t r0, std::int64_t nr, std::int64_t c0,
-                  std::int64_t nc, Tensor& buffer) {
+TileRef gemm_tile(const Tensor& x, const Tensor& y, const PackedBlocks* packed_y, std::int64_t r0, std::int64_t nr,
+                  std::int64_t c0, std::int64_t nc, Tensor& buffer) {
   Tensor out = at::from_blob(buffer.data_ptr(), {nr, nc}, buffer.options());
-  at::mm_out(out, x.narrow(0, r0, nr), y.narrow(0, c0, nc).t());
+  const bool done = packed_y != nullptr && packed_y->multiply(c0, nc, x.const_data_ptr<float>() + r0 * x.size(1),
+                                                              x.size(1), false, nr, 0.0f, out.data_ptr<float>(), nc);
+  if (!done) at::mm_out(out, x.narrow(0, r0, nr), y.narrow(0, c0, nc).t());
   return TileRef{out.const_data_ptr(), x.scalar_type() == at::kDouble, nc, nr, nc, r0, c0};
 }
 
-// Visits every tile of the K×K problem in rounds; fn(tile, scratch, r0, nr, c0, nc).
+// Visits every tile of the K×K problem in rounds; fn(tile, grad buffer, scratch, r0, nr, c0, nc).
 template <typename Fn>
-void for_each_gemm_tile(const Tensor& x, const Tensor& y, bool with_grad, const Fn& fn) {
+void for_each_gemm_tile(const Tensor& x, const Tensor& y, const PackedBlocks* packed_y, bool with_grad,
+                        const Fn& fn) {
   const std::int64_t k = x.size(0), block = block_size(k);
   for_each_tile(num_blocks(k, block), num_blocks(k, block), [&](std::int64_t r, std::int64_t c) {
     const std::int64_t r0 = r * block, c0 = c * block;
     const std::int64_t nr = std::min(block, k - r0), nc = std::min(block, k - c0);
     Tensor buffer = at::empty({block * block}, x.options());
     Tensor grad = with_grad ? at::empty({block * block}, x.options()) : Tensor();
-    std::vector<double> scratch(3 * block);
-    fn(gemm_tile(x, y, r0, nr, c0, nc, buffer), grad, scratch.data(), r0, nr, c0, nc);
+    std::vector<double> scratch(4 * block);
+    fn(gemm_tile(x, y, packed_y, r0, nr, c0, nc, buffer), grad, scratch.data(), r0, nr, c0, nc);
   });
 }
 
@@ -170,7 +183,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> infonce_forward(const Tensor& x_in, c
   const Positives positives = positive_sets(group, k);
   const InfoNCETileKernels tile_kernels = infonce_kernels();
   Tensor row_acc = empty_accumulators(k), col_acc = empty_accumulators(k);
-  for_each_gemm_tile(x, y, false, [&](const TileRef& tile, Tensor&, double* scratch, std::int64_t, std::int64_t,
+  const std::unique_ptr<const PackedBlocks> packed_y = packed_similarity_operand(x, y);
+  for_each_gemm_tile(x, y, packed_y.get(), false, [&](const TileRef& tile, Tensor&, double* scratch, std::int64_t, std::int64_t,
                                       std::int64_t, std::int64_t) {
     InfoNCEForwardTile t{};
     t.s = tile;
@@ -218,7 +232,14 @@ std::tuple<Tensor, Tensor> infonce_backward(const Tensor& grad_rows, const Tenso
   const Tensor col_up = cols ? grad_cols.to(at::kDouble).contiguous() : Tensor();
   Tensor dx = need_dx ? at::zeros_like(x) : Tensor();
   Tensor dy = need_dy ? at::zeros_like(y) : Tensor();
-  for_each_gemm_tile(x, y, true, [&](const TileRef& tile, Tensor& grad, double* scratch, std::int64_t r0,
+  // x's blocks packed as the B operand of dy_c += Gᵀ·x_r: one packed copy per pass, as the
+  // evidential backward (evidential_cpu.cpp).
+  const std::int64_t block = block_size(k), d = x.size(1);
+  const std::unique_ptr<const PackedBlocks> packed_x =
+      x.scalar_type() == at::kFloat && packed_gemm_enabled() && need_dy && packing_pays(k, block)
+          ? std::make_unique<const PackedBlocks>(x, block, block, false)
+          : nullptr;
+  for_each_gemm_tile(x, y, nullptr, true, [&](const TileRef& tile, Tensor& grad, double* scratch, std::int64_t r0,
                                      std::int64_t nr, std::int64_t c0, std::int64_t nc) {
     InfoNCEBackwardTile t{};
     t.s = tile;
@@ -241,8 +262,9 @@ std::tuple<Tensor, Tensor> infonce_backward(const Tensor& grad_rows, const Tenso
       dx_block.addmm_(g, y.narrow(0, c0, nc));
     }
     if (need_dy) {  // dy[c] += Gᵀ·x[r]
-      Tensor dy_block = dy.narrow(0, c0, nc);
-      dy_block.addmm_(g.t(), x.narrow(0, r0, nr));
+      const bool done = packed_x != nullptr && packed_x->multiply(r0, nr, g.const_data_ptr<float>(), nc, true, nc,
+                                                                  1.0f, dy.data_ptr<float>() + c0 * d, d);
+      if (!done) dy.narrow(0, c0, nc).addmm_(g.t(), x.narrow(0, r0, nr));
     }
   });
   return {need_dx ? dx.to(x_in.scalar_type()) : at::empty({0}, x_in.options()),

@@ -29,7 +29,7 @@ struct InfoNCEForwardTile {
   double* row_acc;
   double* col_acc;
   std::int64_t n;
-  double* scratch;  // >= 2·cols + rows doubles, private to the calling thread
+  double* scratch;  // >= 3·cols + rows doubles, private to the calling thread
 };
 
 struct InfoNCEBackwardTile {
@@ -47,7 +47,7 @@ struct InfoNCEBackwardTile {
   void* grad;  // (∂L/∂s)/τ of the tile, rows×cols, leading dim grad_ld, float or double
   bool grad_is_double;
   std::int64_t grad_ld;
-  double* scratch;  // >= cols doubles
+  double* scratch;  // >= 2·cols doubles
 };
 
 struct InfoNCETileKernels {

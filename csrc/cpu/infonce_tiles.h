@@ -1,14 +1,23 @@
 // The per-tile loops of the CPU InfoNCE op (SPEC §2 "InfoNCE"), compiled once per instruction set
 // (infonce_tiles_*.cpp define EO_ISA and the target first). Torch-free: raw pointers only.
 //
-// Every element is evaluated in float64: the logit v = s·(1/τ) from the tile's float32 (or
-// float64) value, e^{v − m} by the branch-free exp_d, so the loops vectorise. The dense loops
-// treat every column as a candidate (the self column masked under drop_self); the positives,
-// O(K·group size) elements, are visited through the sorted member lists of PositiveSets.
+// Float32 (and half, computed in float32) similarities take the float32 element path of SPEC §2
+// "InfoNCE": logits v = s·fl(1/τ) in float32, e^{v − shift} by exp_f at full float32 width, sums
+// of those positive terms in float32 over at most 32 terms (a row's lane sums, a column's 16-row
+// groups) and in float64 beyond, gradient entries in float32. Float64
+// similarities, and float32 tiles whose logits or upstream weights leave the float range the
+// path is written for (|v| > 2^100), take the float64 path: v = s·(1/τ) and exp_d in float64.
+// The dense loops treat every column as a candidate (the self column masked under drop_self);
+// the positives, O(K·group size) elements, are visited through the sorted member lists of
+// PositiveSets, always in float64: a positive's gradient entry a(p^D − p^P) cancels where a line
+// is confident, which a float32 p^D could not resolve.
 #pragma once
 
 #include <algorithm>
+#include <cmath>
+#include <type_traits>
 
+#include "../kernels/elementary_f32.h"
 #include "../kernels/infonce_lines.h"
 #include "infonce_tile_args.h"
 
@@ -148,16 +157,244 @@ void backward_tile_impl(const cpu::InfoNCEBackwardTile& t) {
   }
 }
 
+// ---- The float32 element path (float32 tiles)
+
+constexpr float kMinusInfF = -__builtin_inff();
+// Terms per float32 partial sum: a row's exponentials go to kSumLanes running sums by column
+// (each takes at most cols/kSumLanes <= 32 terms of a 512-column tile), a column's to a float
+// partial of kColumnGroup rows; both then join float64 sums. The grouping is fixed, not the
+// vector width's: the same bound and the same bits for every instruction set.
+constexpr std::int64_t kSumLanes = 16;
+constexpr std::int64_t kColumnGroup = 16;
+// The float32 path serves tiles whose logits and upstream weights stay within 2^100 in magnitude
+// (far beyond any logit an exponential can use, and no product of two of them overflows float).
+constexpr double kFloatPathLimit = 0x1p100;
+
+// The largest |s| of a float tile (a NaN may or may not be seen: it reaches the sums either way).
+float tile_abs_max(const cpu::TileRef& tile) {
+  float largest = 0.0f;
+  for (std::int64_t i = 0; i < tile.rows; ++i) {
+    const float* s = tile_row<float>(tile, i);
+#pragma omp simd reduction(max : largest)
+    for (std::int64_t j = 0; j < tile.cols; ++j) largest = max_of(largest, s[j] < 0.0f ? -s[j] : s[j]);
+  }
+  return largest;
+}
+
+bool float_logits(const cpu::TileRef& tile, double inv_tau) {
+  return inv_tau <= kFloatPathLimit && static_cast<double>(tile_abs_max(tile)) * inv_tau <= kFloatPathLimit;
+}
+
+// The float32 sums hold a line's positives apart: they enter its candidates' sum in float64 (the
+// positives are visited in float64 for LSE_P anyway), the dense float32 sums take the other
+// candidates only. A line whose positives dominate has LSE_D − LSE_P = ln(1 + ε), ε ≪ 1 (its
+// loss, and through p^D − p^P its positives' gradient, are of the size of ε): a float32 sum that
+// added the positives in would round ε to 2^-24 of their sum.
+
+// One chunk of `count` columns from `first` of a tile row: e^{(s − max)/τ} of the columns `keep`
+// marks (1: a candidate, not a positive) into the row's lane sums and, with kCols, into the
+// columns' float partials.
+template <bool kCols>
+void exp_sums_of_chunk(const float* s, const float* keep, std::int64_t first, std::int64_t count, float inv_tau,
+                       float row_max, const float* col_max, float* col_part, float* lanes) {
+#pragma omp simd
+  for (std::int64_t l = 0; l < count; ++l) {
+    const std::int64_t j = first + l;
+    const bool dense = keep[j] != 0.0f;
+    lanes[l] += select(dense, exp_f((s[j] - row_max) * inv_tau), 0.0f);
+    if constexpr (kCols) col_part[j] += select(dense, exp_f((s[j] - col_max[j]) * inv_tau), 0.0f);
+  }
+}
+
+// Σ e^{(s_ij − max)/τ} over one row's kept columns (float64, from its lane sums) and, with kCols,
+// their terms into the columns' partials.
+template <bool kCols>
+double exp_sums_of_row(const float* s, const float* keep, std::int64_t cols, float inv_tau, float row_max,
+                       const float* col_max, float* col_part) {
+  float lanes[kSumLanes] = {};
+  std::int64_t c = 0;
+  for (; c + kSumLanes <= cols; c += kSumLanes) {
+    exp_sums_of_chunk<kCols>(s, keep, c, kSumLanes, inv_tau, row_max, col_max, col_part, lanes);
+  }
+  if (c < cols) exp_sums_of_chunk<kCols>(s, keep, c, cols - c, inv_tau, row_max, col_max, col_part, lanes);
+  double sum = 0.0;
+  for (std::int64_t l = 0; l < kSumLanes; ++l) sum += lanes[l];
+  return sum;
+}
+
+void forward_tile_f32(const cpu::InfoNCEForwardTile& t) {
+  const std::int64_t rows = t.s.rows, cols = t.s.cols, row0 = t.s.row0, col0 = t.s.col0, n = t.n;
+  const float inv_tau = static_cast<float>(t.inv_tau);
+  // Scratch: the columns' float64 sums (cols doubles), then floats: their maximum similarities,
+  // their float partials, the row's keep marks (cols each) and the rows' maximum similarities.
+  double* col_sum = t.scratch;
+  float* col_max = reinterpret_cast<float*>(t.scratch + cols);
+  float* col_part = col_max + cols;
+  float* keep = col_max + 2 * cols;
+  float* row_max = col_max + 3 * cols;
+  const bool mask_self = t.drop_self && row0 < col0 + cols && col0 < row0 + rows;
+  const bool with_cols = t.col_acc != nullptr;
+  for (std::int64_t j = 0; j < cols; ++j) {
+    col_max[j] = kMinusInfF;
+    col_part[j] = 0.0f;
+    keep[j] = 1.0f;
+    col_sum[j] = 0.0;
+  }
+  // Pass 1: the tile's maximum similarity of every row and every column over their candidates
+  // (1/τ > 0: the logits' maxima).
+  for (std::int64_t i = 0; i < rows; ++i) {
+    const float* s = tile_row<float>(t.s, i);
+    const std::int64_t self = mask_self ? row0 + i - col0 : -1;
+    float m = kMinusInfF;
+#pragma omp simd reduction(max : m)
+    for (std::int64_t j = 0; j < cols; ++j) {
+      const float v = select(j == self, kMinusInfF, s[j]);
+      m = max_of(m, v);
+      col_max[j] = max_of(col_max[j], v);
+    }
+    row_max[i] = m;
+  }
+  // Pass 2: the exponential sums, merged into the rows' running sums at once and into the columns'
+  // float64 sums every kColumnGroup rows. A line's shift is its maximum logit, in float64.
+  for (std::int64_t i = 0; i < rows; ++i) {
+    const float* s = tile_row<float>(t.s, i);
+    const std::int64_t line = row0 + i;
+    const std::int64_t self = mask_self ? line - col0 : -1;
+    if (self >= 0 && self < cols) keep[self] = 0.0f;
+    for_each_positive(t.positives, t.drop_self, line, col0, cols, [&](std::int64_t j) { keep[j - col0] = 0.0f; });
+    const double dense = with_cols ? exp_sums_of_row<true>(s, keep, cols, inv_tau, row_max[i], col_max, col_part)
+                                   : exp_sums_of_row<false>(s, keep, cols, inv_tau, row_max[i], col_max, col_part);
+    if (self >= 0 && self < cols) keep[self] = 1.0f;
+    for_each_positive(t.positives, t.drop_self, line, col0, cols, [&](std::int64_t j) { keep[j - col0] = 1.0f; });
+    if (with_cols && ((i + 1) % kColumnGroup == 0 || i + 1 == rows)) {
+      for (std::int64_t j = 0; j < cols; ++j) {
+        col_sum[j] += col_part[j];
+        col_part[j] = 0.0f;
+      }
+    }
+    if (t.row_acc != nullptr) {
+      const double m = static_cast<double>(row_max[i]) * t.inv_tau;
+      double sum = dense;
+      for_each_positive(t.positives, t.drop_self, line, col0, cols, [&](std::int64_t j) {
+        const double v = static_cast<double>(s[j - col0]) * t.inv_tau;
+        sum += exp_d(v - m);
+        merge_log_sum_exp(t.row_acc[kAccPositiveMax * n + line], t.row_acc[kAccPositiveSum * n + line], v, 1.0);
+      });
+      merge_log_sum_exp(t.row_acc[kAccCandidateMax * n + line], t.row_acc[kAccCandidateSum * n + line], m, sum);
+    }
+  }
+  if (with_cols) {
+    for (std::int64_t j = 0; j < cols; ++j) {
+      const std::int64_t line = col0 + j;
+      const double m = static_cast<double>(col_max[j]) * t.inv_tau;
+      double sum = col_sum[j];
+      for_each_positive(t.positives, t.drop_self, line, row0, rows, [&](std::int64_t i) {
+        const double v = static_cast<double>(tile_row<float>(t.s, i - row0)[j]) * t.inv_tau;
+        sum += exp_d(v - m);
+        merge_log_sum_exp(t.col_acc[kAccPositiveMax * n + line], t.col_acc[kAccPositiveSum * n + line], v, 1.0);
+      });
+      merge_log_sum_exp(t.col_acc[kAccCandidateMax * n + line], t.col_acc[kAccCandidateSum * n + line], m, sum);
+    }
+  }
+}
+
+// A log-sum-exp as two floats, hi + lo, within 2^-48 of it relative: v − hi − lo then loses
+// nothing to the rounding of the statistic.
+struct SplitFloat {
+  float hi, lo;
+};
+
+SplitFloat split_float(double x) {
+  const float hi = static_cast<float>(x);
+  return SplitFloat{hi, static_cast<float>(x - hi)};
+}
+
+// Whether a backward tile's upstream weights (times 1/τ) stay within the float path's range.
+template <bool kRows, bool kCols>
+bool float_weights(const cpu::InfoNCEBackwardTile& t) {
+  double largest = 0.0;
+  if (kRows) {
+    for (std::int64_t i = 0; i < t.s.rows; ++i) largest = max_of(largest, std::fabs(t.row_upstream[t.s.row0 + i]));
+  }
+  if (kCols) {
+    for (std::int64_t j = 0; j < t.s.cols; ++j) largest = max_of(largest, std::fabs(t.col_upstream[t.s.col0 + j]));
+  }
+  return largest * t.inv_tau <= kFloatPathLimit;
+}
+
+// The float64 gradient entry of a positive (i, j): a_i(p^D − p^P) + b_j(q^D − q^P), already /τ.
+template <bool kRows, bool kCols>
+double positive_entry(const cpu::InfoNCEBackwardTile& t, double v, std::int64_t line, std::int64_t col) {
+  const std::int64_t n = t.n;
+  double value = 0.0;
+  if (kRows) {
+    value += t.row_upstream[line] * t.inv_tau *
+             (exp_d(v - t.row_lse[kInfoNCECandidates * n + line]) - exp_d(v - t.row_lse[kInfoNCEPositives * n + line]));
+  }
+  if (kCols) {
+    value += t.col_upstream[col] * t.inv_tau *
+             (exp_d(v - t.col_lse[kInfoNCECandidates * n + col]) - exp_d(v - t.col_lse[kInfoNCEPositives * n + col]));
+  }
+  return value;
+}
+
+template <bool kRows, bool kCols>
+void backward_tile_f32(const cpu::InfoNCEBackwardTile& t) {
+  const std::int64_t cols = t.s.cols, row0 = t.s.row0, col0 = t.s.col0, n = t.n;
+  const float inv_tau = static_cast<float>(t.inv_tau);
+  // Scratch: per column of the tile b_j/τ and LSE_D split in two floats.
+  float* col_weight = reinterpret_cast<float*>(t.scratch);
+  float* col_hi = col_weight + cols;
+  float* col_lo = col_hi + cols;
+  for (std::int64_t j = 0; j < cols; ++j) {
+    const std::int64_t col = col0 + j;
+    const SplitFloat lse = split_float(kCols ? t.col_lse[kInfoNCECandidates * n + col] : 0.0);
+    col_weight[j] = kCols ? static_cast<float>(t.col_upstream[col] * t.inv_tau) : 0.0f;
+    col_hi[j] = lse.hi;
+    col_lo[j] = lse.lo;
+  }
+  for (std::int64_t i = 0; i < t.s.rows; ++i) {
+    const float* s = tile_row<float>(t.s, i);
+    float* g = static_cast<float*>(t.grad) + i * t.grad_ld;
+    const std::int64_t line = row0 + i;
+    const std::int64_t self = t.drop_self ? line - col0 : -1;
+    const float a = kRows ? static_cast<float>(t.row_upstream[line] * t.inv_tau) : 0.0f;
+    const SplitFloat lse = split_float(kRows ? t.row_lse[kInfoNCECandidates * n + line] : 0.0);
+#pragma omp simd
+    for (std::int64_t j = 0; j < cols; ++j) {
+      const float v = s[j] * inv_tau;
+      float value = 0.0f;
+      if (kRows) value += a * exp_f((v - lse.hi) - lse.lo);
+      if (kCols) value += col_weight[j] * exp_f((v - col_hi[j]) - col_lo[j]);
+      g[j] = select(j == self, 0.0f, value);
+    }
+    for_each_positive(t.positives, t.drop_self, line, col0, cols, [&](std::int64_t col) {
+      const double v = static_cast<double>(s[col - col0]) * t.inv_tau;
+      g[col - col0] = static_cast<float>(positive_entry<kRows, kCols>(t, v, line, col));
+    });
+  }
+}
+
+template <typename T, bool kRows, bool kCols>
+void backward_tile_of(const cpu::InfoNCEBackwardTile& t) {
+  if constexpr (std::is_same<T, float>::value) {
+    if (float_logits(t.s, t.inv_tau) && float_weights<kRows, kCols>(t)) return backward_tile_f32<kRows, kCols>(t);
+  }
+  backward_tile_impl<T, kRows, kCols>(t);
+}
+
 template <typename T>
 void backward_tile_typed(const cpu::InfoNCEBackwardTile& t) {
   const bool rows = t.row_upstream != nullptr, cols = t.col_upstream != nullptr;
-  if (rows && cols) return backward_tile_impl<T, true, true>(t);
-  if (rows) return backward_tile_impl<T, true, false>(t);
-  if (cols) return backward_tile_impl<T, false, true>(t);
+  if (rows && cols) return backward_tile_of<T, true, true>(t);
+  if (rows) return backward_tile_of<T, true, false>(t);
+  if (cols) return backward_tile_of<T, false, true>(t);
 }
 
 void forward_tile(const cpu::InfoNCEForwardTile& t) {
-  t.s.is_double ? forward_tile_impl<double>(t) : forward_tile_impl<float>(t);
+  if (t.s.is_double) return forward_tile_impl<double>(t);
+  if (float_logits(t.s, t.inv_tau)) return forward_tile_f32(t);
+  forward_tile_impl<float>(t);
 }
 
 void backward_tile(const cpu::InfoNCEBackwardTile& t) {
