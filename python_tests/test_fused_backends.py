@@ -5,7 +5,9 @@ are docs/SPEC.md §5's: from a similarity matrix, float32 losses within 1e-5 rel
 fmse/logdet) and gradients within 1e-4 (max-abs relative); from embeddings the float32 tile GEMM
 adds 8·√D·2⁻²⁴/τ; float16/bfloat16 inputs within 1e-2. Near-zero terms get an absolute floor of
 1e-10, kl/logdet are relative to max(|ref|, 1e-3). Beside them, flash-attention's rule: the fused
-error is at most 2× the error of the reference computed in the input's own precision.
+error is at most 2× the error of the reference computed in the input's own precision (under
+Triton's interpreter, the larger of that with torch's and with numpy's products, which the
+interpreter's tl.dot uses).
 """
 
 from __future__ import annotations
@@ -57,6 +59,19 @@ def grad_error(got: torch.Tensor, ref: torch.Tensor) -> float:
     return float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
 
 
+def numpy_products_errors(inputs, upstream, kwargs, ref_losses, ref_grads, term):
+    """(loss, gradient) errors of the float32 reference whose three products s = x·yᵀ, G·y and
+    Gᵀ·x are numpy's matmul, as Triton's interpreter forms them."""
+    x, y = (t.numpy() for t in inputs)
+    s = torch.from_numpy(x @ y.T)
+    rows, cols, (g,) = run(lambda t: eo.evidential_loss_from_similarity(t, backend="reference", reduction="none",
+                                                                        **kwargs), (s,), upstream)
+    g = g.numpy()
+    grads = (torch.from_numpy(g @ y), torch.from_numpy(g.T @ x))
+    loss = max(rel_error(a, r, term) for a, r in zip((rows, cols), ref_losses) if a.numel())
+    return loss, max(grad_error(a, r) for a, r in zip(grads, ref_grads))
+
+
 def compare(fused, inputs, kwargs, upstream, *, from_similarity, loss_tol, grad_tol, terms, two_x_rule=False):
     """The fused backend on `inputs` (moved to its device) against the float64 reference."""
     fused_fn = eo.evidential_loss_from_similarity if from_similarity else eo.evidential_loss
@@ -87,6 +102,13 @@ def compare(fused, inputs, kwargs, upstream, *, from_similarity, loss_tol, grad_
         p_rows, p_cols, p_grads = run(plain, inputs, upstream)
         plain_loss = max(rel_error(g, r, term) for g, r in ((p_rows, ref_rows), (p_cols, ref_cols)) if g.numel())
         plain_grad = max(grad_error(g, r) for g, r in zip(p_grads, ref_grads))
+        if not from_similarity and fused.name == "triton" and fused.device.type == "cpu":
+            # Triton's interpreter forms the tile products with numpy's matmul, whose float32
+            # rounding on a given machine is not torch's (AMD EPYC, K = 160, D = 203: 1.5-2x
+            # torch's gradient error): the same loss with numpy's products is the rule's other
+            # baseline.
+            n_loss, n_grad = numpy_products_errors(inputs, upstream, kwargs, (ref_rows, ref_cols), ref_grads, term)
+            plain_loss, plain_grad = max(plain_loss, n_loss), max(plain_grad, n_grad)
         assert max(errors) <= max(2 * plain_loss, FLOAT32_ROUNDING), (max(errors), plain_loss)
         assert max(grad_errors) <= max(2 * plain_grad, FLOAT32_ROUNDING), (max(grad_errors), plain_grad)
 
