@@ -6,7 +6,9 @@ One forward + backward of the symmetric InfoNCE (SPEC §2 "InfoNCE", default pos
 directions averaged) from float32 unit embeddings x, y (K, D), τ = 0.05:
 - fused: `evidential_ops.infonce_loss(..., backend="cpu")` (s never stored);
 - plain: open_clip ClipLoss's way, logits = x·yᵀ/τ, ½(CE(logits) + CE(logitsᵀ));
-- compiled: torch.compile of plain (Inductor, compiled and warmed up before timing).
+- compiled: torch.compile of plain (Inductor, compiled and warmed up before timing);
+- floor: the three K×K×D float32 GEMMs every one of them needs at least (s = x·yᵀ, G·y, Gᵀ·x, G a
+  fixed K×K matrix), no element work: the fused op needs four (its backward recomputes s).
 Times: all three interleaved in one process, the fastest of `rounds` per implementation (the
 machine is shared: compare ratios within a run). Memory: one fresh process per implementation
 (`--memory IMPL`), after a warm-up at the same shape: peak resident set (VmHWM, reset through
@@ -33,7 +35,7 @@ import torch.nn.functional as F  # noqa: E402
 import evidential_ops as eo  # noqa: E402
 
 TAU = 0.05
-IMPLEMENTATIONS = ("fused", "plain", "compiled")
+IMPLEMENTATIONS = ("fused", "plain", "compiled", "floor")
 
 
 def plain_infonce(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -47,8 +49,22 @@ def fused_infonce(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return eo.infonce_loss(x, y, tau=TAU, reduction="mean_of_directions", backend="cpu", check_finite=False)
 
 
-def step_function(impl: str):
+def three_gemms(k: int):
+    """The floor: (x, y) -> None running s = x·yᵀ, G·y and Gᵀ·x with a fixed K×K G."""
+    g = torch.randn(k, k, generator=torch.Generator().manual_seed(1))
+
+    def step(x, y):
+        x @ y.T
+        g @ y
+        g.T @ x
+
+    return step
+
+
+def step_function(impl: str, k: int):
     """forward + backward of one implementation: (x, y) -> None."""
+    if impl == "floor":
+        return three_gemms(k)
     loss_fn = {"fused": fused_infonce, "plain": plain_infonce,
                "compiled": torch.compile(plain_infonce, dynamic=False)}[impl]
 
@@ -76,7 +92,7 @@ def status_kib(field: str) -> int:
 
 def measure_memory(impl: str, k: int, d: int) -> dict:
     """Peak extra MiB of one step in this process (see the module docstring)."""
-    step = step_function(impl)
+    step = step_function(impl, k)
     x, y = inputs(k, d)
     step(x, y)  # warm-up at the measured shape (torch.compile specialises on it)
     before = status_kib("VmRSS")
@@ -98,7 +114,7 @@ def memory_in_fresh_process(impl: str, k: int, d: int) -> dict:
 def time_all(k: int, d: int, rounds: int) -> dict[str, float]:
     """Fastest seconds of `rounds` steps per implementation, interleaved."""
     x, y = inputs(k, d)
-    steps = {impl: step_function(impl) for impl in IMPLEMENTATIONS}
+    steps = {impl: step_function(impl, k) for impl in IMPLEMENTATIONS}
     for step in steps.values():  # warm-up (and compile)
         step(x, y)
     best = {impl: float("inf") for impl in IMPLEMENTATIONS}
@@ -126,12 +142,12 @@ def report(k: int, d: int, rounds: int, times: dict, memory: dict) -> str:
         f"({torch.get_num_threads()} threads), CPU ISA of the kernels: {eo.cpu_isa()}. "
         f"K = {k}, D = {d}, float32, τ = {TAU}, forward + backward, fastest of {rounds} interleaved rounds.",
         "",
-        "| implementation | ms | fused speed-up | extra peak MiB |",
-        "|---|---|---|---|",
+        "| implementation | ms | fused speed-up | ÷ floor | extra peak MiB |",
+        "|---|---|---|---|---|",
     ]
     for impl in IMPLEMENTATIONS:
         mem = memory[impl].get("extra_peak_mib", memory[impl].get("unavailable"))
-        lines.append(f"| {impl} | {ms[impl]:.1f} | {ms[impl] / ms['fused']:.2f}× | {mem} |")
+        lines.append(f"| {impl} | {ms[impl]:.1f} | {ms[impl] / ms['fused']:.2f}× | {ms[impl] / ms['floor']:.2f} | {mem} |")
     return "\n".join(lines) + "\n"
 
 
