@@ -19,7 +19,7 @@ def results_from_json(path: pathlib.Path) -> list[dict]:
     rows = []
     for bench in data["benchmarks"]:
         info = bench.get("extra_info", {})
-        if "impl" not in info or "extra_peak_mib" in info:
+        if "impl" not in info or "extra_peak_mib" in info or "paired_rounds" in info:
             continue
         # The fastest round, not the median: on a shared VM a core stolen for a moment stalls a
         # whole parallel region, which the median of a few rounds still shows. Every
@@ -45,6 +45,22 @@ def memory_table(path: pathlib.Path) -> str:
     return "\n\nExtra peak memory of forward + backward (fresh process, see bench/memory_probe.py):\n\n" + "\n".join(lines)
 
 
+def paired_table(path: pathlib.Path) -> str:
+    """Markdown table of the fused-against-floor entries measured interleaved (bench/test_bench_loss.py)."""
+    data = json.loads(path.read_text())
+    rows = [b["extra_info"] for b in data["benchmarks"] if "paired_rounds" in b.get("extra_info", {})]
+    if not rows:
+        return ""
+    lines = ["| loss | K | backend | fused ms | floor ms | fused ÷ floor |", "|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["k"], r["case"], r["impl"])):
+        lines.append(f"| {r['case']} | {r['k']} | {r['impl']} | {r['fused_seconds'] * 1e3:.1f} | "
+                     f"{r['floor_seconds'] * 1e3:.1f} | {r['fused_seconds'] / r['floor_seconds']:.2f} |")
+    rounds = rows[0]["paired_rounds"]
+    return ("\n\nFused against the floor measured paired (the two steps alternating in one loop, fastest of "
+            f"{rounds} rounds each; the table above times each implementation in its own block of rounds, "
+            "between which a shared machine's speed drifts):\n\n" + "\n".join(lines))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("json", type=pathlib.Path)
@@ -57,7 +73,8 @@ def main(argv=None) -> int:
         f"{machine.get('cpu', {}).get('count', '?')} cores; fastest of the rounds of forward + backward, D = 512, float32.\n\n"
     )
     speed = results_from_json(args.json)
-    table = header + (format_table(speed) if speed else "(no speed entries)") + memory_table(args.json)
+    table = (header + (format_table(speed) if speed else "(no speed entries)") + paired_table(args.json)
+             + memory_table(args.json))
     print(table)
     if args.out:
         args.out.write_text(table + "\n")
