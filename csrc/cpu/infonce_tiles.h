@@ -25,8 +25,6 @@ namespace evidential_ops {
 namespace EO_ISA {
 namespace {
 
-constexpr double kMinusInf = -__builtin_inf();
-
 template <typename T>
 const T* tile_row(const cpu::TileRef& tile, std::int64_t i) {
   return static_cast<const T*>(tile.data) + i * tile.ld;
@@ -43,6 +41,27 @@ void for_each_positive(const cpu::PositiveSets& p, bool drop_self, std::int64_t 
   }
 }
 
+// Pass 1 of a forward tile: the largest s·scale over each row's and each column's candidates (the
+// self column masked under mask_self) into row_max (rows) and col_max (cols), in V: the float64
+// path takes the logits (scale 1/τ), the float32 path the similarities themselves (scale 1, exact).
+template <typename T, typename V>
+void candidate_maxima(const cpu::TileRef& tile, bool mask_self, V scale, V* row_max, V* col_max) {
+  const V minus_inf = -__builtin_inf();
+  for (std::int64_t j = 0; j < tile.cols; ++j) col_max[j] = minus_inf;
+  for (std::int64_t i = 0; i < tile.rows; ++i) {
+    const T* s = tile_row<T>(tile, i);
+    const std::int64_t self = mask_self ? tile.row0 + i - tile.col0 : -1;
+    V m = minus_inf;
+#pragma omp simd reduction(max : m)
+    for (std::int64_t j = 0; j < tile.cols; ++j) {
+      const V v = select(j == self, minus_inf, static_cast<V>(s[j]) * scale);
+      m = max_of(m, v);
+      col_max[j] = max_of(col_max[j], v);
+    }
+    row_max[i] = m;
+  }
+}
+
 template <typename T>
 void forward_tile_impl(const cpu::InfoNCEForwardTile& t) {
   const std::int64_t rows = t.s.rows, cols = t.s.cols, row0 = t.s.row0, col0 = t.s.col0, n = t.n;
@@ -52,23 +71,9 @@ void forward_tile_impl(const cpu::InfoNCEForwardTile& t) {
   double* row_max = t.scratch + 2 * cols;
   // The diagonal is masked only where this tile holds it and drop_self asks for it.
   const bool mask_self = t.drop_self && row0 < col0 + cols && col0 < row0 + rows;
-  for (std::int64_t j = 0; j < cols; ++j) {
-    col_max[j] = kMinusInf;
-    col_sum[j] = 0.0;
-  }
-  // Pass 1: the tile's maximum of every row and every column over their candidates.
-  for (std::int64_t i = 0; i < rows; ++i) {
-    const T* s = tile_row<T>(t.s, i);
-    const std::int64_t self = mask_self ? row0 + i - col0 : -1;
-    double m = kMinusInf;
-#pragma omp simd reduction(max : m)
-    for (std::int64_t j = 0; j < cols; ++j) {
-      const double v = select(j == self, kMinusInf, static_cast<double>(s[j]) * inv_tau);
-      m = max_of(m, v);
-      col_max[j] = max_of(col_max[j], v);
-    }
-    row_max[i] = m;
-  }
+  for (std::int64_t j = 0; j < cols; ++j) col_sum[j] = 0.0;
+  // Pass 1: the tile's maximum logit of every row and every column over their candidates.
+  candidate_maxima<T>(t.s, mask_self, inv_tau, row_max, col_max);
   // Pass 2: Σ e^{v − max} per row (merged into the row's running sum at once) and per column.
   for (std::int64_t i = 0; i < rows; ++i) {
     const T* s = tile_row<T>(t.s, i);
@@ -159,7 +164,6 @@ void backward_tile_impl(const cpu::InfoNCEBackwardTile& t) {
 
 // ---- The float32 element path (float32 tiles)
 
-constexpr float kMinusInfF = -__builtin_inff();
 // Terms per float32 partial sum: a row's exponentials go to kSumLanes running sums by column
 // (each takes at most cols/kSumLanes <= 32 terms of a 512-column tile), a column's to a float
 // partial of kColumnGroup rows; both then join float64 sums. The grouping is fixed, not the
@@ -235,25 +239,13 @@ void forward_tile_f32(const cpu::InfoNCEForwardTile& t) {
   const bool mask_self = t.drop_self && row0 < col0 + cols && col0 < row0 + rows;
   const bool with_cols = t.col_acc != nullptr;
   for (std::int64_t j = 0; j < cols; ++j) {
-    col_max[j] = kMinusInfF;
     col_part[j] = 0.0f;
     keep[j] = 1.0f;
     col_sum[j] = 0.0;
   }
   // Pass 1: the tile's maximum similarity of every row and every column over their candidates
   // (1/τ > 0: the logits' maxima).
-  for (std::int64_t i = 0; i < rows; ++i) {
-    const float* s = tile_row<float>(t.s, i);
-    const std::int64_t self = mask_self ? row0 + i - col0 : -1;
-    float m = kMinusInfF;
-#pragma omp simd reduction(max : m)
-    for (std::int64_t j = 0; j < cols; ++j) {
-      const float v = select(j == self, kMinusInfF, s[j]);
-      m = max_of(m, v);
-      col_max[j] = max_of(col_max[j], v);
-    }
-    row_max[i] = m;
-  }
+  candidate_maxima<float>(t.s, mask_self, 1.0f, row_max, col_max);
   // Pass 2: the exponential sums, merged into the rows' running sums at once and into the columns'
   // float64 sums every kColumnGroup rows. A line's shift is its maximum logit, in float64.
   for (std::int64_t i = 0; i < rows; ++i) {
