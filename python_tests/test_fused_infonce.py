@@ -60,12 +60,14 @@ def compare(fused, x, y, upstream=None, **kwargs):
     kw_device = {n: (v.to(device) if isinstance(v, torch.Tensor) else v) for n, v in kwargs.items()}
     rows, cols, grads = run(lambda a, b: eo.infonce_loss(a, b, backend=fused.name, reduction="none", **kw_device),
                             [x.to(device), y.to(device)], [u.to(device) for u in upstream])
+    # The reference's own gradients in float64 (half leaves would round them to the half dtype).
     ref_rows, ref_cols, ref_grads = run(lambda a, b: eo.reference.infonce_loss(a, b, reduction="none", **kwargs),
-                                        [x, y], upstream)
+                                        [x.double(), y.double()], upstream)
     # Float64 inputs: the same bound at u = 2⁻⁵³, plus the rounding of LSE_D − LSE_P, each LSE at
     # most max|s|/τ + ln K (ℓ cancels where a row is confident).
     exact = x.dtype == torch.float64
-    loss_abs = 2 * logit_error(d, tau_value, x.dtype)
+    # Half inputs are widened exactly and multiplied in float32: float32's GEMM bound.
+    loss_abs = 2 * logit_error(d, tau_value, torch.float64 if exact else torch.float32)
     loss_rel = 1e-12 if exact else LOSS_RTOL
     if exact:
         loss_abs += 4 * 2.0**-53 * (1 / tau_value + math.log(k))
@@ -74,11 +76,14 @@ def compare(fused, x, y, upstream=None, **kwargs):
         element_loss, element_grad = float32_element_error(tau_value)
         loss_abs += element_loss
         grad_tol += element_grad
+    half = x.dtype in (torch.float16, torch.bfloat16)
+    if half:  # the gradients are rounded once to the input dtype, subnormals included
+        grad_tol += torch.finfo(x.dtype).eps / 2
     # Float64: each softmax entry p = e^{v − LSE} is off by p·(2u(1/τ + ln K) + logit error), and
     # dx_i = (1/τ)Σ_j G_ij y_j sums four softmaxes (two per direction, each summing to 1) weighted
     # by upstream ≤ 1.5 and |y| ≤ 1: an absolute bound, since a confident row's gradient is far
     # smaller than that rounding of its logits.
-    grad_abs = 0.0
+    grad_abs = torch.finfo(x.dtype).smallest_normal * torch.finfo(x.dtype).eps / 2 if half else 0.0
     if exact:
         grad_abs = 6 / tau_value * (2 * 2.0**-53 * (1 / tau_value + math.log(k)) + logit_error(d, tau_value, x.dtype))
     worst_loss = 0.0
@@ -169,6 +174,20 @@ def test_hard_regime(fused, gen):
     x, y = hard_pairs(k, d, generator=gen)
     compare(fused, x, y, tau=0.05)
     compare(fused, x, y, tau=0.05, group=torch.arange(k) // 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_inputs_hard_regime(fused, gen, dtype):
+    # Half embeddings take the float32 path from their exact float32 widening; the reference sees
+    # the same half values in float64.
+    if dtype not in fused.dtypes:
+        pytest.skip(f"{fused.name} is not tested with {dtype} here")
+    k, d = 113, 203
+    x, y = (t.to(dtype) for t in hard_pairs(k, d, generator=gen))
+    compare(fused, x, y, tau=0.05, group=torch.arange(k) // 4)
+    pairs = torch.arange(k) // 2
+    pairs[-1] = pairs[-2]  # drop_self needs two members in every group: the last one takes three
+    compare(fused, x, y, tau=0.05, drop_self=True, group=pairs)
 
 
 @pytest.mark.parametrize("packed", ["1", "0"])
