@@ -70,9 +70,7 @@ class TileSource {
   // x has two such blocks or more.
   TileSource packed(std::int64_t row_block, std::int64_t col_block) const {
     TileSource out = *this;
-    if (from_embeddings_ && type_ == at::kFloat && packed_gemm_enabled() && packing_pays(n_rows_, row_block)) {
-      out.packed_y_ = std::make_shared<const PackedBlocks>(y_, col_block, row_block, true);
-    }
+    if (from_embeddings_) out.packed_y_ = packed_if_it_pays(y_, col_block, row_block, true, n_rows_);
     return out;
   }
 
@@ -454,9 +452,7 @@ std::tuple<Tensor, Tensor> loss_backward(const Tensor& grad_rows, const Tensor& 
   // more.
   const std::int64_t bm = block_size(source.rows()), bn = block_size(source.cols());
   const std::unique_ptr<const PackedBlocks> packed_x =
-      source.type() == at::kFloat && packed_gemm_enabled() && need_dy && packing_pays(source.cols(), bn)
-          ? std::make_unique<const PackedBlocks>(source.x(), bm, bn, false)
-          : nullptr;
+      need_dy ? packed_if_it_pays(source.x(), bm, bn, false, source.cols()) : nullptr;
   const std::int64_t d = source.x().size(1);
   for_each_gradient_tile(source, lines.options, target_offset, lines.rows, lines.cols,
                          [&](std::int64_t r0, std::int64_t nr, std::int64_t c0, std::int64_t nc, const Tensor& g) {

@@ -97,14 +97,6 @@ std::pair<Tensor, Tensor> compute_inputs(const Tensor& x, const Tensor& y) {
   return {x.detach().to(type).contiguous(), y.detach().to(type).contiguous()};
 }
 
-// y's blocks packed once for the forward's similarity tiles (packed_gemm.h), where that path is on
-// and pays; null otherwise (the tiles then use at::mm).
-std::unique_ptr<const PackedBlocks> packed_similarity_operand(const Tensor& x, const Tensor& y) {
-  const std::int64_t block = block_size(x.size(0));
-  if (x.scalar_type() != at::kFloat || !packed_gemm_enabled() || !packing_pays(x.size(0), block)) return nullptr;
-  return std::make_unique<const PackedBlocks>(y, block, block, true);
-}
-
 // The tile of s = x·yᵀ at rows [r0, r0 + nr), cols [c0, c0 + nc), written into `buffer`.
 TileRef gemm_tile(const Tensor& x, const Tensor& y, const PackedBlocks* packed_y, std::int64_t r0, std::int64_t nr,
                   std::int64_t c0, std::int64_t nc, Tensor& buffer) {
@@ -183,7 +175,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> infonce_forward(const Tensor& x_in, c
   const Positives positives = positive_sets(group, k);
   const InfoNCETileKernels tile_kernels = infonce_kernels();
   Tensor row_acc = empty_accumulators(k), col_acc = empty_accumulators(k);
-  const std::unique_ptr<const PackedBlocks> packed_y = packed_similarity_operand(x, y);
+  // y's blocks packed once for the forward's similarity tiles (packed_gemm.h).
+  const std::int64_t block = block_size(k);
+  const std::unique_ptr<const PackedBlocks> packed_y = packed_if_it_pays(y, block, block, true, k);
   for_each_gemm_tile(x, y, packed_y.get(), false, [&](const TileRef& tile, Tensor&, double* scratch, std::int64_t, std::int64_t,
                                       std::int64_t, std::int64_t) {
     InfoNCEForwardTile t{};
@@ -236,9 +230,7 @@ std::tuple<Tensor, Tensor> infonce_backward(const Tensor& grad_rows, const Tenso
   // evidential backward (evidential_cpu.cpp).
   const std::int64_t block = block_size(k), d = x.size(1);
   const std::unique_ptr<const PackedBlocks> packed_x =
-      x.scalar_type() == at::kFloat && packed_gemm_enabled() && need_dy && packing_pays(k, block)
-          ? std::make_unique<const PackedBlocks>(x, block, block, false)
-          : nullptr;
+      need_dy ? packed_if_it_pays(x, block, block, false, k) : nullptr;
   for_each_gemm_tile(x, y, nullptr, true, [&](const TileRef& tile, Tensor& grad, double* scratch, std::int64_t r0,
                                      std::int64_t nr, std::int64_t c0, std::int64_t nc) {
     InfoNCEBackwardTile t{};

@@ -63,6 +63,12 @@ bool packed_gemm_enabled() {
   return flag == nullptr || std::strcmp(flag, "0") != 0;
 }
 
+std::unique_ptr<const PackedBlocks> packed_if_it_pays(const at::Tensor& m, std::int64_t block, std::int64_t a_rows,
+                                                      bool transposed, std::int64_t other_rows) {
+  if (m.scalar_type() != at::kFloat || !packed_gemm_enabled() || !packing_pays(other_rows, a_rows)) return nullptr;
+  return std::make_unique<const PackedBlocks>(m, block, a_rows, transposed);
+}
+
 PackedBlocks::PackedBlocks(const at::Tensor& m, std::int64_t block, std::int64_t a_rows, bool transposed)
     : block_(block), a_rows_(a_rows), d_(m.size(1)), transposed_(transposed) {
   const std::int64_t n = m.size(0);

@@ -18,6 +18,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace evidential_ops {
@@ -64,6 +65,12 @@ class PackedBlocks {
   std::vector<std::int64_t> rows_;  // rows of each block
   std::vector<at::Tensor> panels_;  // one packed buffer per block
 };
+
+// PackedBlocks(m, block, a_rows, transposed) where the packed path is on, m is float32 and packing
+// pays for products whose A operand runs over `other_rows` rows in blocks of a_rows
+// (packing_pays); null otherwise, and the caller's tile GEMMs use at::mm.
+std::unique_ptr<const PackedBlocks> packed_if_it_pays(const at::Tensor& m, std::int64_t block, std::int64_t a_rows,
+                                                      bool transposed, std::int64_t other_rows);
 
 }  // namespace cpu
 }  // namespace evidential_ops
