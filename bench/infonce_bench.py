@@ -25,7 +25,6 @@ import pathlib
 import platform
 import subprocess
 import sys
-import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
@@ -33,6 +32,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import evidential_ops as eo  # noqa: E402
+from evidential_ops.benchmark import interleaved_minima  # noqa: E402
 
 TAU = 0.05
 IMPLEMENTATIONS = ("fused", "plain", "compiled", "floor")
@@ -112,18 +112,9 @@ def memory_in_fresh_process(impl: str, k: int, d: int) -> dict:
 
 
 def time_all(k: int, d: int, rounds: int) -> dict[str, float]:
-    """Fastest seconds of `rounds` steps per implementation, interleaved."""
+    """Fastest seconds of `rounds` steps per implementation, interleaved (compiled in the warm-up)."""
     x, y = inputs(k, d)
-    steps = {impl: step_function(impl, k) for impl in IMPLEMENTATIONS}
-    for step in steps.values():  # warm-up (and compile)
-        step(x, y)
-    best = {impl: float("inf") for impl in IMPLEMENTATIONS}
-    for _ in range(rounds):
-        for impl, step in steps.items():
-            start = time.perf_counter()
-            step(x, y)
-            best[impl] = min(best[impl], time.perf_counter() - start)
-    return best
+    return interleaved_minima({impl: step_function(impl, k) for impl in IMPLEMENTATIONS}, x, y, rounds)
 
 
 def cpu_name() -> str:

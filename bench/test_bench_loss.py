@@ -13,12 +13,11 @@ and floor steps alternating in one loop (test_fused_against_floor_interleaved, K
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 
-from evidential_ops.benchmark import LOSS_CASES, default_impls, fused_backends, make_inputs, step_function
+from evidential_ops.benchmark import (LOSS_CASES, default_impls, fused_backends, interleaved_minima, make_inputs,
+                                      step_function)
 
 D = 512
 SIZES = [256, pytest.param(1024, marks=pytest.mark.slow), pytest.param(4096, marks=pytest.mark.slow)]
@@ -43,20 +42,6 @@ def test_loss_forward_backward(benchmark, k, case, impl):
 
 PAIRED_K = 4096
 PAIRED_ROUNDS = 20
-
-
-def interleaved_minima(steps: dict, x: torch.Tensor, y: torch.Tensor, rounds: int) -> dict[str, float]:
-    """Fastest seconds of each step over `rounds` rounds, the steps alternating within a round
-    (their order reversed every other round), after one warm-up call each."""
-    for step in steps.values():
-        step(x, y)
-    best = {name: float("inf") for name in steps}
-    for r in range(rounds):
-        for name in (list(steps) if r % 2 == 0 else list(reversed(steps))):
-            start = time.perf_counter()
-            steps[name](x, y)
-            best[name] = min(best[name], time.perf_counter() - start)
-    return best
 
 
 @pytest.mark.slow

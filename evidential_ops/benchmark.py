@@ -185,6 +185,21 @@ def timings(fn: Callable[[], None], *, repeats: int = 3, warmup: int = 1, device
     return [seconds_of(fn, device) for _ in range(repeats)]
 
 
+def interleaved_minima(steps: dict[str, Callable[[torch.Tensor, torch.Tensor], None]], x: torch.Tensor,
+                       y: torch.Tensor, rounds: int, device="cpu") -> dict[str, float]:
+    """Fastest seconds of each step(x, y) over `rounds` rounds, after one warm-up call each, the
+    steps alternating within a round (their order reversed every other round): on a shared machine
+    whose speed drifts, each step's minimum is then taken over the same stretch of time."""
+    for step in steps.values():
+        step(x, y)
+    _synchronize(torch.device(device))
+    best = {name: float("inf") for name in steps}
+    for r in range(rounds):
+        for name in (list(steps) if r % 2 == 0 else list(reversed(steps))):
+            best[name] = min(best[name], seconds_of(lambda: steps[name](x, y), device))
+    return best
+
+
 def median_seconds(fn: Callable[[], None], *, repeats: int = 3, warmup: int = 1, device="cpu") -> float:
     """Median time of `repeats` calls of fn after `warmup` untimed ones."""
     return statistics.median(timings(fn, repeats=repeats, warmup=warmup, device=device))
