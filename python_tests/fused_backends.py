@@ -25,6 +25,8 @@ class FusedCase:
     device: where its input tensors live. dtypes: input dtypes it is tested with.
     max_k: the largest K the suite gives it (tests with larger sizes shrink or skip).
     realistic: (K, D) of the realistic-size accuracy test.
+    products: whose float32 matmul forms its tile products: "torch", or "numpy" for Triton's
+        interpreter (its tl.dot), which rounds differently on some machines.
     """
 
     name: str
@@ -32,6 +34,7 @@ class FusedCase:
     dtypes: tuple[torch.dtype, ...] = ALL_DTYPES
     max_k: int = 4096
     realistic: tuple[int, int] = (1024, 512)
+    products: str = "torch"
 
     def __str__(self) -> str:  # pytest ids
         return self.name
@@ -46,7 +49,8 @@ def _case(name: str) -> FusedCase | None:
         if torch.cuda.is_available():
             return FusedCase("triton", torch.device("cuda"))
         if configs.interpreting():  # the interpreter: CPU tensors, float32, small K
-            return FusedCase("triton", torch.device("cpu"), dtypes=(torch.float32,), max_k=160, realistic=(160, 203))
+            return FusedCase("triton", torch.device("cpu"), dtypes=(torch.float32,), max_k=160, realistic=(160, 203),
+                             products="numpy")
         return None
     raise AssertionError(f"no test case for fused backend {name!r}: add one here")
 
