@@ -10,7 +10,8 @@
 // (the column's in registers, the rows' staged in shared memory a chunk at a time), so no FP64
 // multiply remains per element; a line's target, an element whose α exceeds FLT_MAX, or one whose
 // float coefficient is not finite (a line constant beyond FLT_MAX) is redone after its chunk of
-// rows, in double where float cannot hold it (rare_chunk_gradients). Nothing is reduced except, for
+// rows (rare_chunk_gradients): α in double from float arithmetic, and the line shares in double
+// where float cannot hold them. Nothing is reduced except, for
 // float16 operands, max |∂L/∂s| (an integer atomicMax on float bits: exact in any order).
 #include "device_common.cuh"
 
@@ -51,59 +52,59 @@ __host__ __device__ constexpr bool roomy_gradient(int evidence, bool kl, bool fm
 static_assert(kThreads / kColumnsPerThread >= kRowChunk, "a thread per row of a chunk stages its constants");
 
 // ∂L/∂s of one element of the float32 path in double, for its rare elements (α beyond FLT_MAX, a
-// non-finite float coefficient): the float64 path's expression, both lines' constants read from
-// memory. Out of line, so that its caller (rare_chunk_gradients) does not hold registers for it.
+// non-finite float coefficient): the float64 path's line_share on both lines' constants read from
+// memory, at α and ρ in double, with the element factors of the float32 functions (of ln α beyond
+// FLT_MAX) widened: the double products of line_share and ρ/τ are its only FP64 multiplies. Out of
+// line, so that its caller (rare_chunk_gradients) does not hold registers for it.
 template <bool kKl, bool kFmse, bool kLogdet>
 __device__ EO_OUT_OF_LINE double element_gradient_f64(const double* row_constants, std::int64_t n_rows,
                                                       const double* col_constants, std::int64_t n_cols,
-                                                      std::int64_t line, std::int64_t j, double alpha, double rho,
+                                                      std::int64_t line, std::int64_t j, const kn::RareEvidence r,
                                                       bool on, double inv_tau) {
   const double on_target = on ? 1.0 : 0.0;
   const double off = 1.0 - on_target;
-  const kn::ElementBackward f = kn::element_backward<kKl, kFmse, kLogdet>(alpha);
+  const kn::ElementBackward f = kn::widen(r.beyond ? kn::element_backward_f32_of_log<kKl, kFmse, kLogdet>(r.log_alpha)
+                                                   : kn::element_backward_f32<kKl, kFmse, kLogdet>(r.alpha_f));
   const kn::LineGradient row = kn::load_line_gradient(kn::gradient_arrays(row_constants, n_rows), line);
   const kn::LineGradient column = kn::load_line_gradient(kn::gradient_arrays(col_constants, n_cols), j);
   const double coefficient =
-      kn::line_share(alpha, off, on_target, f, row) + kn::line_share(alpha, off, on_target, f, column);
-  return coefficient * rho * inv_tau;
+      kn::line_share(r.alpha, off, on_target, f, row) + kn::line_share(r.alpha, off, on_target, f, column);
+  return coefficient * r.rho * inv_tau;
 }
 
-// A rare element of the float32 path: a line's target or an α beyond float32 (`double_map`: α and
-// ρ from the double map, device_common.cuh: float32 evidence), or one whose float gradient came
-// out non-finite (a line constant beyond FLT_MAX; α and ρ the float map's). For the double map's α
-// within float32, the float gradient as the loop forms it (the lines' constants narrowed again, the
-// same values); redone in double where α exceeds FLT_MAX or that gradient is not finite. The loop's
-// own non-finite float gradient is not formed again: the same inputs would give it again. Called
-// from rare_chunk_gradients, out of the row loop; out of line itself too (inlined there, ptxas
-// spilled 4-8 bytes in three instantiations). (The arguments' members by value: a reference to the
-// kernel's parameters would copy them all to a stack frame.)
+// A rare element of the float32 path: a line's target or an α beyond float32 (`refined`: α and ρ
+// from evidence.h rare_evidence, x = s/τ split into two floats; device_common.cuh: float32
+// evidence), or one whose float gradient came out non-finite (a line constant beyond FLT_MAX; α
+// and ρ the float map's). For a refined α within float32, the float gradient as the loop forms it
+// (the lines' constants narrowed again, the same values) at float(α); in double where α exceeds
+// FLT_MAX or that gradient is not finite (element_gradient_f64, at float(α) and float(ρ) within
+// FLT_MAX). The loop's own non-finite float gradient is not formed again: the same inputs would give
+// it again. Called from rare_chunk_gradients, out of the row loop; out of line itself too (inlined
+// there, ptxas spilled 4-8 bytes in three instantiations). (The arguments' members by value: a
+// reference to the kernel's parameters would copy them all to a stack frame.)
 template <bool kKl, bool kFmse, bool kLogdet>
 __device__ EO_OUT_OF_LINE float rare_element_gradient(int evidence, double inv_tau, const double* row_constants,
                                                       std::int64_t n_rows, const double* col_constants,
                                                       std::int64_t n_cols, std::int64_t line, std::int64_t j,
-                                                      float s, bool on, bool double_map, float inv_tau_f) {
-  double alpha, rho;
-  if (double_map) {
-    const kn::EvidenceValue d = evidence_of(evidence, static_cast<double>(s) * inv_tau);
-    alpha = d.alpha;
-    rho = d.rho;
-  } else {
-    const kn::EvidenceValueF32 v = evidence_of(evidence, s * inv_tau_f);
-    alpha = v.alpha;
-    rho = v.rho;
+                                                      float s, bool on, bool refined, float inv_tau_f,
+                                                      float inv_tau_lo) {
+  const kn::EvidenceValueF32 v = evidence_of(evidence, s * inv_tau_f);
+  kn::RareEvidence r{v.alpha, v.rho, v.alpha, 0.0f, false};
+  if (refined) {
+    r = kn::rare_evidence_of_kind(evidence, v, kn::split_product(s, inv_tau_f, inv_tau_lo), s, inv_tau_f);
+    if (!r.beyond) {
+      const float rho_f = static_cast<float>(r.rho);
+      const float g = kn::element_gradient_f32<kKl, kFmse, kLogdet>(
+          r.alpha_f, rho_f, on, inv_tau_f, kn::element_backward_f32<kKl, kFmse, kLogdet>(r.alpha_f),
+          kn::narrow_line_gradient(kn::load_line_gradient(kn::gradient_arrays(row_constants, n_rows), line)),
+          kn::narrow_line_gradient(kn::load_line_gradient(kn::gradient_arrays(col_constants, n_cols), j)));
+      if (fabsf(g) <= kFloatMaxF) return g;
+      r.alpha = r.alpha_f;  // the double redo at the float values, as the loop's elements
+      r.rho = rho_f;
+    }
   }
-  const float alpha_f = static_cast<float>(alpha), rho_f = static_cast<float>(rho);
-  const bool beyond = !(alpha <= kFloatMax);  // NaN too
-  if (double_map && !beyond) {
-    const float g = kn::element_gradient_f32<kKl, kFmse, kLogdet>(
-        alpha_f, rho_f, on, inv_tau_f, kn::element_backward_f32<kKl, kFmse, kLogdet>(alpha_f),
-        kn::narrow_line_gradient(kn::load_line_gradient(kn::gradient_arrays(row_constants, n_rows), line)),
-        kn::narrow_line_gradient(kn::load_line_gradient(kn::gradient_arrays(col_constants, n_cols), j)));
-    if (fabsf(g) <= kFloatMaxF) return g;
-  }
-  return static_cast<float>(element_gradient_f64<kKl, kFmse, kLogdet>(
-      row_constants, n_rows, col_constants, n_cols, line, j, beyond ? alpha : alpha_f,
-      beyond ? rho : rho_f, on, inv_tau));
+  return static_cast<float>(element_gradient_f64<kKl, kFmse, kLogdet>(row_constants, n_rows, col_constants, n_cols,
+                                                                      line, j, r, on, inv_tau));
 }
 
 // The float32 path's rare elements of a chunk of rows of column j (bit r of `rare`: row chunk + r),
@@ -119,7 +120,7 @@ __device__ EO_OUT_OF_LINE float rare_chunk_gradients(const SimilarityView s, int
                                                      const double* col_constants, std::int64_t n_cols, void* grad,
                                                      ScalarKind grad_kind, std::int64_t grad_ld, std::int64_t chunk,
                                                      std::int64_t j, std::int64_t target_delta, unsigned int rare,
-                                                     float inv_tau_f) {
+                                                     float inv_tau_f, float inv_tau_lo) {
   float largest = 0.0f;
   for (int r = 0; r < 32; ++r) {
     if (!((rare >> r) & 1u)) continue;
@@ -129,10 +130,10 @@ __device__ EO_OUT_OF_LINE float rare_chunk_gradients(const SimilarityView s, int
     // The row loop's test, made again here rather than inside rare_element_gradient (which then
     // evaluates the float map a second time where it is false): moved there, ptxas spilled 8-32
     // bytes in twelve of the sm_80 gradient kernels.
-    const bool double_map = on || !(evidence_of(evidence, value * inv_tau_f).alpha < kInfinityF);
+    const bool refined = on || !(evidence_of(evidence, value * inv_tau_f).alpha < kInfinityF);
     const float g = rare_element_gradient<kKl, kFmse, kLogdet>(evidence, inv_tau, row_constants, n_rows,
                                                                col_constants, n_cols, s.row0 + i, j, value, on,
-                                                               double_map, inv_tau_f);
+                                                               refined, inv_tau_f, inv_tau_lo);
     store_gradient<GStored>(grad, grad_kind, i * grad_ld + j, g);
     largest = fmaxf(largest, fabsf(g));
   }
@@ -163,6 +164,7 @@ __global__ void __launch_bounds__(gradient_threads(kFloat32),
                        : zero_line_gradient());
     }
     const float inv_tau_f = static_cast<float>(a.inv_tau);
+    const float inv_tau_lo = static_cast<float>(a.inv_tau - static_cast<double>(inv_tau_f));  // rare elements' x
     const bool of_tanh = tanh_evidence<kEvidence>(a.evidence);  // uniform over the launch
     const std::int64_t s_step = 32 * a.s.col_stride;  // from column cc to cc + 1
     for (std::int64_t chunk = range.begin; chunk < range.end; chunk += kRowChunk) {
@@ -189,9 +191,9 @@ __global__ void __launch_bounds__(gradient_threads(kFloat32),
           const bool on = target_delta == 32 * cc;
           const float s = load_similarity<float, SStored>(a.s, s_at + cc * s_step);
           const kn::EvidenceValueF32 v = evidence_of<kEvidence>(a.evidence, s * inv_tau_f);
-          const bool double_map = on || !(v.alpha < kInfinityF);  // NaN too: NaN either way
+          const bool refined = on || !(v.alpha < kInfinityF);  // NaN too: NaN either way
           float g = 0.0f;
-          if (!double_map) {
+          if (!refined) {
             if (of_tanh) {  // exp_tanh: the functions from t = tanh x
               g = kn::element_gradient_f32<kKl, kFmse, kLogdet>(
                   v.alpha, v.rho, on, inv_tau_f, kn::element_backward_f32_of_tanh<kKl, kFmse, kLogdet>(v.tanh), row,
@@ -202,7 +204,7 @@ __global__ void __launch_bounds__(gradient_threads(kFloat32),
                                                             row, column[cc]);
             }
           }
-          if (double_map || !(fabsf(g) <= kFloatMaxF)) {
+          if (refined || !(fabsf(g) <= kFloatMaxF)) {
             rare[cc] |= row_bit;  // stored after the chunk's rows
           } else {
             store_gradient<GStored>(a.grad, a.grad_kind, grad_at + 32 * cc, g);
@@ -216,7 +218,7 @@ __global__ void __launch_bounds__(gradient_threads(kFloat32),
           largest = fmaxf(largest, rare_chunk_gradients<SStored, GStored, kKl, kFmse, kLogdet>(
                                        a.s, a.evidence, a.inv_tau, a.row_constants, a.n_rows, a.col_constants,
                                        a.n_cols, a.grad, a.grad_kind, a.grad_ld, chunk, j0 + 32 * cc,
-                                       chunk_target_delta - 32 * cc, rare[cc], inv_tau_f));
+                                       chunk_target_delta - 32 * cc, rare[cc], inv_tau_f, inv_tau_lo));
         }
       }
       __syncthreads();

@@ -135,11 +135,13 @@ inline bool float32_elements(const SimilarityView& s, double inv_tau) {
 // α and ρ of one element on the float32 path ("float32 evidence"): the float32 map at
 // x = s·(1/τ), a float32 product, except where its α leaves float32 (exp evidence beyond x = 88.7)
 // or at a line's target, whose α enters ψ(α_y) and the strength (the CPU keeps every α in double):
-// there the double map at x = s/τ formed in double, and beyond FLT_MAX the double element
-// functions too. The kernels test for those rare elements with the float32 map in the loop and
-// only mark them there; each is handled after its stage (forward) or chunk (backward) of rows, in
-// one out-of-line call per stage or chunk that has any (forward_kernels.cu rare_stage_sums,
-// backward_kernels.cu rare_chunk_gradients).
+// there α in double from float arithmetic (evidence.h rare_evidence: x split into two floats, the
+// float map refined to it, or beyond FLT_MAX e^x = e_r·2^n with 2^n in the exponent field) and,
+// beyond FLT_MAX, the float element functions of ln α; no FP64 multiply or FMA but the double line
+// shares of an element whose float gradient is not finite. The kernels test for those rare elements
+// with the float32 map in the loop and only mark them there; each is handled after its stage
+// (forward) or chunk (backward) of rows, in one out-of-line call per stage or chunk that has any
+// (forward_kernels.cu rare_stage_sums, backward_kernels.cu rare_chunk_gradients).
 
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll

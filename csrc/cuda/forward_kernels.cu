@@ -99,26 +99,24 @@ struct ElementStats {
   kn::ElementForward f;
 };
 
-template <bool kKl, bool kFmse, bool kLogdet>
-__device__ __forceinline__ ElementStats element_stats_f64(double alpha) {
-  const double scaled = alpha * kn::kSquareScale;
-  return ElementStats{alpha, scaled * scaled, kn::element_forward<kKl, kFmse, kLogdet>(alpha)};
-}
-
 // The float32 path's statistics of an α <= FLT_MAX from its float32 functions f, widened.
 __device__ __forceinline__ ElementStats element_stats_f32(float alpha_f, double alpha, const kn::ElementForwardF32& f) {
   return ElementStats{alpha, kn::square_statistic(alpha_f), kn::widen_from_float(alpha_f, f)};
 }
 
 // A rare element of the float32 path (device_common.cuh: float32 evidence): a line's target, or
-// an α beyond float32. α from the double map; its functions the float32 ones of float(α), or
-// beyond FLT_MAX the double ones.
+// an α beyond float32. α in double from float arithmetic (evidence.h rare_evidence: x = s/τ split
+// into two floats); its functions the float32 ones of float(α), or beyond FLT_MAX those of ln α,
+// with α² and α(α + 1)ψ1 formed without FP64 multiplies.
 template <bool kKl, bool kFmse, bool kLogdet>
-__device__ __forceinline__ ElementStats rare_element_stats(int kind, float s, double inv_tau) {
-  const kn::EvidenceValue d = evidence_of(kind, static_cast<double>(s) * inv_tau);
-  if (!(d.alpha <= kFloatMax)) return element_stats_f64<kKl, kFmse, kLogdet>(d.alpha);  // NaN too
-  const float alpha_f = static_cast<float>(d.alpha);
-  return element_stats_f32(alpha_f, d.alpha, kn::element_forward_f32<kKl, kFmse, kLogdet>(alpha_f));
+__device__ __forceinline__ ElementStats rare_element_stats(int kind, float s, float inv_tau_f, float inv_tau_lo) {
+  const kn::RareEvidence r = kn::rare_evidence_of_kind(kind, evidence_of(kind, s * inv_tau_f),
+                                                       kn::split_product(s, inv_tau_f, inv_tau_lo), s, inv_tau_f);
+  if (r.beyond) {
+    return ElementStats{r.alpha, kn::square_statistic_of_double(r.alpha),
+                        kn::widen_beyond_float(r.alpha, kn::element_forward_f32_of_log<kKl, kFmse, kLogdet>(r.log_alpha))};
+  }
+  return element_stats_f32(r.alpha_f, r.alpha, kn::element_forward_f32<kKl, kFmse, kLogdet>(r.alpha_f));
 }
 
 // Where a line's target α goes (ForwardArgs' statistics; nullptr: that direction not computed).
@@ -174,8 +172,8 @@ struct ColumnSums {
 // place in the sums is fixed by the stage (after the stage's other rows), so results stay
 // run-to-run exact.
 template <typename Stored, int kColumns, int kStageRows, bool kKl, bool kFmse, bool kLogdet>
-__device__ EO_OUT_OF_LINE ColumnSums<kColumns> rare_stage_sums(const SimilarityView s, int evidence, double inv_tau,
-                                                               const TargetAlphas to, unsigned int rare,
+__device__ EO_OUT_OF_LINE ColumnSums<kColumns> rare_stage_sums(const SimilarityView s, int evidence, float inv_tau_f,
+                                                               float inv_tau_lo, const TargetAlphas to, unsigned int rare,
                                                                const StageStart stage, std::int64_t j0,
                                                                double (*lane_rows)[kStageLanes], int lane,
                                                                bool want_rows) {
@@ -188,8 +186,8 @@ __device__ EO_OUT_OF_LINE ColumnSums<kColumns> rare_stage_sums(const SimilarityV
     const int sr = bit / kColumns, cc = bit % kColumns;
     const std::int64_t at = stage.at0 + sr * s.row_stride + cc * 32 * s.col_stride;
     const bool target = stage.target_delta + sr * stage.target_step == 32 * cc;
-    const ElementStats e =
-        rare_element_stats<kKl, kFmse, kLogdet>(evidence, load_similarity<float, Stored>(s, at), inv_tau);
+    const ElementStats e = rare_element_stats<kKl, kFmse, kLogdet>(evidence, load_similarity<float, Stored>(s, at),
+                                                                   inv_tau_f, inv_tau_lo);
     double c[kStatSlots] = {};
     add_element<kKl, kFmse, kLogdet>(to, stage.line + sr, j0 + 32 * cc, target, e.alpha, e.square, e.f, c);
     int compact = 0;
@@ -220,6 +218,7 @@ __global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(
   const bool want_rows = a.row_partial != nullptr;  // uniform over the launch
   const RowRange range = group_rows(a.s.rows);
   const float inv_tau_f = static_cast<float>(a.inv_tau);  // narrowed once (float32 path only)
+  const float inv_tau_lo = static_cast<float>(a.inv_tau - static_cast<double>(inv_tau_f));  // rare elements' x
   const bool of_tanh = tanh_evidence<kEvidence>(a.evidence);  // uniform over the launch
   const TargetAlphas targets{a.row_stats, a.row_stride, a.col_stats, a.col_stride};
 
@@ -306,7 +305,7 @@ __global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(
       if constexpr (kFloat32) {
         if (rare != 0) {
           const ColumnSums<kColumns> r = rare_stage_sums<Stored, kColumns, kStageRows, kKl, kFmse, kLogdet>(
-              a.s, a.evidence, a.inv_tau, targets, rare, stage, j0, lane_rows[warp], lane, want_rows);
+              a.s, a.evidence, inv_tau_f, inv_tau_lo, targets, rare, stage, j0, lane_rows[warp], lane, want_rows);
 #pragma unroll
           for (int cc = 0; cc < kColumns; ++cc) {
 #pragma unroll

@@ -119,6 +119,17 @@ EO_HOST_DEVICE ElementForwardF32 element_forward_f32(float alpha) {
   }
 }
 
+// The same at an α beyond FLT_MAX given ln α (evidence.h rare_evidence): the series of
+// polygammas_of_log, whose scaled functions are exact there (αψ1 = 1 in float).
+template <bool kKl, bool kFmse, bool kLogdet>
+EO_HOST_DEVICE ElementForwardF32 element_forward_f32_of_log(float log_alpha) {
+  if constexpr (kKl || kFmse || kLogdet) {
+    return element_forward_f32<kKl, kFmse, kLogdet>(log_alpha, polygammas_of_log(log_alpha));
+  } else {
+    return ElementForwardF32{0.0f, 0.0f, 0.0f, 0.0f};
+  }
+}
+
 // The same at α = 1 + e^t for exp_tanh evidence, from t = tanh x (evidence.h EvidenceValueOf::tanh):
 // one polynomial in t per function, no logarithm (special_functions_f32.h "of_tanh").
 template <bool kKl, bool kFmse, bool kLogdet>
@@ -156,6 +167,17 @@ EO_HOST_DEVICE ElementForward widen_from_float(float alpha, const ElementForward
   return out;
 }
 
+// The same for a double α beyond FLT_MAX (the float functions of ln α): α(α + 1)ψ1 as α + 1,
+// αψ1 = 1 + 1/(2α) + … being 1 in float from α = 2^25 on; still no FP64 multiply.
+EO_HOST_DEVICE ElementForward widen_beyond_float(double alpha, const ElementForwardF32& f) {
+  ElementForward out;
+  out.kl_h = static_cast<double>(f.kl_h_plus_one) - 1.0;
+  out.fisher = alpha + 1.0;
+  out.log_trigamma = f.log_trigamma;
+  out.remainder = f.remainder;
+  return out;
+}
+
 // (α·kSquareScale)² of the mse statistic from a float α >= 1, with no FP64 multiply: α² spans 256
 // binades, more than float's 254 normal ones, so α >= 2^62 is scaled by 2^-66 before squaring, and
 // the remaining power of two (2^-1022, or 2^(132 − 1022) after that scaling) is subtracted from the
@@ -167,6 +189,17 @@ EO_HOST_DEVICE double square_statistic(float alpha) {
   const double square = static_cast<double>(t * t);
   const std::uint64_t shift = select(big, std::uint64_t{1022 - 132}, std::uint64_t{1022});
   return select(square < __builtin_inf(), double_of(bits_of(square) - (shift << 52)), square);
+}
+
+// The same for a double α beyond FLT_MAX, with no FP64 multiply: α = m·2^E, m ∈ [1, 2) rounded to
+// float (α from rare_evidence has a float's mantissa: exact) and squared in float, one rounding;
+// 2^(2E − 1022) put in the exponent field (normal: E >= 128). +inf where the double product
+// overflows (α >= 2^1023), NaN and +inf unchanged.
+EO_HOST_DEVICE double square_statistic_of_double(double alpha) {
+  if (!(alpha < __builtin_inf())) return alpha;
+  const std::int64_t exponent = static_cast<std::int64_t>((bits_of(alpha) >> 52) & 0x7FF) - 1023;
+  const float mantissa = static_cast<float>(double_of((bits_of(alpha) & 0x000FFFFFFFFFFFFFULL) | 0x3FF0000000000000ULL));
+  return scaled_by_power_of_two(static_cast<double>(mantissa * mantissa), 2 * exponent - 1022);
 }
 
 struct ElementBackwardF32 {
@@ -194,6 +227,16 @@ template <bool kKl, bool kFmse, bool kLogdet>
 EO_HOST_DEVICE ElementBackwardF32 element_backward_f32(float alpha) {
   if constexpr (kKl || kFmse || kLogdet) {
     return element_backward_f32<kKl, kFmse, kLogdet>(alpha, polygammas(alpha));
+  } else {
+    return ElementBackwardF32{0.0f, 0.0f, 0.0f, 0.0f};
+  }
+}
+
+// The same beyond FLT_MAX given ln α (see element_forward_f32_of_log).
+template <bool kKl, bool kFmse, bool kLogdet>
+EO_HOST_DEVICE ElementBackwardF32 element_backward_f32_of_log(float log_alpha) {
+  if constexpr (kKl || kFmse || kLogdet) {
+    return element_backward_f32<kKl, kFmse, kLogdet>(log_alpha, polygammas_of_log(log_alpha));
   } else {
     return ElementBackwardF32{0.0f, 0.0f, 0.0f, 0.0f};
   }

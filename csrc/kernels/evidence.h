@@ -114,5 +114,104 @@ EO_HOST_DEVICE EvidenceValueOf<T> evidence_value_of_kind(int kind, T x) {
   return with_evidence_kind(kind, EvidenceValueAt<T>{x});
 }
 
+// ---- A rare element's α in double without FP64 multiplies (the CUDA float32 path's rare elements:
+// a line's target, an α beyond FLT_MAX; SPEC §2 "Float32 element math").
+
+// x = s·(1/τ) as an unevaluated float sum hi + lo: hi = s·ih, the float32 path's own x (ih = 1/τ
+// rounded to float), lo = its rounding error (exact by an FMA) plus s·il (il = 1/τ − ih). x then
+// carries about 48 bits: an α at a target no longer inherits hi's relative rounding, |x|·2^-24
+// (1.2e-5 at x = 99, where a line's risk is a ratio of its target's α to the rest).
+struct SplitProductF32 {
+  float hi, lo;
+};
+
+EO_HOST_DEVICE float fma_exact(float a, float b, float c) {
+#if defined(__CUDA_ARCH__)
+  return __fmaf_rn(a, b, c);
+#else
+  return __builtin_fmaf(a, b, c);
+#endif
+}
+
+EO_HOST_DEVICE SplitProductF32 split_product(float s, float inv_tau_hi, float inv_tau_lo) {
+  const float hi = s * inv_tau_hi;
+  return SplitProductF32{hi, fma_exact(s, inv_tau_hi, -hi) + s * inv_tau_lo};
+}
+
+// v·2^k for a normal double v >= 0, k added to its exponent field (no multiply): +inf where the
+// exponent would pass 1023, 0 where it would leave the normal range (subnormal results are not
+// formed: the callers' are far from them). 0, +inf and NaN come back unchanged.
+EO_HOST_DEVICE double scaled_by_power_of_two(double v, std::int64_t k) {
+  const std::int64_t old_field = static_cast<std::int64_t>((bits_of(v) >> 52) & 0x7FF);
+  const std::int64_t field = old_field + k;
+  if (old_field == 0 || old_field == 0x7FF) return v;
+  if (field >= 0x7FF) return __builtin_inf();
+  return field <= 0 ? 0.0 : double_of(bits_of(v) + (static_cast<std::uint64_t>(k) << 52));
+}
+
+// α, ρ of a rare element, in double, from float arithmetic alone.
+struct RareEvidence {
+  double alpha;     // α (the value the line sums take; a target's is stored as α_target)
+  double rho;       // ρ = g'(x)/α
+  float alpha_f;    // α rounded to float (+inf beyond FLT_MAX): the float element functions' argument
+  float log_alpha;  // ln α where α > FLT_MAX (the functions' argument there, polygammas_of_log)
+  bool beyond;      // α > FLT_MAX (or NaN)
+};
+
+// The float map v at x.hi (evidence_value), refined to x = hi + lo: α + α'(hi)·lo, α' = g' = ρ·α,
+// the product in float and the sum in double. Its error is the float map's (SPEC §2: within 7, 1,
+// 5 and 14 units of 2^-24 for exp, relu, softplus and exp_tanh), not |x|·2^-24 more; the dropped
+// second-order term is below (lo·α')²/α ≈ 2^-48·x². Beyond FLT_MAX (v.alpha infinite):
+// - exp: e^x = e_r·2^n, n = round(hi/ln 2), r = hi − n·ln 2 in float (Cody-Waite, exact for
+//   n < 2^15) plus lo, e_r = e^r·(1 + lo)'s float, 2^n put in the exponent field; ρ = 1
+//   (e/(e + 1) = 1 in double from e = 2^53 on); ln α = hi + lo rounded (ln(e^x + 1) = x there);
+// - relu and softplus (x itself beyond FLT_MAX: |s|/τ > 3.4e38): α = x + 1 = x in double from the
+//   product scaled by 2^-64, ρ = 1/α (g' = 1) from its float reciprocal, ln α = ln(x·2^-64) + 64 ln 2.
+// exp_tanh's α never leaves [1.37, 3.72]. A NaN x gives NaN throughout.
+template <EvidenceKind kKind>
+EO_HOST_DEVICE RareEvidence rare_evidence(const EvidenceValueF32& v, SplitProductF32 x, float s, float inv_tau_hi) {
+  RareEvidence out;
+  out.beyond = !(v.alpha < __builtin_inff());
+  if (!out.beyond) {
+    out.alpha = static_cast<double>(v.alpha) + static_cast<double>(v.alpha * v.rho * x.lo);
+    out.rho = v.rho;
+    out.alpha_f = static_cast<float>(out.alpha);
+    out.log_alpha = 0.0f;
+    return out;
+  }
+  if constexpr (kKind == EvidenceKind::kExp) {
+    const float hi = min_of(x.hi, 1000.0f);  // e^1000 is beyond double: +inf below, from n
+    const ExpPartsF32 parts = exp_parts_f(hi);
+    const float reduced = parts.e_r + parts.e_r * x.lo;  // e^(r + lo), |lo| <= 2^-14 here
+    out.alpha = scaled_by_power_of_two(static_cast<double>(reduced), parts.k) + 1.0;
+    out.rho = 1.0;
+    out.log_alpha = x.hi + x.lo;
+  } else {
+    const float scaled = (s * 0x1p-64f) * inv_tau_hi;  // x·2^-64, s·2^-64 exact
+    out.alpha = scaled_by_power_of_two(static_cast<double>(scaled), 64) + 1.0;
+    out.rho = scaled_by_power_of_two(static_cast<double>(approx_reciprocal(scaled)), -64);
+    out.log_alpha = log_f(scaled) + 64.0f * 0.693147182f;
+  }
+  out.alpha_f = __builtin_inff();
+  if (!(x.hi == x.hi)) out.alpha = out.rho = out.log_alpha = x.hi;  // NaN s
+  return out;
+}
+
+// The same for a run-time kind (with_evidence_kind; a function object, as EvidenceValueAt).
+struct RareEvidenceAt {
+  EvidenceValueF32 v;
+  SplitProductF32 x;
+  float s, inv_tau_hi;
+  template <typename Kind>
+  EO_HOST_DEVICE RareEvidence operator()(Kind) const {
+    return rare_evidence<Kind::value>(v, x, s, inv_tau_hi);
+  }
+};
+
+EO_HOST_DEVICE RareEvidence rare_evidence_of_kind(int kind, const EvidenceValueF32& v, SplitProductF32 x, float s,
+                                                  float inv_tau_hi) {
+  return with_evidence_kind(kind, RareEvidenceAt{v, x, s, inv_tau_hi});
+}
+
 }  // namespace EO_ISA
 }  // namespace evidential_ops

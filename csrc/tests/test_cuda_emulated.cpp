@@ -109,6 +109,23 @@ kn::ElementBackwardF32 backward_of_tanh_any(ec::TermFlags t, float tanh) {
   return out;
 }
 
+// The element functions beyond FLT_MAX from ln α (element_terms.h element_*_f32_of_log).
+kn::ElementForwardF32 forward_of_log_any(ec::TermFlags t, float log_alpha) {
+  kn::ElementForwardF32 out{};
+  kn::with_term_flags(t, [&](auto kl, auto fmse, auto logdet) {
+    out = kn::element_forward_f32_of_log<decltype(kl)::value, decltype(fmse)::value, decltype(logdet)::value>(log_alpha);
+  });
+  return out;
+}
+
+kn::ElementBackwardF32 backward_of_log_any(ec::TermFlags t, float log_alpha) {
+  kn::ElementBackwardF32 out{};
+  kn::with_term_flags(t, [&](auto kl, auto fmse, auto logdet) {
+    out = kn::element_backward_f32_of_log<decltype(kl)::value, decltype(fmse)::value, decltype(logdet)::value>(log_alpha);
+  });
+  return out;
+}
+
 // ---------------------------------------------------------------- the float32 path, element by element
 
 constexpr double kFloatMax = 3.4028234663852886e38;
@@ -116,14 +133,16 @@ constexpr double kFloatMax = 3.4028234663852886e38;
 bool float32_elements(ec::ScalarKind kind) { return kind != ec::ScalarKind::kFloat64; }
 
 // α and ρ of one element as the float32 path forms them (device_common.cuh: float32 evidence): the
-// float32 map at x = s·float(1/τ), the double map at a line's target and where that α leaves float32.
+// float32 map at x = s·float(1/τ); at a line's target and where that α leaves float32, evidence.h
+// rare_evidence (x split into two floats, α in double from float arithmetic).
 struct PathEvidence {
   float alpha_f, rho_f;  // the float32 functions' argument, and ρ
   double alpha, rho;     // what the line sums and the double math see
-  bool beyond;           // α > FLT_MAX: float64 element math
-  bool rare;             // the double map (a target, or the float32 α infinite)
+  bool beyond;           // α > FLT_MAX: the functions of ln α, the gradient's shares in double
+  bool rare;             // rare_evidence (a target, or the float32 α infinite)
   float tanh = 0.0f;     // exp_tanh: t = tanh x of the float map
   bool of_tanh = false;  // the element functions from t (exp_tanh, not rare)
+  float log_alpha = 0.0f;  // beyond FLT_MAX: ln α, the functions' argument
   double at() const { return beyond ? alpha : alpha_f; }  // α of the line sums and of p = α/S
   double rho_at() const { return beyond ? rho : rho_f; }
   // The α at which the element functions are evaluated: 1 + e^t exactly for the functions of t,
@@ -133,13 +152,16 @@ struct PathEvidence {
 
 PathEvidence float32_path(int kind, double s, double inv_tau, bool target) {
   const float sf = static_cast<float>(s);  // a stored float32 or half value: exact
-  const kn::EvidenceValueF32 v = kn::evidence_value_of_kind(kind, sf * static_cast<float>(inv_tau));
+  const float inv_tau_f = static_cast<float>(inv_tau);
+  const float inv_tau_lo = static_cast<float>(inv_tau - static_cast<double>(inv_tau_f));
+  const kn::EvidenceValueF32 v = kn::evidence_value_of_kind(kind, sf * inv_tau_f);
   PathEvidence e{v.alpha, v.rho, v.alpha, v.rho, false, false, v.tanh,
                  kind == static_cast<int>(kn::EvidenceKind::kExpTanh)};
   if (target || !(v.alpha < std::numeric_limits<float>::infinity())) {
-    const kn::EvidenceValue d = kn::evidence_value_of_kind(kind, static_cast<double>(sf) * inv_tau);
-    e = PathEvidence{static_cast<float>(d.alpha), static_cast<float>(d.rho), d.alpha, d.rho, !(d.alpha <= kFloatMax),
-                     true};
+    const kn::RareEvidence r =
+        kn::rare_evidence_of_kind(kind, v, kn::split_product(sf, inv_tau_f, inv_tau_lo), sf, inv_tau_f);
+    e = PathEvidence{r.alpha_f, static_cast<float>(r.rho), r.alpha, r.rho, r.beyond, true};
+    e.log_alpha = r.log_alpha;
   }
   return e;
 }
@@ -157,7 +179,10 @@ Contribution contribution_f64(ec::TermFlags flags, double alpha) {
 
 // As the float32 path computes it.
 Contribution contribution_f32(ec::TermFlags flags, const PathEvidence& e) {
-  if (e.beyond) return contribution_f64(flags, e.alpha);
+  if (e.beyond) {
+    return Contribution{e.alpha, kn::square_statistic_of_double(e.alpha),
+                        kn::widen_beyond_float(e.alpha, forward_of_log_any(flags, e.log_alpha))};
+  }
   return Contribution{e.alpha, kn::square_statistic(e.alpha_f),
                       kn::widen_from_float(e.alpha_f, e.of_tanh ? forward_of_tanh_any(flags, e.tanh)
                                                                 : forward_any(flags, e.alpha_f))};
@@ -445,7 +470,13 @@ float gradient_f32(ec::TermFlags flags, const PathEvidence& e, bool on, const kn
       return g;
     }
   }
-  return static_cast<float>(gradient_f64(flags, e.at(), e.rho_at(), on, row, col, inv_tau));
+  // The double redo: line_share in double, the element factors the float32 functions' (of ln α
+  // beyond FLT_MAX) widened.
+  const kn::ElementBackward f = kn::widen(e.beyond ? backward_of_log_any(flags, e.log_alpha) : backward_any(flags, e.alpha_f));
+  const double on_target = on ? 1.0 : 0.0;
+  return static_cast<float>((kn::line_share(e.at(), 1.0 - on_target, on_target, f, row) +
+                             kn::line_share(e.at(), 1.0 - on_target, on_target, f, col)) *
+                            e.rho_at() * inv_tau);
 }
 
 kn::LineGradient line_of(const std::vector<double>& constants, std::int64_t n, std::int64_t i) {
@@ -712,8 +743,9 @@ MapBounds map_bounds(int kind, double x, const kn::EvidenceValue& d) {
 //   fisher: α·(αψ1) + αψ1 in float, αψ1 within kUlpsXTrigamma ulps (<= 2·1.18 kU relative, αψ1 ∈
 //           [1, 1.645]) plus two roundings;
 //   ln ψ1, r: within their ulps.
-// Elements whose α exceeds FLT_MAX are float64 math in the kernels as here: no allowance. The float64
-// reference's own error (test_kernels.cpp: 2e-14 relative with the floors of its cancelling forms)
+// Elements whose α exceeds FLT_MAX take the same bounds: the float functions of ln α (their ulps, the
+// series' limits exact), α² from α's float mantissa (one rounding), α(α + 1)ψ1 as α + 1 (off by
+// 1/(2α) relative, nothing). The float64 reference's own error (test_kernels.cpp: 2e-14 relative with the floors of its cancelling forms)
 // is added, and the sums, reordered, each within (terms)·2^-53 of Σ|terms|.
 struct Accuracy {
   Stats want, tol;
@@ -744,13 +776,11 @@ Accuracy reference_at_path_alpha(const Stored& s, int evidence, double inv_tau, 
       const double h = c.f.kl_h, fisher = c.f.fisher, lt = c.f.log_trigamma, r = c.f.remainder;
       double value[7] = {0.0, e.alpha, h, c.square, fisher, lt, r};
       double tol[7] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
-      if (!e.beyond) {
-        tol[kn::kSquares] = kU * c.square;
-        tol[kn::kKlH] = kUlpsHPlusOne * ulp32(h + 1.0) + 0x1p-53 + 2e-14 * (std::fabs(h) + 31.0);
-        tol[kn::kFisher] = ((2 * kUlpsXTrigamma + 2) * kU + 2e-14) * fisher;
-        tol[kn::kLogTrigamma] = kUlpsLogTrigamma * ulp32(lt) + 2e-14 * (std::fabs(lt) + 1.0);
-        tol[kn::kRemainder] = kUlpsRemainder * ulp32(r) + 2e-14 * (std::fabs(r) + (at < 30.0 ? at : 0.0));
-      }
+      tol[kn::kSquares] = kU * c.square;
+      tol[kn::kKlH] = kUlpsHPlusOne * ulp32(h + 1.0) + 0x1p-53 + 2e-14 * (std::fabs(h) + 31.0);
+      tol[kn::kFisher] = ((2 * kUlpsXTrigamma + 2) * kU + 2e-14) * fisher;
+      tol[kn::kLogTrigamma] = kUlpsLogTrigamma * ulp32(lt) + 2e-14 * (std::fabs(lt) + 1.0);
+      tol[kn::kRemainder] = kUlpsRemainder * ulp32(r) + 2e-14 * (std::fabs(r) + (at < 30.0 ? at : 0.0));
       const bool summed[7] = {false, !target, flags.kl && !target, !target, flags.fmse && !target, flags.logdet,
                               flags.logdet};
       for (int k = 1; k < 7; ++k) {
@@ -898,10 +928,12 @@ std::vector<float> kernel_gradient(const Stored& s, int evidence, double inv_tau
 // Which way the float32 path takes an element (counted, so that the test shows it reached each).
 enum Route { kFloatRoute, kTargetRoute, kTargetBeyondRoute, kEdgeRoute, kBeyondRoute, kNonFiniteRoute, kRoutes };
 
+// The edge: the float32 map's α infinite, the refined double one still below FLT_MAX (x just past
+// 88.72 with its low part negative), taken beyond FLT_MAX all the same (functions of ln α).
 Route route_of(const PathEvidence& e, bool target) {
+  if (e.beyond && !target && e.alpha <= kFloatMax) return kEdgeRoute;
   if (e.beyond) return target ? kTargetBeyondRoute : kBeyondRoute;
-  if (target) return kTargetRoute;
-  return e.rare ? kEdgeRoute : kFloatRoute;
+  return target ? kTargetRoute : kFloatRoute;
 }
 
 void test_float32_accuracy(std::mt19937_64& rng) {
@@ -1021,17 +1053,16 @@ void test_float32_accuracy(std::mt19937_64& rng) {
           const double got_g = grad[i * k + j];
           const std::string at = what + ", ∂L/∂s(" + std::to_string(i) + ", " + std::to_string(j) + ")";
           const float want_f = static_cast<float>(want);
-          double tol = 0.0;
-          if (!e.beyond) {
-            const kn::ElementBackward f = backward_any(flags, e.functions_at());
-            const double magnitude = share_magnitude(e.at(), on ? 1.0 : 0.0, f, row) +
-                                     share_magnitude(e.at(), on ? 1.0 : 0.0, f, col);
-            tol = ((kGradientUlps * kU + 1e-13) * magnitude + share_floor(e.at(), row) + share_floor(e.at(), col)) *
-                      e.rho_at() * inv_tau +
-                  0x1p-150 * (inv_tau + 1.0);
-          }
-          // Beyond FLT_MAX (and where the float coefficient is not finite) the kernels compute this
-          // very double value: it must come out as its float rounding.
+          // Beyond FLT_MAX (and where the float coefficient is not finite) the kernels' double
+          // shares carry the float element factors' ulps only: within the same bound, plus the
+          // rounding of the double value to float.
+          const kn::ElementBackward f = backward_any(flags, e.functions_at());
+          const double magnitude = share_magnitude(e.at(), on ? 1.0 : 0.0, f, row) +
+                                   share_magnitude(e.at(), on ? 1.0 : 0.0, f, col);
+          const double tol =
+              ((kGradientUlps * kU + 1e-13) * magnitude + share_floor(e.at(), row) + share_floor(e.at(), col)) *
+                  e.rho_at() * inv_tau +
+              0x1p-150 * (inv_tau + 1.0);
           const bool ok = std::isinf(want_f) ? got_g == want_f
                                              : std::fabs(got_g - want) <= tol + std::fabs(want_f - want);
           if (!ok) expect(false, at + ": got " + std::to_string(got_g) + " want " + std::to_string(want) + " ± " + std::to_string(tol));
@@ -1076,7 +1107,7 @@ void test_float32_accuracy(std::mt19937_64& rng) {
   std::printf("  (c) ∂L/∂s   vs float64 reference: %.2e of its largest magnitude (tolerance 1e-04; %s)\n", grad_c_error,
               grad_c.where.c_str());
   std::printf("  elements of the backward by route: float32 %ld, target %ld, target beyond FLT_MAX %ld, float32 α\n"
-              "  infinite but double α below FLT_MAX %ld, beyond FLT_MAX %ld, float coefficient not finite %ld\n",
+              "  infinite but the refined α below FLT_MAX %ld, beyond FLT_MAX %ld, float coefficient not finite %ld\n",
               routes[kFloatRoute], routes[kTargetRoute], routes[kTargetBeyondRoute], routes[kEdgeRoute],
               routes[kBeyondRoute], routes[kNonFiniteRoute]);
   for (int r = 0; r < kRoutes; ++r) expect(routes[r] > 0, "the hard regime reaches route " + std::to_string(r));
