@@ -61,6 +61,7 @@ from .special import (
     polygammas,
     polygammas_scaled,
     pow2,
+    refined_alpha_f64,
     scaled_argument,
     scaled_product_f32,
     scaled_square_f64,
@@ -345,12 +346,12 @@ def stats_kernel(
                     _rmw_partial(part + (SLOT_LT + 1) * n_other, cols, cmask, tl.sum(rr_c, 0))
         if HAS_TARGET and not F64:
             # A line's target α enters its finalisation alone (ψ(S) − ψ(α_y) of the risk, α̃_y of the
-            # KL): float64 from s (x = s/τ in float64), as the reference has it, once per line after
-            # the sweep, where it adds nothing to the registers of the element loop.
+            # KL): float64 from s refined to x = s/τ in two floats (refined_alpha_f64: no float64
+            # product), once per line after the sweep, where it adds nothing to the registers of the
+            # element loop.
             target_col = rows + t_off
             has_target = rmask & (target_col >= 0) & (target_col < n_other)
-            a_t, k_t, _rho_t = evidence_alpha(tl.sum(target_s, 1), inv_tau, EVIDENCE, tl.float64)
-            acc_target = tl.where(has_target, a_t * pow2(k_t, a_t), 0.0)
+            acc_target = tl.where(has_target, refined_alpha_f64(tl.sum(target_s, 1), inv_tau, EVIDENCE), 0.0)
             if OTHER:
                 tl.store(other_ptr + target_col, acc_target, mask=has_target)
         if OWN:

@@ -770,6 +770,26 @@ def alpha_f64_of_f32(alpha, e_r, n, beyond):
 
 
 @triton.jit
+def refined_alpha_f64(s, inv_tau64, EVIDENCE: tl.constexpr):
+    """α in float64 of a line's target at x = s/τ with no float64 product or FMA (csrc/kernels/
+    evidence.h rare_evidence, SPEC §2 "Float32 element math"): x = hi + lo as two float32 (hi =
+    s·float(1/τ) rounded once, lo its rounding error by an FMA plus s·(1/τ − float(1/τ))), the float32
+    map at hi (`evidence_f32`) refined to first order, α + α·ρ·lo (α' = g' = ρ·α: the product in
+    float32, the sum in float64), or beyond FLT_MAX (exp evidence) e_r·(1 + lo)·2^n with 2^n in the
+    exponent bits (`alpha_f64_of_f32`). Its error is the float32 map's, not hi's |x|·2^-24 more (the
+    risk is a ratio of the target's α to the rest of the line). Relu and softplus keep α = +inf where
+    x itself leaves float32 (|s|/τ > 3.4e38)."""
+    inv_tau_hi = inv_tau64.to(tl.float32)
+    inv_tau_lo = (inv_tau64 - inv_tau_hi.to(tl.float64)).to(tl.float32)
+    hi = rounded_product_f32(s, inv_tau_hi)
+    lo = tl.fma(s, inv_tau_hi, -hi) + s * inv_tau_lo
+    alpha, rho, e_r, n, beyond, _t = evidence_f32(hi, EVIDENCE)
+    refined = alpha.to(tl.float64) + (alpha * rho * lo).to(tl.float64)
+    far = alpha_f64_of_f32(alpha, tl.fma(e_r, lo, e_r), n, beyond)
+    return tl.where(beyond, far, refined)
+
+
+@triton.jit
 def scaled_square_f64(a_m, a_k):
     """(α·2^-511)² in float64, the MSE statistic's element (SPEC §2 mse; line_terms.h kSquareScale), of
     α = a_m·2^a_k (a_m float32 >= 0.7, a_k int32 >= 0, a_m >= 1 where a_k = 0): the mantissa squared
