@@ -46,19 +46,32 @@ def memory_table(path: pathlib.Path) -> str:
 
 
 def paired_table(path: pathlib.Path) -> str:
-    """Markdown table of the fused-against-floor entries measured interleaved (bench/test_bench_loss.py)."""
+    """Markdown tables of the entries measured interleaved (bench/test_bench_loss.py): fused against
+    the floor, and fused against the floor and torch.compile."""
     data = json.loads(path.read_text())
     rows = [b["extra_info"] for b in data["benchmarks"] if "paired_rounds" in b.get("extra_info", {})]
-    if not rows:
-        return ""
-    lines = ["| loss | K | backend | fused ms | floor ms | fused ÷ floor |", "|---|---|---|---|---|---|"]
-    for r in sorted(rows, key=lambda r: (r["k"], r["case"], r["impl"])):
-        lines.append(f"| {r['case']} | {r['k']} | {r['impl']} | {r['fused_seconds'] * 1e3:.1f} | "
-                     f"{r['floor_seconds'] * 1e3:.1f} | {r['fused_seconds'] / r['floor_seconds']:.2f} |")
-    rounds = rows[0]["paired_rounds"]
-    return ("\n\nFused against the floor measured paired (the two steps alternating in one loop, fastest of "
-            f"{rounds} rounds each; the table above times each implementation in its own block of rounds, "
-            "between which a shared machine's speed drifts):\n\n" + "\n".join(lines))
+    with_floor = [r for r in rows if "compiled_seconds" not in r]
+    with_compiled = [r for r in rows if "compiled_seconds" in r]
+    out = ""
+    if with_floor:
+        lines = ["| loss | K | backend | fused ms | floor ms | fused ÷ floor |", "|---|---|---|---|---|---|"]
+        for r in sorted(with_floor, key=lambda r: (r["k"], r["case"], r["impl"])):
+            lines.append(f"| {r['case']} | {r['k']} | {r['impl']} | {r['fused_seconds'] * 1e3:.1f} | "
+                         f"{r['floor_seconds'] * 1e3:.1f} | {r['fused_seconds'] / r['floor_seconds']:.2f} |")
+        out += ("\n\nFused against the floor measured paired (the two steps alternating in one loop, fastest of "
+                f"{with_floor[0]['paired_rounds']} rounds each; the table above times each implementation in its own "
+                "block of rounds, between which a shared machine's speed drifts):\n\n" + "\n".join(lines))
+    if with_compiled:
+        lines = ["| loss | K | backend | fused ms | floor ms | compiled ms | fused ÷ floor | compiled ÷ floor | "
+                 "fused vs compiled |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in sorted(with_compiled, key=lambda r: (r["k"], r["case"], r["impl"])):
+            fused, floor, compiled = r["fused_seconds"], r["floor_seconds"], r["compiled_seconds"]
+            lines.append(f"| {r['case']} | {r['k']} | {r['impl']} | {fused * 1e3:.1f} | {floor * 1e3:.1f} | "
+                         f"{compiled * 1e3:.1f} | {fused / floor:.2f} | {compiled / floor:.2f} | {compiled / fused:.2f}× |")
+        out += ("\n\nFused against torch.compile measured paired (fused, floor and compiled steps alternating in one "
+                f"loop, fastest of {with_compiled[0]['paired_rounds']} rounds each; only where compiled is near 3× "
+                "the fused op, bench/test_bench_loss.py):\n\n" + "\n".join(lines))
+    return out
 
 
 def main(argv=None) -> int:

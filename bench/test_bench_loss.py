@@ -8,7 +8,8 @@ All implementations of one run are timed in the same process, so their ratios ar
 numbers from different runs or machines are not. On a shared VM the machine's speed drifts between
 the blocks of rounds pytest-benchmark runs per implementation (the floor's fastest round moved by
 12% between the loss cases of one run), so the fused-to-floor ratio is also measured paired: fused
-and floor steps alternating in one loop (test_fused_against_floor_interleaved, K = 4096).
+and floor steps alternating in one loop (test_fused_against_floor_interleaved, K = 4096), and so is
+the fused op against torch.compile where that ratio is near 3 (test_fused_against_compiled_interleaved).
 """
 
 from __future__ import annotations
@@ -55,4 +56,28 @@ def test_fused_against_floor_interleaved(benchmark, case, impl):
     benchmark.group = f"{case} K={PAIRED_K} paired"
     benchmark.extra_info.update({"case": case, "k": PAIRED_K, "d": D, "impl": impl, "paired_rounds": PAIRED_ROUNDS,
                                  "fused_seconds": best[impl], "floor_seconds": best["floor"],
+                                 "threads": torch.get_num_threads()})
+
+
+# torch.compile of the DUQ reference (mse with relu: a few fused K×K passes besides the three
+# products) is the one compiled step near 3× the fused op; TCL's and UML's take 5 and 48 s a step
+# at K = 4096, 11× and over 100× the fused op, and would make a paired loop last minutes.
+PAIRED_COMPILED_CASES = ["duq"]
+PAIRED_COMPILED_ROUNDS = 10
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("impl", fused_backends("cpu"))
+@pytest.mark.parametrize("case", PAIRED_COMPILED_CASES)
+def test_fused_against_compiled_interleaved(benchmark, case, impl):
+    x, y = make_inputs(PAIRED_K, D)
+    steps = {impl: step_function(impl, LOSS_CASES[case]), "floor": step_function("floor", LOSS_CASES[case]),
+             "compiled": step_function("compiled", LOSS_CASES[case])}
+    best = {}
+    benchmark.pedantic(lambda: best.update(interleaved_minima(steps, x, y, PAIRED_COMPILED_ROUNDS)), rounds=1,
+                       iterations=1)
+    benchmark.group = f"{case} K={PAIRED_K} paired with compiled"
+    benchmark.extra_info.update({"case": case, "k": PAIRED_K, "d": D, "impl": impl,
+                                 "paired_rounds": PAIRED_COMPILED_ROUNDS, "fused_seconds": best[impl],
+                                 "floor_seconds": best["floor"], "compiled_seconds": best["compiled"],
                                  "threads": torch.get_num_threads()})
