@@ -56,74 +56,54 @@ bool close(double got, double want, double rel, double floor) {
 
 // --------------------------------------------------------------------------- dispatch helpers
 
+// The element functions of one term set <A, B, C>: at α (double or float), from exp_tanh's t, and
+// beyond FLT_MAX from ln α (element_terms.h).
 template <bool A, bool B, bool C>
 struct Both {
   static kn::ElementForward f(double a) { return kn::element_forward<A, B, C>(a); }
   static kn::ElementBackward b(double a) { return kn::element_backward<A, B, C>(a); }
   static kn::ElementForwardF32 f(float a) { return kn::element_forward_f32<A, B, C>(a); }
   static kn::ElementBackwardF32 b(float a) { return kn::element_backward_f32<A, B, C>(a); }
+  static kn::ElementForwardF32 f_of_tanh(float t) { return kn::element_forward_f32_of_tanh<A, B, C>(t); }
+  static kn::ElementBackwardF32 b_of_tanh(float t) { return kn::element_backward_f32_of_tanh<A, B, C>(t); }
+  static kn::ElementForwardF32 f_of_log(float l) { return kn::element_forward_f32_of_log<A, B, C>(l); }
+  static kn::ElementBackwardF32 b_of_log(float l) { return kn::element_backward_f32_of_log<A, B, C>(l); }
 };
+
+// call(Both<kl, fmse, logdet>{}) for run-time term flags (kn::with_term_flags), its result.
+template <typename Call>
+auto with_flags(ec::TermFlags t, Call call) {
+  decltype(call(Both<false, false, false>{})) out{};
+  kn::with_term_flags(t, [&](auto kl, auto fmse, auto logdet) {
+    out = call(Both<decltype(kl)::value, decltype(fmse)::value, decltype(logdet)::value>{});
+  });
+  return out;
+}
 
 template <typename T>
 auto forward_any(ec::TermFlags t, T a) {
-  switch ((t.kl ? 1 : 0) | (t.fmse ? 2 : 0) | (t.logdet ? 4 : 0)) {
-    case 0: return Both<false, false, false>::f(a);
-    case 1: return Both<true, false, false>::f(a);
-    case 2: return Both<false, true, false>::f(a);
-    case 3: return Both<true, true, false>::f(a);
-    case 4: return Both<false, false, true>::f(a);
-    case 5: return Both<true, false, true>::f(a);
-    case 6: return Both<false, true, true>::f(a);
-    default: return Both<true, true, true>::f(a);
-  }
+  return with_flags(t, [&](auto fns) { return decltype(fns)::f(a); });
 }
 
 template <typename T>
 auto backward_any(ec::TermFlags t, T a) {
-  switch ((t.kl ? 1 : 0) | (t.fmse ? 2 : 0) | (t.logdet ? 4 : 0)) {
-    case 0: return Both<false, false, false>::b(a);
-    case 1: return Both<true, false, false>::b(a);
-    case 2: return Both<false, true, false>::b(a);
-    case 3: return Both<true, true, false>::b(a);
-    case 4: return Both<false, false, true>::b(a);
-    case 5: return Both<true, false, true>::b(a);
-    case 6: return Both<false, true, true>::b(a);
-    default: return Both<true, true, true>::b(a);
-  }
+  return with_flags(t, [&](auto fns) { return decltype(fns)::b(a); });
 }
 
-// exp_tanh's element functions from t = tanh x (element_terms.h element_*_f32_of_tanh).
 kn::ElementForwardF32 forward_of_tanh_any(ec::TermFlags t, float tanh) {
-  kn::ElementForwardF32 out{};
-  kn::with_term_flags(t, [&](auto kl, auto fmse, auto logdet) {
-    out = kn::element_forward_f32_of_tanh<decltype(kl)::value, decltype(fmse)::value, decltype(logdet)::value>(tanh);
-  });
-  return out;
+  return with_flags(t, [&](auto fns) { return decltype(fns)::f_of_tanh(tanh); });
 }
 
 kn::ElementBackwardF32 backward_of_tanh_any(ec::TermFlags t, float tanh) {
-  kn::ElementBackwardF32 out{};
-  kn::with_term_flags(t, [&](auto kl, auto fmse, auto logdet) {
-    out = kn::element_backward_f32_of_tanh<decltype(kl)::value, decltype(fmse)::value, decltype(logdet)::value>(tanh);
-  });
-  return out;
+  return with_flags(t, [&](auto fns) { return decltype(fns)::b_of_tanh(tanh); });
 }
 
-// The element functions beyond FLT_MAX from ln α (element_terms.h element_*_f32_of_log).
 kn::ElementForwardF32 forward_of_log_any(ec::TermFlags t, float log_alpha) {
-  kn::ElementForwardF32 out{};
-  kn::with_term_flags(t, [&](auto kl, auto fmse, auto logdet) {
-    out = kn::element_forward_f32_of_log<decltype(kl)::value, decltype(fmse)::value, decltype(logdet)::value>(log_alpha);
-  });
-  return out;
+  return with_flags(t, [&](auto fns) { return decltype(fns)::f_of_log(log_alpha); });
 }
 
 kn::ElementBackwardF32 backward_of_log_any(ec::TermFlags t, float log_alpha) {
-  kn::ElementBackwardF32 out{};
-  kn::with_term_flags(t, [&](auto kl, auto fmse, auto logdet) {
-    out = kn::element_backward_f32_of_log<decltype(kl)::value, decltype(fmse)::value, decltype(logdet)::value>(log_alpha);
-  });
-  return out;
+  return with_flags(t, [&](auto fns) { return decltype(fns)::b_of_log(log_alpha); });
 }
 
 // ---------------------------------------------------------------- the float32 path, element by element
