@@ -7,8 +7,9 @@ directions averaged) from float32 unit embeddings x, y (K, D), τ = 0.05:
 - fused: `evidential_ops.infonce_loss(..., backend="cpu")` (s never stored);
 - plain: open_clip ClipLoss's way, logits = x·yᵀ/τ, ½(CE(logits) + CE(logitsᵀ));
 - compiled: torch.compile of plain (Inductor, compiled and warmed up before timing);
-- floor: the three K×K×D float32 GEMMs every one of them needs at least (s = x·yᵀ, G·y, Gᵀ·x, G a
-  fixed K×K matrix), no element work: the fused op needs four (its backward recomputes s).
+- floor: the three K×K×D float32 GEMMs every one of them needs at least (s = x·yᵀ, G·y, Gᵀ·x;
+  `evidential_ops.benchmark.floor_step`), no element work: the fused op needs four (its backward
+  recomputes s).
 Times: all three interleaved in one process, the fastest of `rounds` per implementation (the
 machine is shared: compare ratios within a run). Memory: one fresh process per implementation
 (`--memory IMPL`), after a warm-up at the same shape: peak resident set (VmHWM, reset through
@@ -32,7 +33,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import evidential_ops as eo  # noqa: E402
-from evidential_ops.benchmark import interleaved_minima  # noqa: E402
+from evidential_ops.benchmark import floor_step, interleaved_minima  # noqa: E402
 
 TAU = 0.05
 IMPLEMENTATIONS = ("fused", "plain", "compiled", "floor")
@@ -49,22 +50,10 @@ def fused_infonce(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return eo.infonce_loss(x, y, tau=TAU, reduction="mean_of_directions", backend="cpu", check_finite=False)
 
 
-def three_gemms(k: int):
-    """The floor: (x, y) -> None running s = x·yᵀ, G·y and Gᵀ·x with a fixed K×K G."""
-    g = torch.randn(k, k, generator=torch.Generator().manual_seed(1))
-
-    def step(x, y):
-        x @ y.T
-        g @ y
-        g.T @ x
-
-    return step
-
-
-def step_function(impl: str, k: int):
+def step_function(impl: str):
     """forward + backward of one implementation: (x, y) -> None."""
     if impl == "floor":
-        return three_gemms(k)
+        return floor_step()
     loss_fn = {"fused": fused_infonce, "plain": plain_infonce,
                "compiled": torch.compile(plain_infonce, dynamic=False)}[impl]
 
@@ -92,7 +81,7 @@ def status_kib(field: str) -> int:
 
 def measure_memory(impl: str, k: int, d: int) -> dict:
     """Peak extra MiB of one step in this process (see the module docstring)."""
-    step = step_function(impl, k)
+    step = step_function(impl)
     x, y = inputs(k, d)
     step(x, y)  # warm-up at the measured shape (torch.compile specialises on it)
     before = status_kib("VmRSS")
@@ -114,7 +103,7 @@ def memory_in_fresh_process(impl: str, k: int, d: int) -> dict:
 def time_all(k: int, d: int, rounds: int) -> dict[str, float]:
     """Fastest seconds of `rounds` steps per implementation, interleaved (compiled in the warm-up)."""
     x, y = inputs(k, d)
-    return interleaved_minima({impl: step_function(impl, k) for impl in IMPLEMENTATIONS}, x, y, rounds)
+    return interleaved_minima({impl: step_function(impl) for impl in IMPLEMENTATIONS}, x, y, rounds)
 
 
 def cpu_name() -> str:

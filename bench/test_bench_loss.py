@@ -43,41 +43,35 @@ def test_loss_forward_backward(benchmark, k, case, impl):
 
 PAIRED_K = 4096
 PAIRED_ROUNDS = 20
+# torch.compile of the DUQ reference (mse with relu: a few fused K×K passes besides the three
+# products) is the compiled step near 3× the fused op (2.2× at K = 4096); TCL's and UML's are 4×
+# and 8× (bench/results/cpu.md), far from it.
+PAIRED_COMPILED_CASES = ["duq"]
+PAIRED_COMPILED_ROUNDS = 10
+
+
+def paired_minima(benchmark, case: str, impl: str, baselines: tuple[str, ...], rounds: int) -> None:
+    """The fused op `impl` and the baselines alternating in one loop at K = PAIRED_K (fastest of
+    `rounds` each, benchmark.interleaved_minima), recorded as <name>_seconds ("fused" for impl)."""
+    x, y = make_inputs(PAIRED_K, D)
+    steps = {name: step_function(name, LOSS_CASES[case]) for name in (impl, *baselines)}
+    best = {}
+    benchmark.pedantic(lambda: best.update(interleaved_minima(steps, x, y, rounds)), rounds=1, iterations=1)
+    benchmark.group = f"{case} K={PAIRED_K} paired with {', '.join(baselines)}"
+    benchmark.extra_info.update({"case": case, "k": PAIRED_K, "d": D, "impl": impl, "paired_rounds": rounds,
+                                 "fused_seconds": best[impl], "threads": torch.get_num_threads(),
+                                 **{f"{name}_seconds": best[name] for name in baselines}})
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("impl", fused_backends("cpu"))
 @pytest.mark.parametrize("case", list(LOSS_CASES))
 def test_fused_against_floor_interleaved(benchmark, case, impl):
-    x, y = make_inputs(PAIRED_K, D)
-    steps = {impl: step_function(impl, LOSS_CASES[case]), "floor": step_function("floor", LOSS_CASES[case])}
-    best = {}
-    benchmark.pedantic(lambda: best.update(interleaved_minima(steps, x, y, PAIRED_ROUNDS)), rounds=1, iterations=1)
-    benchmark.group = f"{case} K={PAIRED_K} paired"
-    benchmark.extra_info.update({"case": case, "k": PAIRED_K, "d": D, "impl": impl, "paired_rounds": PAIRED_ROUNDS,
-                                 "fused_seconds": best[impl], "floor_seconds": best["floor"],
-                                 "threads": torch.get_num_threads()})
-
-
-# torch.compile of the DUQ reference (mse with relu: a few fused K×K passes besides the three
-# products) is the one compiled step near 3× the fused op; TCL's and UML's take 5 and 48 s a step
-# at K = 4096, 11× and over 100× the fused op, and would make a paired loop last minutes.
-PAIRED_COMPILED_CASES = ["duq"]
-PAIRED_COMPILED_ROUNDS = 10
+    paired_minima(benchmark, case, impl, ("floor",), PAIRED_ROUNDS)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("impl", fused_backends("cpu"))
 @pytest.mark.parametrize("case", PAIRED_COMPILED_CASES)
 def test_fused_against_compiled_interleaved(benchmark, case, impl):
-    x, y = make_inputs(PAIRED_K, D)
-    steps = {impl: step_function(impl, LOSS_CASES[case]), "floor": step_function("floor", LOSS_CASES[case]),
-             "compiled": step_function("compiled", LOSS_CASES[case])}
-    best = {}
-    benchmark.pedantic(lambda: best.update(interleaved_minima(steps, x, y, PAIRED_COMPILED_ROUNDS)), rounds=1,
-                       iterations=1)
-    benchmark.group = f"{case} K={PAIRED_K} paired with compiled"
-    benchmark.extra_info.update({"case": case, "k": PAIRED_K, "d": D, "impl": impl,
-                                 "paired_rounds": PAIRED_COMPILED_ROUNDS, "fused_seconds": best[impl],
-                                 "floor_seconds": best["floor"], "compiled_seconds": best["compiled"],
-                                 "threads": torch.get_num_threads()})
+    paired_minima(benchmark, case, impl, ("floor", "compiled"), PAIRED_COMPILED_ROUNDS)

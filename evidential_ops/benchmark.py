@@ -128,17 +128,24 @@ def naive_pytorch_loss(x: torch.Tensor, y: torch.Tensor, case: LossCase) -> torc
     return line_losses(alpha).mean() + line_losses(alpha.T).mean()
 
 
+def floor_step(precision: str = "ieee") -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """The floor of any loss-and-gradient step from embeddings x, y (K, D): the three K×K×D
+    products s = x·yᵀ, G·y and Gᵀ·x at `precision`, with s itself standing in for G (same shapes,
+    same cost), no element work."""
+    def floor(x, y):
+        with torch.no_grad(), matmul_precision(precision):
+            s = x @ y.T
+            x.grad = s @ y
+            y.grad = s.T @ x
+    return floor
+
+
 def step_function(impl: str, case: LossCase, *, device="cpu",
                   precision: str = "ieee") -> Callable[[torch.Tensor, torch.Tensor], None]:
     """A closure running forward + backward of `impl` on (x, y) (tensors on `device`), with
     matmuls at `precision` ("ieee" or "tf32"; bf16/fp16 inputs run their products in bf16/fp16)."""
     if impl == "floor":
-        def floor(x, y):
-            with torch.no_grad(), matmul_precision(precision):
-                s = x @ y.T
-                x.grad = s @ y  # stand-ins for G·y and Gᵀ·x: same shapes, same cost
-                y.grad = s.T @ x
-        return floor
+        return floor_step(precision)
     if impl in ("reference", "naive", "compiled"):
         fn = {"reference": plain_pytorch_loss, "naive": naive_pytorch_loss}.get(impl)
         fn = fn or torch.compile(plain_pytorch_loss, dynamic=False)
