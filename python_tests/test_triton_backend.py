@@ -697,6 +697,15 @@ def test_triton_extra_memory_at_k65536_d1024_is_below_64_mib(dtype):
     # more bytes than G once more (and a float32 dy for bfloat16 would be 256 MiB): two passes.
     assert (plan.kind, plan.gemm_equivalents, plan.strip) == ("strips, two passes", 4,
                                                               128 if dtype == torch.float32 else 256)
+    if dtype == torch.float32:
+        # TF32 products: s from strips in the forward too (launch.similarity_strips): one strip of
+        # s in float32, the partials of its 128 rows from at most one program per SM (200 here)
+        # and the columns' sums of one strip, beside both directions' statistics
+        rows = launch.strip_rows(k, k, 4)
+        strip_forward = rows * k * 4 + launch.strip_programs(k // 64, 200) * 6 * rows * 8 \
+            + 3 * launch.NUM_LINE_STATS * k * 8
+        assert rows == 128 and strip_forward < 64 * 2**20
+        assert launch.BackwardPlan(k, k, d, dtype, precision="tf32").extra_bytes == plan.extra_bytes
     assert launch.BackwardPlan(8192, 8192, 1024, torch.float32).kind == "strips"  # strips of 1024 rows
     small = launch.BackwardPlan(k, k, 64, torch.bfloat16)
     if not launch.configs.interpreting():
@@ -725,6 +734,67 @@ def test_triton_forward_with_the_row_block_resident_or_stepped_through_d(gen, mo
     for got, want in ((rows, ref_rows), (cols, ref_cols)):
         error = (got.double().cpu() - want).abs() / want.abs().clamp_min(1e-3)
         assert float(error.max()) <= 1e-4 + allowance
+
+
+@pytest.mark.parametrize("strips", ["one strip", "strips"])
+def test_triton_similarity_strips_match_the_reference(gen, monkeypatch, strips):
+    """s from stored strips of cuBLAS products (launch.similarity_strips: TF32 products of float32
+    inputs wider than SIMILARITY_STRIPS_ABOVE_D; forced here for every float32 input, so that on a
+    GPU the products are IEEE and the tolerances SPEC §5's): the forward's column sums added strip
+    after strip, the strip rows' partials reduced into their lines, the backward's G formed over
+    each strip in place. Hard regime, every term, a target scale, K = 113, D = 203, one strip or
+    eight (16 rows, the last partial): both directions' losses and both gradients against the
+    float64 reference within 1e-4 + 8·√D·2^-24/τ."""
+    from evidential_ops.triton_backend import launch
+
+    monkeypatch.setattr(launch, "_similarity_strips", lambda dtype, d, precision: dtype == torch.float32)
+    if strips == "strips":
+        monkeypatch.setattr(launch, "STRIP_BUDGET_BYTES", 16 * 113 * 4)
+    forwards, plans = [], []
+    original_forward, original_plan = launch._strip_statistics, launch.BackwardPlan.__init__
+    monkeypatch.setattr(launch, "_strip_statistics", lambda *a: (forwards.append(a[0].n_own), original_forward(*a)))
+
+    def record(self, *args, **kwargs):
+        original_plan(self, *args, **kwargs)
+        plans.append(self)
+
+    monkeypatch.setattr(launch.BackwardPlan, "__init__", record)
+    k, d, tau = 113, 203, 0.05
+    x, y = hard_pairs(k, d, generator=gen)
+    c = torch.rand(k, generator=gen)
+    kwargs = dict(evidence="exp", tau=tau, weights=ALL_WEIGHTS, reduction="none", direction="both")
+    rows, cols = eo.evidential_loss(x.to(device()), y.to(device()), backend="triton",
+                                    target_scale=c.to(device()), **kwargs)
+    ref_rows, ref_cols = eo.reference.evidential_loss(x.double(), y.double(), target_scale=c.double(), **kwargs)
+    allowance = 8 * math.sqrt(d) * 2.0**-24 / tau
+    for got, want in ((rows, ref_rows), (cols, ref_cols)):
+        error = (got.double().cpu() - want).abs() / want.abs().clamp_min(1e-3)
+        assert float(error.max()) <= 1e-4 + allowance
+    gen.manual_seed(3)
+    _backward_against_reference(gen, k, d, tau=tau)
+    assert forwards == [k, k]  # this forward and the backward's
+    assert [(p.from_s, p.strip) for p in plans] == [(True, {"one strip": k, "strips": 16}[strips])]
+
+
+def test_triton_similarity_strips_where_float32_tiles_would_read_their_rows_again():
+    """Which inputs take s from strips: float32 with TF32 products wider than
+    SIMILARITY_STRIPS_ABOVE_D (512: 64 float32 rows beyond half an H100 SM's L1), in both
+    directions; not IEEE products, 16-bit inputs, narrower D or a given s."""
+    from evidential_ops.triton_backend import launch
+
+    def source(d, dtype=torch.float32):
+        return launch._Source(torch.zeros(2, d, dtype=dtype), torch.zeros(3, d, dtype=dtype))
+
+    assert launch.SIMILARITY_STRIPS_ABOVE_D == 512
+    assert launch.similarity_strips(source(1024), "tf32")
+    assert launch.similarity_strips(source(513), "tf32")
+    assert not launch.similarity_strips(source(512), "tf32")
+    assert not launch.similarity_strips(source(1024), "ieee")
+    assert not launch.similarity_strips(source(1024, torch.bfloat16), "tf32")
+    assert not launch.similarity_strips(launch._Source(torch.zeros(4, 1024), None), "tf32")
+    assert launch.BackwardPlan(16384, 16384, 1024, torch.float32, precision="tf32").from_s
+    assert not launch.BackwardPlan(16384, 16384, 1024, torch.float32).from_s
+    assert not launch.BackwardPlan(16384, 16384, 1024, torch.bfloat16, precision="tf32").from_s
 
 
 def test_every_default_tile_is_in_the_autotuning_space():

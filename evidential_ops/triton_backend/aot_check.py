@@ -76,12 +76,17 @@ ALIGNED = ("a_ptr", "b_ptr", "g_ptr", "da_ptr", "db_ptr", "stride_ai", "stride_b
            "stride_dbj", "D")
 
 
-def _launch_attrs(fn, constexprs: dict) -> dict:
+def _launch_attrs(fn, constexprs: dict, unit=UNIT_STRIDES, aligned=ALIGNED) -> dict:
     """Adds the unit strides to `constexprs`; the divisibility attributes of the aligned arguments."""
-    for name in UNIT_STRIDES:
+    for name in unit:
         if name in fn.arg_names:
             constexprs[name] = 1
-    return {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in ALIGNED if name in fn.arg_names}
+    return {(fn.arg_names.index(name),): [["tt.divisibility", 16]] for name in aligned if name in fn.arg_names}
+
+
+# A strip of s read by columns (launch._strip_statistics: the own lines are the strip's columns):
+# unit stride along the own lines, the row stride (the strip's width, K) a multiple of 16.
+STRIP_BY_COLUMNS = dict(unit=("stride_ai",), aligned=("a_ptr", "stride_ak", "own_ptr", "part_ptr"))
 
 
 def _variants(default: bool, quick: bool):
@@ -109,14 +114,18 @@ def jobs(arch: int, quick: bool = False) -> list[Job]:
                     continue  # launch.BackwardPlan fuses 16-bit inputs only
                 flags, evidence = TERM_SETS[term_set]
                 dtype, tf32 = DTYPE_PATHS[path]
-                # How the stats sweep gets its s tiles: stepping through D ("tiled"), from a given s
-                # (float32), or with the row block resident across the sweep (D <= RESIDENT_D,
-                # tensor-core paths: launch._resident_d), compiled at the widest such D.
+                # How the sweeps get their s tiles: stepping through D ("tiled"), from a given s
+                # (float32), with the row block resident across the sweep (D <= RESIDENT_D,
+                # tensor-core paths: launch._resident_d), compiled at the widest such D, or from
+                # stored strips of cuBLAS products ("strip": TF32 products of float32 inputs wider
+                # than that, launch.similarity_strips; the stats sweep reads its strip by columns).
                 modes = ["tiled"]
                 if kernel == "stats" and is_default:
                     modes += ["from-s"] if path == "f32" else ["resident"] if arch >= 90 else []
+                if kernel in ("stats", "grad") and is_default and path == "tf32":
+                    modes += ["strip"]
                 for mode in modes:
-                    from_s = mode == "from-s"
+                    from_s = mode in ("from-s", "strip")
                     if kernel == "stats":
                         fn = kernels.stats_kernel
                         constexprs = dict(EVIDENCE=evidence, HAS_TARGET=1, **flags, OWN=1, OTHER=1,
@@ -131,7 +140,8 @@ def jobs(arch: int, quick: bool = False) -> list[Job]:
                     elif kernel == "grad":
                         fn = kernels.grad_block_kernel
                         constexprs = dict(EVIDENCE=evidence, **flags, F64=0, TF32=tf32, BLOCK_M=config.block_m,
-                                          BLOCK_N=config.block_n, BLOCK_K=max(config.block_k, 16))
+                                          BLOCK_N=config.block_n, BLOCK_K=max(config.block_k, 16),
+                                          FROM_S=int(from_s))
                         types = dict(a_ptr=f"*{dtype}", b_ptr=f"*{dtype}", stride_ai="i32", stride_ak="i32",
                                      stride_bj="i32", stride_bk="i32", g_ptr=f"*{dtype}", stride_gi="i32",
                                      stride_gj="i32", own_ptr="*fp64", n_own="i32", other_ptr="*fp64",
@@ -148,7 +158,12 @@ def jobs(arch: int, quick: bool = False) -> list[Job]:
                                      turn_ptr="*i32", own_ptr="*fp64", n_own="i32", other_ptr="*fp64",
                                      n_other="i32", D="i32", t_off="i32", inv_tau="fp64")
                     variant = f"{term_set} {path}" + ("" if mode == "tiled" else f" {mode}")
-                    attrs = None if from_s else _launch_attrs(fn, constexprs)
+                    if mode == "from-s":
+                        attrs = None
+                    elif mode == "strip" and kernel == "stats":
+                        attrs = _launch_attrs(fn, constexprs, **STRIP_BY_COLUMNS)
+                    else:
+                        attrs = _launch_attrs(fn, constexprs)
                     out.append(Job(kernel, config.name(), variant, is_default and term_set in REQUIRED, fn,
                                    _signature(fn, types, constexprs), constexprs, config.num_warps,
                                    config.num_stages, attrs))
@@ -173,7 +188,7 @@ def jobs(arch: int, quick: bool = False) -> list[Job]:
         types = {k: v for k, v in line_types.items() if k in fn.arg_names}
         out.append(Job(name, "b128w4", "all f64", True, fn, _signature(fn, types, constexprs), constexprs, 4, 1))
     constexprs = dict(**all_flags, BLOCK=128)
-    types = dict(part_ptr="*fp64", n_partials="i32", stats_ptr="*fp64", n="i32")
+    types = dict(part_ptr="*fp64", n_partials="i32", stats_ptr="*fp64", n="i32", stats_stride="i32")
     out.append(Job("reduce_partials", "b128w4", "all f64", True, kernels.reduce_partials_kernel,
                    _signature(kernels.reduce_partials_kernel, types, constexprs), constexprs, 4, 1))
     return out

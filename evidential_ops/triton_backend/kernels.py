@@ -380,11 +380,12 @@ def stats_kernel(
 
 
 @triton.jit
-def reduce_partials_kernel(part_ptr, n_partials, stats_ptr, n,
+def reduce_partials_kernel(part_ptr, n_partials, stats_ptr, n, stats_stride,
                            MSE: tl.constexpr, KL: tl.constexpr, FMSE: tl.constexpr, LOGDET: tl.constexpr,
                            BLOCK: tl.constexpr):
     """stats[LineStat of slot, j] = Σ_g part[g, slot, j], g in order: the second, deterministic pass
-    of the column statistics (float64)."""
+    of the column statistics (float64). stats_stride: between LineStats in stats (n, or the whole
+    statistics' line count where stats_ptr is a strip's first line)."""
     NS: tl.constexpr = 1 + MSE + KL + FMSE + 2 * LOGDET
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     cmask = cols < n
@@ -404,7 +405,7 @@ def reduce_partials_kernel(part_ptr, n_partials, stats_ptr, n,
             stat = 5
         else:
             stat = 6
-        tl.store(stats_ptr + stat * n + cols, acc, mask=cmask)
+        tl.store(stats_ptr + stat * stats_stride + cols, acc, mask=cmask)
 
 
 # ------------------------------------------------------------------------------------ backward
@@ -567,14 +568,17 @@ def grad_block_kernel(
     D, t_off, inv_tau: tl.float64,
     EVIDENCE: tl.constexpr, MSE: tl.constexpr, KL: tl.constexpr, FMSE: tl.constexpr, LOGDET: tl.constexpr,
     F64: tl.constexpr, TF32: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FROM_S: tl.constexpr = 0,
 ):
     """G = ∂L/∂s of rows [row0, row0 + n_rows) and every column, stored in g's dtype (the input
     dtype: the operand of the two products that follow, as flash attention rounds dS): the backward
     where D is too wide for a register accumulator stages G through this strip, and dx, dy become
     plain tensor-core products of it. Program (r, c) owns the BLOCK_M rows of row block r and walks
     column blocks c, c + n_col_programs, ... (col_blocks_per_program of them): its rows' line constants
-    are read and narrowed once for the sweep, not once per tile."""
+    are read and narrowed once for the sweep, not once per tile. FROM_S: the strip's s is given
+    (a_ptr: element (i − row0, j) at i·stride_ai + j·stride_ak, a product already made), and g_ptr
+    may be that same buffer: each program reads a tile before it writes it, and no other program
+    touches the tile."""
     CT: tl.constexpr = tl.float64 if F64 else tl.float32
     PRECISION: tl.constexpr = "tf32" if TF32 else "ieee"
     inv_tau = tl.full([], inv_tau, tl.float64)
@@ -588,8 +592,8 @@ def grad_block_kernel(
     for it in range(0, col_blocks_per_program):
         cols = (tl.program_id(1) + it * n_col_programs) * BLOCK_N + tl.arange(0, BLOCK_N)
         cmask = cols < n_other
-        s = _s_tile(a_ptr, b_ptr, rows, cols, rmask, cmask, stride_ai, stride_ak, stride_bj, stride_bk, D,
-                    False, PRECISION, CT, BLOCK_M, BLOCK_N, BLOCK_K)
+        s = _s_tile(a_ptr, b_ptr, local if FROM_S else rows, cols, rmask, cmask, stride_ai, stride_ak, stride_bj,
+                    stride_bk, D, FROM_S, PRECISION, CT, BLOCK_M, BLOCK_N, BLOCK_K)
         valid = rmask[:, None] & cmask[None, :]
         g = _gradient_tile(s, rows, cols, valid, cmask, t_off, inv_tau,
                            o_inv_m, o_inv_k, o_all, o_off, o_sq, o_fi, o_kv, o_lr, o_lrem, o_t, other_ptr, n_other,

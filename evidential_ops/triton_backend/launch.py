@@ -45,6 +45,12 @@ ACCUMULATOR_BUDGET_BYTES = 24 * 2**20
 # H100's 132 SMs at 1.98 GHz against 3.35 TB/s: 15 bytes); its product is not counted, so the
 # rule leans to two passes.
 RECOMPUTE_BYTES_PER_ELEMENT = 16
+# Float32 embeddings with TF32 products wider than this take s from cuBLAS strips in both
+# directions (similarity_strips): a tile kernel's 64 float32 rows are then more than 128 KiB, half
+# an H100 SM's L1, and come from L2 again for every column tile (bench/gpu_model.py's rule; at
+# K = 16384 the model has the tiles ahead at D = 512, 2.9x the floor against 3.3x for TCL, and the
+# strips at D = 1024, 2.5x against 5.6x).
+SIMILARITY_STRIPS_ABOVE_D = 512
 
 
 # ----------------------------------------------------------------------------------- launching
@@ -303,6 +309,8 @@ def _resident_d(source: "_Source", precision: str) -> int:
 
 def _stats_pass(source: _Source, own: Tensor, other: Tensor, partials: Tensor | None, t_off: int, evidence: int,
                 inv_tau: float, terms: _Terms | None, has_target: bool, precision: str) -> None:
+    """One stats_kernel launch: the own lines' statistics into `own`, and with `partials` the other
+    lines' per-program partials and targets (into `other`)."""
     cfg_kernel = "stats"
     flags = terms.stat_flags() if terms is not None else dict(MSE=0, KL=0, FMSE=0, LOGDET=0)
     other_pass = partials is not None
@@ -359,6 +367,9 @@ def _line_statistics(source: _Source, t_off: int, evidence: int, inv_tau: float,
     like = source.a
     row_stats = torch.zeros((NUM_LINE_STATS, source.n_own), dtype=torch.float64, device=like.device)
     col_stats = torch.zeros((NUM_LINE_STATS, source.n_other), dtype=torch.float64, device=like.device)
+    if rows and cols and similarity_strips(source, precision):
+        _strip_statistics(source, evidence, inv_tau, terms, has_target, precision, row_stats, col_stats)
+        return row_stats, col_stats
     if rows and cols:
         ns = terms.num_partials() if terms is not None else 1
         config = configs.default("stats", like.device)
@@ -369,7 +380,7 @@ def _line_statistics(source: _Source, t_off: int, evidence: int, inv_tau: float,
             _stats_pass(source, row_stats, col_stats, partials, t_off, evidence, inv_tau, terms, has_target, precision)
             flags = terms.stat_flags() if terms is not None else dict(MSE=0, KL=0, FMSE=0, LOGDET=0)
             _launch(kernels.reduce_partials_kernel, (triton_cdiv(source.n_other, LINE_BLOCK),),
-                    partials, programs, col_stats, source.n_other, **flags, BLOCK=LINE_BLOCK)
+                    partials, programs, col_stats, source.n_other, source.n_other, **flags, BLOCK=LINE_BLOCK)
             return row_stats, col_stats
     if rows:
         _stats_pass(source, row_stats, col_stats, None, t_off, evidence, inv_tau, terms, has_target, precision)
@@ -393,6 +404,75 @@ def one_pass_programs(row_blocks: int, n_other: int, num_partials: int, sms: int
     if sweeps >= 2 * triton_cdiv(row_blocks, sms):
         return 0
     return triton_cdiv(row_blocks, sweeps)
+
+
+def similarity_strips(source: "_Source", precision: str) -> bool:
+    """Whether s comes from stored strips of cuBLAS products rather than from the tile kernels' own
+    (SIMILARITY_STRIPS_ABOVE_D): float32 embeddings with TF32 products wider than the resident row
+    block. Their tiles then step through D and read 4-byte operands again for every tile: at
+    K = 16384, D = 1024 a stats sweep moves 48 GiB through L2 (a 64 × 32 tile reads 384 KiB of
+    operands for 2048 elements), ~7 ms on an H100 against 1.1 ms of TF32 product, while a strip of s
+    is written and read once, 4 bytes an element (docs/backends.md "How the triton backend works",
+    bench/results/gpu_model.md). 16-bit embeddings keep their own tiles: half the bytes, and the
+    element work, not L2, bounds those sweeps."""
+    return not source.from_s and _similarity_strips(source.dtype, source.d, precision)
+
+
+def _similarity_strips(dtype: torch.dtype, d: int, precision: str) -> bool:
+    return dtype == torch.float32 and bool(_tf32(dtype, precision)) and d > SIMILARITY_STRIPS_ABOVE_D
+
+
+def strip_rows(m: int, n: int, size: int) -> int:
+    """Rows of a stored (rows, n) strip of `size`-byte elements within STRIP_BUDGET_BYTES, evened
+    out over the m rows (the strips of s in the forward, of G in the backward)."""
+    rows = max(1, min(m, STRIP_BUDGET_BYTES // max(n * size, 1)))
+    return triton_cdiv(m, triton_cdiv(m, rows))
+
+
+def _strip_statistics(source: "_Source", evidence: int, inv_tau: float, terms: _Terms | None, has_target: bool,
+                      precision: str, row_stats: Tensor, col_stats: Tensor) -> None:
+    """Both directions' statistics from strips of s (similarity_strips): s[strip] = a[strip]·bᵀ (cuBLAS,
+    TF32, float32 result) then one stats_kernel sweep of it read by columns. The columns (every
+    other line, N of them: enough programs for every SM) are the own lines, their sums of the strip
+    added to col_stats strip after strip; the strip's rows are the other lines, summed per program
+    into partials that reduce_partials_kernel adds up into row_stats' columns of the strip.
+    Deterministic: every sum in a fixed order. Extra memory: one strip, its partials and the
+    columns' sums of one strip."""
+    a, b = source.a, source.b
+    m, n = source.n_own, source.n_other
+    rows_per_strip = strip_rows(m, n, 4)
+    ns = terms.num_partials() if terms is not None else 1
+    flags = terms.stat_flags() if terms is not None else dict(MSE=0, KL=0, FMSE=0, LOGDET=0)
+    config = configs.default("stats", a.device)
+    programs = strip_programs(triton_cdiv(n, config.block_m), _sm_count(a.device))
+    s = torch.empty((rows_per_strip, n), dtype=torch.float32, device=a.device)
+    partials = torch.empty((programs * ns * rows_per_strip,), dtype=torch.float64, device=a.device)
+    # Every statistic the sweep stores, it stores for every column; those it does not stay 0.
+    strip_cols = torch.zeros_like(col_stats)
+    with _float32_products(a, precision):
+        for r0 in range(0, m, rows_per_strip):
+            rows = min(rows_per_strip, m - r0)
+            strip = s[:rows]
+            torch.mm(a[r0:r0 + rows], b.t(), out=strip)
+            strip_partials = partials[:programs * ns * rows].view(programs, ns, rows).zero_()
+            # Column j's target is the strip's row j − r0 (where the strip has it).
+            _stats_pass(_Source(strip, None, transposed=True), strip_cols, row_stats[:, r0:], strip_partials, -r0,
+                        evidence, inv_tau, terms, has_target, precision)
+            col_stats += strip_cols
+            _launch(kernels.reduce_partials_kernel, (triton_cdiv(rows, STRIP_REDUCE_BLOCK),),
+                    strip_partials, programs, row_stats[:, r0:], rows, m, **flags, BLOCK=STRIP_REDUCE_BLOCK)
+
+
+# Lines per program of a strip's partial reduction: a strip of a few hundred rows then still
+# spreads over a few dozen programs (each adds up one partial per stats program, in order).
+STRIP_REDUCE_BLOCK = 32
+
+
+def strip_programs(col_blocks: int, sms: int) -> int:
+    """Programs of a strip's stats sweep over `col_blocks` column blocks: one per SM (the default
+    tile's registers leave room for one), each sweeping its share of the column blocks, so that
+    the strip's rows get as few partials to add up as the SMs allow."""
+    return max(1, min(col_blocks, sms))
 
 
 def _overflow_possible(kind: int, dtype: torch.dtype, inv_tau: float, n: int) -> bool:
@@ -556,6 +636,10 @@ class BackwardPlan:
     - "strips, two passes" otherwise: dy from strips of columns, G recomputed. 4 GEMM-equivalents.
       At K = 65536, D = 1024 (strips of 128 float32 or 256 bfloat16 rows): dy read and written 512
       (256) times would be 256 GiB (128 GiB) against 32 GiB (16 GiB) for G once more.
+    `from_s` (either strip plan, float32 inputs with TF32 products wider than
+    SIMILARITY_STRIPS_ABOVE_D: similarity_strips): each strip of s is a cuBLAS product first,
+    stored in the strip, and grad_block_kernel turns it into G in place: the same GEMM-equivalents
+    and memory, without the tile kernel's operand re-reads.
     """
 
     # Float32 inputs take the strips: dy accumulates in itself (no extra memory), and the fused
@@ -563,12 +647,13 @@ class BackwardPlan:
     FUSED_DTYPES = (torch.float16, torch.bfloat16)
 
     def __init__(self, m: int, n: int, d: int, dtype: torch.dtype, need_dx: bool = True, need_dy: bool = True,
-                 fused: bool = True):
+                 fused: bool = True, precision: str = "ieee"):
         size = dtype.itemsize
         acc_size = _output_dtype(dtype).itemsize
         sixteen_bit = dtype in (torch.float16, torch.bfloat16)
         self.block_d = _register_d(d)
         self.dy_in_pass = False
+        self.from_s = False
         if fused and need_dx and need_dy and dtype in self.FUSED_DTYPES and self.block_d is not None:
             self.kind, self.strip, self.recomputations = "fused", 0, 1
             self.extra_bytes = n * d * acc_size
@@ -586,27 +671,30 @@ class BackwardPlan:
             self.kind = "strips, two passes" if two_passes else "strips"
             self.recomputations = 2 if two_passes else 1
             self.extra_bytes = self.strip * longest * size + (accumulator if self.dy_in_pass else 0)
+            self.from_s = _similarity_strips(dtype, d, precision)
         self.gemm_equivalents = self.recomputations + int(need_dx) + int(need_dy)
 
 
 def _gradient_strip(a: Tensor, b: Tensor, own_g: Tensor, other_g: Tensor, t_off: int, row0: int, rows: int,
-                    g: Tensor, bw: _Backward, precision: str) -> None:
-    """g[:rows] = ∂L/∂s of own lines [row0, row0 + rows) against every other line (grad_block_kernel)."""
+                    g: Tensor, bw: _Backward, precision: str, from_s: bool = False) -> None:
+    """g[:rows] = ∂L/∂s of own lines [row0, row0 + rows) against every other line (grad_block_kernel).
+    from_s: g[:rows] holds that strip of s = a·bᵀ already (similarity_strips), overwritten by G."""
     n_own, d = a.shape
     n_other = b.shape[0]
-    variant = (bw.kind, tuple(bw.terms.stat_flags().values()), _tf32(a.dtype, precision))
-
+    variant = (bw.kind, tuple(bw.terms.stat_flags().values()), _tf32(a.dtype, precision), from_s)
     def run(config, out):
+        src = out if from_s else a  # a strip of s is read at the strip's rows, then overwritten
         row_blocks = triton_cdiv(rows, config.block_m)
         col_blocks = triton_cdiv(n_other, config.block_n)
         col_programs = _column_programs(row_blocks, col_blocks, a.device)
         _launch(kernels.grad_block_kernel, (row_blocks, col_programs),
-                a, b, a.stride(0), a.stride(1), b.stride(0), b.stride(1), out, out.stride(0), out.stride(1),
+                src, b, src.stride(0), src.stride(1), b.stride(0), b.stride(1), out, out.stride(0), out.stride(1),
                 own_g, n_own, other_g, n_other, row0, rows, col_programs, triton_cdiv(col_blocks, col_programs), d,
                 t_off, bw.inv_tau,
                 EVIDENCE=bw.kind, **bw.terms.stat_flags(), F64=int(_compute_f64(a.dtype)),
                 TF32=_tf32(a.dtype, precision), BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-                BLOCK_K=max(config.block_k, 16), num_warps=config.num_warps, num_stages=config.num_stages)
+                BLOCK_K=max(config.block_k, 16), FROM_S=int(from_s), num_warps=config.num_warps,
+                num_stages=config.num_stages)
 
     config = _config("grad", variant, n_other, d, a.dtype, None if _tracing(a) else (lambda c: run(c, g.clone())),
                      a.device)
@@ -658,7 +746,9 @@ def _strip_passes(x: Tensor, y: Tensor, t_off: int, bw: _Backward, plan: Backwar
         for row0 in range(0, m, plan.strip):
             rows = min(plan.strip, m - row0)
             strip = g[:rows]
-            _gradient_strip(x, y, bw.row_g, bw.col_g, t_off, row0, rows, strip, bw, precision)
+            if plan.from_s:
+                torch.mm(x[row0:row0 + rows], y.t(), out=strip)
+            _gradient_strip(x, y, bw.row_g, bw.col_g, t_off, row0, rows, strip, bw, precision, plan.from_s)
             torch.mm(strip, y, out=dx[row0:row0 + rows])
             if dy_acc is not None:
                 _accumulate_product(dy_acc, strip.t(), x[row0:row0 + rows])
@@ -670,7 +760,9 @@ def _strip_passes(x: Tensor, y: Tensor, t_off: int, bw: _Backward, plan: Backwar
         for col0 in range(0, n, plan.strip):
             cols = min(plan.strip, n - col0)
             strip = g[:cols]
-            _gradient_strip(y, x, bw.col_g, bw.row_g, -t_off, col0, cols, strip, bw, precision)
+            if plan.from_s:
+                torch.mm(y[col0:col0 + cols], x.t(), out=strip)
+            _gradient_strip(y, x, bw.col_g, bw.row_g, -t_off, col0, cols, strip, bw, precision, plan.from_s)
             torch.mm(strip, x, out=dy[col0:col0 + cols])
     return dx, dy
 
@@ -721,7 +813,7 @@ def loss_backward(grad_rows, grad_cols, x, y, target_scale, row_stats, col_stats
     bw = _Backward(m, n, target_offset, grad_rows, grad_cols, target_scale, row_stats, col_stats, evidence, tau,
                    weights, terms, rows, cols, x)
     plan = BackwardPlan(m, n, x.shape[1], x.dtype, bool(output_mask[0]), bool(output_mask[1]),
-                        configs.has_default("grad_fused", x.device))
+                        configs.has_default("grad_fused", x.device), precision)
     if plan.kind == "fused":
         return _grad_fused(x, y, target_offset, bw, precision, plan.block_d)
     return _grad_strips(x, y, target_offset, bw, plan, bool(output_mask[0]), bool(output_mask[1]), precision)
