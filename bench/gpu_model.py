@@ -490,7 +490,7 @@ def cuda_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dict,
     memory["workspace_forward_mib"] = f["total_bytes"] / MIB
     plans = dict(forward=_plan_summary(f), backward=_plan_summary(b), budget_mib=budget / MIB,
                  dy_by_columns=dy_by_columns)
-    return dict(kernels=out, memory=memory, plans=plans)
+    return dict(kernels=out, memory=memory, plans=plans, element_cycles=dict(forward=fwd_cycles, backward=bwd_cycles))
 
 
 def _plan_summary(p: dict) -> dict:
@@ -545,12 +545,15 @@ def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dic
 
     # ---- forward (launch._line_statistics, rows and columns)
     out.append(Kernel("forward", "zero line statistics", 2, dram={"statistics": 2 * 7 * k * 8}))
+    strips_of_s = launch._similarity_strips(_torch_dtype(precision), d, "tf32" if precision == "tf32" else "ieee")
+    strip_extra = _similarity_strip_forward(out, k, d, e_in, ns, st, fwd_cycles, fwd_pipe, c, launch) \
+        if strips_of_s else 0
     row_blocks = _ceil_div(k, st.block_m)
-    programs = launch.one_pass_programs(row_blocks, k, ns, c["sms"])
+    programs = 0 if strips_of_s else launch.one_pass_programs(row_blocks, k, ns, c["sms"])
     one_pass = programs > 0
     per_sm = occupancy(fwd_row["resources"].get("registers", 255), 32 * st.num_warps, c)
     partial_bytes = programs * ns * k * 8 if one_pass else 0
-    passes = [("stats_kernel, rows and column partials", programs)] if one_pass else \
+    passes = [] if strips_of_s else [("stats_kernel, rows and column partials", programs)] if one_pass else \
         [("stats_kernel, rows (pass 1 of 2)", row_blocks), ("stats_kernel, columns (pass 2 of 2: s again)", row_blocks)]
     if one_pass:
         out.append(Kernel("forward", "zero column partials", 1, dram={"partials": partial_bytes}))
@@ -574,7 +577,7 @@ def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dic
     # ---- backward (launch.loss_backward as launch.BackwardPlan plans it)
     out.append(Kernel("backward", "line constants (upstream casts, line_gradient_kernel)", 4,
                       dram={"line constants": 2 * 9 * k * 8}))
-    plan = launch.BackwardPlan(k, k, d, _torch_dtype(precision))
+    plan = launch.BackwardPlan(k, k, d, _torch_dtype(precision), precision="tf32" if precision == "tf32" else "ieee")
     acc_bytes = 8 if e_in == 8 else 4
     per_sm_g = occupancy(bwd_row["resources"].get("registers", 255), 32 * gr.num_warps, c)
     bwd_note = f"{bwd_cycles:.2f} cycles/element ({bwd_pipe})"
@@ -600,11 +603,19 @@ def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dic
         for lines, with_dx, with_dy in sweeps:
             grid = _ceil_div(plan.strip, gr.block_m) * _ceil_div(k, gr.block_n)
             concurrent = min(grid, per_sm_g * c["sms"])
-            l2, dram, waves = operand_traffic(gr.block_m, gr.block_n, per_sm_g, concurrent,
-                                              _ceil_div(k, gr.block_m), 1, f"G strips over {lines}")
+            if plan.from_s:  # s of the strip from cuBLAS, into the strip; G over it in place
+                out.append(_strip_product(f"cuBLAS s of {strips} strips of {plan.strip} {lines}", "backward",
+                                          strips, k, d, e_in, g_bytes, c))
+                l2, dram, waves = {}, {}, 1
+                (l2 if g_bytes <= l2_bytes else dram)["s strip read"] = kk * e_in
+                flops, what = 0.0, "(s from the strip)"
+            else:
+                l2, dram, waves = operand_traffic(gr.block_m, gr.block_n, per_sm_g, concurrent,
+                                                  _ceil_div(k, gr.block_m), 1, f"G strips over {lines}")
+                flops, what = 2.0 * kk * d, "(s recomputed)"
             (l2 if g_bytes <= l2_bytes else dram)["G written, strip by strip"] = kk * e_in
-            out.append(Kernel("backward", f"grad_block_kernel: G of {strips} strips of {plan.strip} {lines} "
-                              "(s recomputed)", strips, flops=2.0 * kk * d, elements=kk, cycles_per_element=bwd_cycles,
+            out.append(Kernel("backward", f"grad_block_kernel: G of {strips} strips of {plan.strip} {lines} {what}",
+                              strips, flops=flops, elements=kk, cycles_per_element=bwd_cycles,
                               l2=l2, dram=dram, fill=min(1.0, grid / c["sms"]),
                               note=f"{gr.name()}, {grid} programs a strip, {per_sm_g}/SM; {bwd_note}"))
             operand = kd * e_in
@@ -629,17 +640,61 @@ def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dic
                               dram={"accumulators read": 2 * kd * acc_bytes, "written": 2 * kd * e_in}))
     # ---- memory
     saved = 2 * 7 * k * 8
-    fwd_peak = saved + partial_bytes + 2 * k * 8 + 2 * k * 4
+    fwd_peak = saved + partial_bytes + strip_extra + 2 * k * 8 + 2 * k * 4
     items = {"saved statistics": saved, "line constants": 2 * 9 * k * 8, "upstream in float64": 2 * k * 8,
              "dx (output)": kd * e_in, "dy (output)": kd * e_in, f"backward plan ({plan.kind})": plan.extra_bytes}
     memory = _memory(max(fwd_peak, sum(items.values())), items, kd * e_in)
     memory["partials_forward_mib"] = partial_bytes / MIB
     plans = dict(forward=dict(one_pass=one_pass, programs=programs if one_pass else row_blocks, config=st.name(),
-                              programs_per_sm=per_sm),
+                              programs_per_sm=per_sm, strips_of_s=strips_of_s, strip_mib=strip_extra / MIB),
                  backward=dict(kind=plan.kind, strip=plan.strip, gemm_equivalents=plan.gemm_equivalents,
-                               dy_in_pass=plan.dy_in_pass, extra_mib=plan.extra_bytes / MIB, config=gr.name(),
+                               dy_in_pass=plan.dy_in_pass, from_s=plan.from_s, extra_mib=plan.extra_bytes / MIB,
+                               config=gr.name(),
                                programs_per_sm=per_sm_g))
-    return dict(kernels=out, memory=memory, plans=plans)
+    return dict(kernels=out, memory=memory, plans=plans, element_cycles=dict(forward=fwd_cycles, backward=bwd_cycles))
+
+
+def _strip_product(name: str, phase: str, strips: int, k: int, d: int, e_in: int, strip_bytes: int, c: dict) -> Kernel:
+    """cuBLAS s[strip] = a[strip]·bᵀ for every strip (float32 result): a once, b once per strip (from
+    L2 where it fits), the strips of s written (to L2 where one fits)."""
+    kd, kk = k * d, k * k
+    l2, dram = {}, {"own rows": kd * e_in}
+    (l2 if kd * e_in <= c["l2_mib"] * MIB else dram)["other lines read per strip"] = strips * kd * e_in
+    (l2 if strip_bytes <= c["l2_mib"] * MIB else dram)["s strips written (float32)"] = kk * 4
+    return Kernel(phase, name, strips, flops=2.0 * kk * d, l2=l2, dram=dram, note="at the precision's GEMM ceiling")
+
+
+def _similarity_strip_forward(out: list, k: int, d: int, e_in: int, ns: int, st, cycles: float, pipe: str, c: dict,
+                              launch) -> int:
+    """launch._strip_statistics: per strip of s, its cuBLAS product, the partials zeroed, one
+    stats_kernel sweep by columns (the strip's rows into partials), the partials reduced and the
+    columns' sums of the strip added to theirs. Returns the forward's extra bytes (strip, partials
+    and the columns' sums of a strip)."""
+    kk = k * k
+    rows = launch.strip_rows(k, k, 4)
+    strips = _ceil_div(k, rows)
+    strip_bytes = rows * k * 4
+    programs = launch.strip_programs(_ceil_div(k, st.block_m), c["sms"])
+    partial_bytes = programs * ns * rows * 8
+    where = lambda b: "l2" if b <= c["l2_mib"] * MIB else "dram"  # noqa: E731
+    out.append(_strip_product(f"cuBLAS s of {strips} strips of {rows} rows", "forward", strips, k, d, e_in,
+                              strip_bytes, c))
+    out.append(Kernel("forward", "zero partials (per strip)", strips, dram={"partials": strips * partial_bytes}))
+    sweep = {"s strips read": kk * 4,
+             "strip rows' partials read-modify-write per column block": _ceil_div(k, st.block_m) * ns * k * 16,
+             "columns' sums of the strip stored": strips * 7 * k * 8}
+    l2, dram = {}, {}
+    for what, b in sweep.items():
+        (l2 if where(strip_bytes) == "l2" else dram)[what] = b
+    out.append(Kernel("forward", "stats_kernel from each strip (read by columns)", strips, elements=kk,
+                      cycles_per_element=cycles, l2=l2, dram=dram, fill=min(1.0, programs / c["sms"]),
+                      note=f"{st.name()}, {programs} programs a strip; {cycles:.2f} cycles/element ({pipe})"))
+    out.append(Kernel("forward", "reduce_partials_kernel (per strip)", strips,
+                      dram={"partials read": strips * partial_bytes, "row statistics": ns * k * 8},
+                      fill=min(1.0, _ceil_div(rows, launch.STRIP_REDUCE_BLOCK) / c["sms"])))
+    out.append(Kernel("forward", "columns' sums of each strip added (torch)", strips,
+                      dram={"read twice, written": strips * 3 * 7 * k * 8}))
+    return partial_bytes + strip_bytes + 7 * k * 8
 
 
 def _torch_dtype(precision: str):
@@ -682,9 +737,21 @@ def predict(backend: str, loss: str, precision: str, k: int, d: int, c: dict, pr
                 floor_s=floor["total"], ratio=time["total"] / floor["total"],
                 launches=sum(x.launches for x in step["kernels"]), syncs=sum(x.syncs for x in step["kernels"]),
                 gemm_flops=sum(x.flops for x in step["kernels"]), floor_flops=6.0 * k * k * d,
-                memory=step["memory"], plans=step["plans"], kernels=kernels,
+                memory=step["memory"], plans=step["plans"], kernels=kernels, least=least_step(step, precision, k, d, c),
                 targets=dict(ratio=target["ratio"] if (k, d) == (TARGET_K, TARGET_D) else None,
                              beyond_mib=target["beyond_mib"] if k == MEMORY_K else None))
+
+
+def least_step(step: dict, precision: str, k: int, d: int, c: dict) -> dict:
+    """What no plan of the same element code can go below: s once in the forward and once in the
+    backward, G·y and Gᵀ·x (4 GEMM-equivalents) at the precision's ceiling, plus one forward's and one
+    backward's element work (the static profile's cycles), nothing overlapped and nothing else
+    (no bytes, launches or syncs); and the element time a step could have beside those products
+    within the backend's target ratio."""
+    gemms = 4 * 2.0 * k * k * d / (c["gemm_tflops"][precision] * 1e12)
+    cycles = step["element_cycles"]["forward"] + step["element_cycles"]["backward"]
+    element = k * k * cycles / (c["sms"] * c["clock_ghz"] * 1e9)
+    return dict(gemm_s=gemms, element_s=element, total_s=gemms + element)
 
 
 # ------------------------------------------------------------------------------------ report
@@ -785,6 +852,26 @@ def markdown(report: dict) -> str:
                 lines.append(f"| {kern['phase']} | {kern['name']} | {kern['launches']} | {_ms(s['total'])} | "
                              f"{_ms(s['gemm'])} | {_ms(s['element'])} | {_ms(s['dram'])} | {_ms(s['l2'])} | "
                              f"{kern['bound']} | {biggest} | {kern['note']} |")
+            lines.append("")
+        if focus:
+            lines += [f"## What the targets leave the element work: {c['name']}, K = {TARGET_K}, D = {TARGET_D}", "",
+                      "The least step of the same element code (`least_step`): 4 GEMM-equivalents (s in the forward, "
+                      "s again, G·y and Gᵀ·x in the backward) at the precision's ceiling plus one forward's and one "
+                      "backward's element work, nothing overlapped and nothing else moved or launched. *Room* is "
+                      "what the target ratio leaves the element work beside those products; *cut* the share of the "
+                      "element work that would have to go even then.", "",
+                      "| backend | loss | prec | floor ms | 4 GEMMs ms | element ms | least ms | least × floor | "
+                      "target | room ms | cut |",
+                      "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            for r in focus:
+                if (r["k"], r["d"]) != (TARGET_K, TARGET_D):
+                    continue
+                least, limit = r["least"], r["targets"]["ratio"]
+                room = limit * r["floor_s"] - least["gemm_s"]
+                cut = max(0.0, 1.0 - room / least["element_s"]) if least["element_s"] > 0 else 0.0
+                lines.append(f"| {r['backend']} | {r['loss'].upper()} | {r['precision']} | {_ms(r['floor_s'])} | "
+                             f"{_ms(least['gemm_s'])} | {_ms(least['element_s'])} | {_ms(least['total_s'])} | "
+                             f"{least['total_s'] / r['floor_s']:.2f} | {limit:g} | {_ms(room)} | {cut:.0%} |")
             lines.append("")
         mem = [r for r in mine if r["k"] == MEMORY_K and r["d"] == TARGET_D]
         if mem:

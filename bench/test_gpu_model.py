@@ -262,6 +262,30 @@ def test_triton_forward_pass_count_follows_the_partial_budget():
     assert fused["gemm_flops"] == pytest.approx((2 + 6) * 16384**2 * 64)
 
 
+def test_triton_tf32_at_wide_d_takes_s_from_strips_and_the_least_step_is_its_products_and_elements():
+    """Float32 with TF32 products at D = 1024 (launch.similarity_strips): the forward's s and the
+    backward's from cuBLAS strips (4 GEMM-equivalents in all, none inside the element kernels, no
+    operand traffic there), and least_step: 4 products at the ceiling plus one forward's and one
+    backward's element cycles (the fake profile: 100 instructions an element, issue-bound at
+    100/128 cycles each way)."""
+    pytest.importorskip("triton")
+    profile = fake_profile()
+    row = gm.predict("triton", "tcl", "tf32", 16384, 1024, H100, profile)
+    assert row["plans"]["forward"]["strips_of_s"] and row["plans"]["backward"]["from_s"]
+    assert row["gemm_flops"] == pytest.approx(8 * 16384**2 * 1024)
+    for kern in row["kernels"]:
+        if kern["elements"]:
+            assert kern["flops"] == 0 and not any("re-read" in name for name in kern["l2_bytes"]), kern["name"]
+    products = [k for k in row["kernels"] if k["name"].startswith("cuBLAS s of")]
+    assert [k["phase"] for k in products] == ["forward", "backward"]
+    least = row["least"]
+    assert least["gemm_s"] == pytest.approx(4 * 2 * 16384**2 * 1024 / 494.7e12)
+    assert least["element_s"] == pytest.approx(16384**2 * 2 * 100 / 128 / (132 * 1.98e9))
+    # 512 columns: the tile kernels as before (the rows' 128 KiB fit half of L1)
+    narrow = gm.predict("triton", "tcl", "tf32", 16384, 512, H100, profile)
+    assert not narrow["plans"]["forward"]["strips_of_s"] and not narrow["plans"]["backward"]["from_s"]
+
+
 def test_cli_writes_markdown_and_json(tmp_path, capsys):
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps(fake_profile()))
