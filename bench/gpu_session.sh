@@ -4,7 +4,7 @@
 #   bash bench/gpu_session.sh env build test             # call 1 (each call well under 10 minutes)
 #   bash bench/gpu_session.sh sanitize                   # call 2
 #   bash bench/gpu_session.sh bench4k bench16k           # call 3
-#   bash bench/gpu_session.sh bench64k autotune          # call 4
+#   bash bench/gpu_session.sh bench64k autotune tiles16k # call 4
 #   bash bench/gpu_session.sh demo distributed           # call 5
 #   bash bench/gpu_session.sh ceilings model             # after the bench calls: calibrate the model
 #
@@ -22,6 +22,8 @@
 #               torch.compile of it and the floor at the same precision (ieee, tf32, bf16); K = 65536
 #               without the K×K baselines (they need ~200 GiB); merged into one table
 #   autotune    the triton rows again with EO_TRITON_AUTOTUNE=1 (K = 16384)
+#   tiles16k    the triton tf32 rows (K = 16384) with the tile kernels' own s instead of cuBLAS
+#               strips (EO_TRITON_STRIPS_ABOVE_D beyond D): measures launch.similarity_strips' choice
 #   demo        `python -m evidential_ops demo --method tcl --device cuda`, then on the CPU
 #   distributed bench/distributed_check.py over NCCL (one process per GPU)
 #   ceilings    this GPU's real ceilings for the performance model (bench/gpu_model.py
@@ -127,6 +129,11 @@ stage_bench64k() {
 stage_autotune() {
   EO_TRITON_AUTOTUNE=1 bench autotune --sizes 16384 --precisions ieee bf16 --repeats 3 --impls triton \
     --name triton_autotuned
+}
+
+stage_tiles16k() {
+  EO_TRITON_STRIPS_ABOVE_D=1048576 bench tiles16k --sizes 16384 --precisions tf32 --repeats 3 --impls triton floor \
+    --name triton_tiles
 }
 
 stage_demo() {

@@ -685,28 +685,30 @@ def test_triton_extra_memory_at_k65536_d1024_is_below_64_mib(dtype):
     """The device memory the Triton ops add beyond inputs, outputs and per-line arrays at
     K = 65536, D = 1024 (planned, not allocated): the forward's column partials (at most
     PARTIAL_BUDGET_BYTES) with both directions' (7, K) statistics, and the backward plan's
-    strip of G and float32 accumulator. And what the plan costs in GEMM-equivalents."""
+    strip of G and float32 accumulator beside the saved statistics, line constants and upstream
+    gradients. And what the plan costs in GEMM-equivalents."""
     from evidential_ops.triton_backend import launch
 
     k, d = 65536, 1024
     forward = launch.PARTIAL_BUDGET_BYTES + 2 * launch.NUM_LINE_STATS * k * 8
     plan = launch.BackwardPlan(k, k, d, dtype)
-    backward = plan.extra_bytes + 2 * launch.NUM_GRADIENT_FIELDS * k * 8
+    backward = plan.extra_bytes + 2 * (launch.NUM_LINE_STATS + launch.NUM_GRADIENT_FIELDS + 1) * k * 8
     assert forward < 64 * 2**20 and backward < 64 * 2**20
-    # Strips of 128 (float32) or 256 (bfloat16) rows: dy read and written once a strip would move
-    # more bytes than G once more (and a float32 dy for bfloat16 would be 256 MiB): two passes.
+    # The strip takes what 64 MiB leaves beside 2 MiB spare and 2·17 float64 a line (17 MiB):
+    # 45 MiB, 180 float32 or 360 bfloat16 rows of 65536. dy read and written once a strip would
+    # move more bytes than G once more (and a float32 dy for bfloat16 would be 256 MiB): two passes.
     assert (plan.kind, plan.gemm_equivalents, plan.strip) == ("strips, two passes", 4,
-                                                              128 if dtype == torch.float32 else 256)
+                                                              180 if dtype == torch.float32 else 360)
     if dtype == torch.float32:
         # TF32 products: s from strips in the forward too (launch.similarity_strips): one strip of
-        # s in float32, the partials of its 128 rows from at most one program per SM (200 here)
-        # and the columns' sums of one strip, beside both directions' statistics
+        # s in float32, the partials of its rows from at most one program per SM (200 here) and
+        # the columns' sums of one strip, beside both directions' statistics
         rows = launch.strip_rows(k, k, 4)
         strip_forward = rows * k * 4 + launch.strip_programs(k // 64, 200) * 6 * rows * 8 \
             + 3 * launch.NUM_LINE_STATS * k * 8
-        assert rows == 128 and strip_forward < 64 * 2**20
+        assert rows == 180 and strip_forward < 64 * 2**20
         assert launch.BackwardPlan(k, k, d, dtype, precision="tf32").extra_bytes == plan.extra_bytes
-    assert launch.BackwardPlan(8192, 8192, 1024, torch.float32).kind == "strips"  # strips of 1024 rows
+    assert launch.BackwardPlan(8192, 8192, 1024, torch.float32).kind == "strips"  # strips of 1916 rows
     small = launch.BackwardPlan(k, k, 64, torch.bfloat16)
     if not launch.configs.interpreting():
         assert (small.kind, small.gemm_equivalents, small.extra_bytes) == ("fused", 3, k * 64 * 4)
@@ -776,7 +778,7 @@ def test_triton_similarity_strips_match_the_reference(gen, monkeypatch, strips):
     assert [(p.from_s, p.strip) for p in plans] == [(True, {"one strip": k, "strips": 16}[strips])]
 
 
-def test_triton_similarity_strips_where_float32_tiles_would_read_their_rows_again():
+def test_triton_similarity_strips_where_float32_tiles_would_read_their_rows_again(monkeypatch):
     """Which inputs take s from strips: float32 with TF32 products wider than
     SIMILARITY_STRIPS_ABOVE_D (512: 64 float32 rows beyond half an H100 SM's L1), in both
     directions; not IEEE products, 16-bit inputs, narrower D or a given s."""
@@ -785,7 +787,7 @@ def test_triton_similarity_strips_where_float32_tiles_would_read_their_rows_agai
     def source(d, dtype=torch.float32):
         return launch._Source(torch.zeros(2, d, dtype=dtype), torch.zeros(3, d, dtype=dtype))
 
-    assert launch.SIMILARITY_STRIPS_ABOVE_D == 512
+    monkeypatch.setattr(launch, "SIMILARITY_STRIPS_ABOVE_D", 512)  # the default (EO_TRITON_STRIPS_ABOVE_D)
     assert launch.similarity_strips(source(1024), "tf32")
     assert launch.similarity_strips(source(513), "tf32")
     assert not launch.similarity_strips(source(512), "tf32")

@@ -34,11 +34,23 @@ LINE_BLOCK = 128  # lines per program of the per-line kernels
 # run as two passes (one_pass_programs). With the (7, K) statistics of both directions (7 MiB at
 # K = 65536) the forward stays below 64 MiB.
 PARTIAL_BUDGET_BYTES = int(float(os.environ.get("EO_TRITON_PARTIAL_MIB", "48")) * 2**20)
-# The backward where D is wider than a register block stages G = ∂L/∂s through a strip of rows of
-# at most STRIP_BUDGET_BYTES, and keeps a float32 dy for 16-bit inputs (with the product's float32
-# result: twice its size) only within ACCUMULATOR_BUDGET_BYTES; together below 64 MiB
-# (BackwardPlan, docs/backends.md "How the triton backend works").
-STRIP_BUDGET_BYTES = int(float(os.environ.get("EO_TRITON_STRIP_MIB", "32")) * 2**20)
+# The backward where D is wider than a register block stages G = ∂L/∂s through a strip of rows
+# (BackwardPlan), and float32 inputs with TF32 products wide D take s through one
+# (similarity_strips). A strip takes what EXTRA_MEMORY_BYTES, the bound on what the ops add to
+# device memory, leaves beside the per-line buffers held with it (`strip_budget`), or
+# EO_TRITON_STRIP_MIB where that is set (STRIP_BUDGET_BYTES). A float32 dy for 16-bit inputs
+# (with the product's float32 result: twice its size) is kept only within
+# ACCUMULATOR_BUDGET_BYTES, and taken from the strip's share (docs/backends.md "How the triton
+# backend works").
+EXTRA_MEMORY_BYTES = 64 * 2**20
+_STRIP_MIB = os.environ.get("EO_TRITON_STRIP_MIB")
+STRIP_BUDGET_BYTES = int(float(_STRIP_MIB) * 2**20) if _STRIP_MIB else None
+# float64 per line of each direction held with a strip: the saved statistics (7), the line
+# constants (9) and the upstream gradient (1); the forward's columns' sums of a strip (7) and
+# the statistics are less. STRIP_SPARE covers a strip's partials (one program per SM, 132 × 6
+# slots × 184 rows × 8 bytes = 1.1 MiB at K = 65536) and the allocator's rounding.
+PER_LINE_BYTES = 2 * (7 + 9 + 1) * 8
+STRIP_SPARE_BYTES = 2 * 2**20
 ACCUMULATOR_BUDGET_BYTES = 24 * 2**20
 # What a second backward pass costs beyond its G traffic, in bytes of device-memory time per element
 # of s: recomputing the element work (about 1.1 cycles an element in the static profile, on an
@@ -49,8 +61,9 @@ RECOMPUTE_BYTES_PER_ELEMENT = 16
 # directions (similarity_strips): a tile kernel's 64 float32 rows are then more than 128 KiB, half
 # an H100 SM's L1, and come from L2 again for every column tile (bench/gpu_model.py's rule; at
 # K = 16384 the model has the tiles ahead at D = 512, 2.9x the floor against 3.3x for TCL, and the
-# strips at D = 1024, 2.5x against 5.6x).
-SIMILARITY_STRIPS_ABOVE_D = 512
+# strips at D = 1024, 2.5x against 5.6x). EO_TRITON_STRIPS_ABOVE_D moves it (a GPU session times
+# both sides).
+SIMILARITY_STRIPS_ABOVE_D = int(os.environ.get("EO_TRITON_STRIPS_ABOVE_D", "512"))
 
 
 # ----------------------------------------------------------------------------------- launching
@@ -422,10 +435,19 @@ def _similarity_strips(dtype: torch.dtype, d: int, precision: str) -> bool:
     return dtype == torch.float32 and bool(_tf32(dtype, precision)) and d > SIMILARITY_STRIPS_ABOVE_D
 
 
+def strip_budget(lines: int, reserved: int = 0) -> int:
+    """Bytes a strip may take in a problem of `lines` lines a direction: STRIP_BUDGET_BYTES where
+    EO_TRITON_STRIP_MIB sets it, else what EXTRA_MEMORY_BYTES leaves beside the per-line buffers,
+    the spare and `reserved` bytes held with it (58 MiB at K = 16384, 46 MiB at K = 65536)."""
+    if STRIP_BUDGET_BYTES is not None:
+        return STRIP_BUDGET_BYTES
+    return EXTRA_MEMORY_BYTES - STRIP_SPARE_BYTES - PER_LINE_BYTES * lines - reserved
+
+
 def strip_rows(m: int, n: int, size: int) -> int:
-    """Rows of a stored (rows, n) strip of `size`-byte elements within STRIP_BUDGET_BYTES, evened
-    out over the m rows (the strips of s in the forward, of G in the backward)."""
-    rows = max(1, min(m, STRIP_BUDGET_BYTES // max(n * size, 1)))
+    """Rows of a stored (rows, n) strip of `size`-byte elements within `strip_budget`, evened out
+    over the m rows (the strips of s in the forward)."""
+    rows = max(1, min(m, strip_budget(max(m, n)) // max(n * size, 1)))
     return triton_cdiv(m, triton_cdiv(m, rows))
 
 
@@ -630,12 +652,14 @@ class BackwardPlan:
       itself; 16-bit inputs: a float32 dy, and the product's float32 result, where both fit
       ACCUMULATOR_BUDGET_BYTES), where reading and writing dy again for every further strip costs
       no more than a second pass: its G traffic and RECOMPUTE_BYTES_PER_ELEMENT (strips of at
-      least D/3 rows in float32: K = 16384, D = 1024 takes strips of 512 rows, dy moved 4 GiB
+      least D/3 rows in float32: K = 16384, D = 1024 takes 18 strips of 924 rows, dy moved 2.1 GiB
       against 2 GiB of G and the element work of 2.7e8 elements, ~4 GiB).
       3 GEMM-equivalents (2 for one gradient).
     - "strips, two passes" otherwise: dy from strips of columns, G recomputed. 4 GEMM-equivalents.
-      At K = 65536, D = 1024 (strips of 128 float32 or 256 bfloat16 rows): dy read and written 512
-      (256) times would be 256 GiB (128 GiB) against 32 GiB (16 GiB) for G once more.
+      At K = 65536, D = 1024 (strips of 180 float32 or 360 bfloat16 rows): dy read and written 364
+      (182) times would be 182 GiB (91 GiB) against 32 GiB (16 GiB) for G once more.
+    A strip is as large as `strip_budget` allows (what 64 MiB leaves beside the per-line buffers
+    and, where dy shares the pass, its float32 accumulator).
     `from_s` (either strip plan, float32 inputs with TF32 products wider than
     SIMILARITY_STRIPS_ABOVE_D: similarity_strips): each strip of s is a cuBLAS product first,
     stored in the strip, and grad_block_kernel turns it into G in place: the same GEMM-equivalents
@@ -659,14 +683,20 @@ class BackwardPlan:
             self.extra_bytes = n * d * acc_size
         else:
             longest = max(m, n)
-            self.strip = max(1, min(longest, STRIP_BUDGET_BYTES // (longest * size)))
             accumulator = 2 * n * d * acc_size if sixteen_bit else 0
+            shareable = need_dx and need_dy and accumulator <= ACCUMULATOR_BUDGET_BYTES
+
+            def strip_for(reserved: int) -> int:
+                return max(1, min(longest, strip_budget(longest, reserved) // (longest * size)))
+
+            self.strip = strip_for(accumulator if shareable else 0)
             # dy in the same pass is read and written again for every strip after the first; a
             # second pass writes and reads G once more and recomputes s: the pass is shared where
             # the first costs no more than the second's G traffic and element work.
             dy_traffic = (triton_cdiv(m, self.strip) - 1) * n * d * acc_size * 2
-            self.dy_in_pass = (need_dx and need_dy and accumulator <= ACCUMULATOR_BUDGET_BYTES
-                               and dy_traffic <= (2 * size + RECOMPUTE_BYTES_PER_ELEMENT) * m * n)
+            self.dy_in_pass = shareable and dy_traffic <= (2 * size + RECOMPUTE_BYTES_PER_ELEMENT) * m * n
+            if accumulator and not self.dy_in_pass:
+                self.strip = strip_for(0)  # no accumulator held: the strip takes its share
             two_passes = need_dx and need_dy and not self.dy_in_pass
             self.kind = "strips, two passes" if two_passes else "strips"
             self.recomputations = 2 if two_passes else 1
