@@ -797,6 +797,48 @@ def test_triton_similarity_strips_where_float32_tiles_would_read_their_rows_agai
     assert launch.BackwardPlan(16384, 16384, 1024, torch.float32, precision="tf32").from_s
     assert not launch.BackwardPlan(16384, 16384, 1024, torch.float32).from_s
     assert not launch.BackwardPlan(16384, 16384, 1024, torch.bfloat16, precision="tf32").from_s
+    # A traced graph keeps the tile kernels: the strips' cuBLAS products would take torch's TF32
+    # switch when the graph runs, not the op's precision.
+    monkeypatch.setattr(launch, "_tracing", lambda t: True)
+    assert not launch.similarity_strips(source(1024), "tf32")
+
+
+def test_triton_traced_graph_keeps_the_tile_kernels_at_wide_d(gen, monkeypatch):
+    """What a traced graph does with float32 TF32 inputs wider than SIMILARITY_STRIPS_ABOVE_D (lowered
+    here to 16): no cuBLAS strips of s in the forward or the backward, and the same results as eager
+    launches within the reference tolerance (the interpreter's products are IEEE either way)."""
+    from evidential_ops.triton_backend import launch
+
+    monkeypatch.setattr(launch, "SIMILARITY_STRIPS_ABOVE_D", 16)
+    x, y = hard_pairs(70, 24, generator=gen)
+    x, y = x.to(device()), y.to(device())
+    ops = eo.backends.resolve("triton", x.device).ops
+    config = eo.checks.loss_config(evidence="exp", tau=0.05, weights=ALL_WEIGHTS, direction="both", reduction="none")
+    w, mask = eo.ops.weights_tensor(config), eo.ops.terms_mask(config)
+    strips, plans = [], []
+    original_forward, original_plan = launch._strip_statistics, launch.BackwardPlan.__init__
+    monkeypatch.setattr(launch, "_strip_statistics", lambda *a: (strips.append(1), original_forward(*a)))
+
+    def record(self, *args, **kwargs):
+        original_plan(self, *args, **kwargs)
+        plans.append(self.from_s)
+
+    monkeypatch.setattr(launch.BackwardPlan, "__init__", record)
+    runs = []
+    for traced in (False, True):
+        if traced:
+            monkeypatch.setattr(launch, "_tracing", lambda t: True)
+            monkeypatch.setattr(eo.checks, "values_unreadable", lambda t: True)
+        out = ops.loss_forward(x, y, None, "exp", 0.05, w, mask, True, True, "tf32")
+        grads = ops.loss_backward(out[0], out[1], x, y, None, out[2], out[3], "exp", 0.05, w, mask, True, True, 0,
+                                  [True, True], "tf32")
+        runs.append((*out[:2], *grads))
+    assert strips == [1] and plans == [True, False]  # eager: strips; traced: tiles
+    # The two differ in s's float32 summation order only: |Δs| <= 2·D·2^-24 for unit vectors, so
+    # |Δ(s/τ)| <= 2·D·2^-24/τ, the relative change of each α and of what is built from them.
+    bound = 2 * 24 * 2.0**-24 / 0.05
+    for a, b in zip(*runs):
+        torch.testing.assert_close(a, b, rtol=bound, atol=bound * float(b.abs().max()))
 
 
 def test_every_default_tile_is_in_the_autotuning_space():

@@ -427,8 +427,10 @@ def similarity_strips(source: "_Source", precision: str) -> bool:
     operands for 2048 elements), ~7 ms on an H100 against 1.1 ms of TF32 product, while a strip of s
     is written and read once, 4 bytes an element (docs/backends.md "How the triton backend works",
     bench/results/gpu_model.md). 16-bit embeddings keep their own tiles: half the bytes, and the
-    element work, not L2, bounds those sweeps."""
-    return not source.from_s and _similarity_strips(source.dtype, source.d, precision)
+    element work, not L2, bounds those sweeps. Eager launches only: in a traced graph the strips'
+    cuBLAS products would run as torch's TF32 switch says when the graph runs, not as `precision`
+    says, and the tile kernels take it as a compile-time argument."""
+    return not source.from_s and not _tracing(source.a) and _similarity_strips(source.dtype, source.d, precision)
 
 
 def _similarity_strips(dtype: torch.dtype, d: int, precision: str) -> bool:
@@ -842,8 +844,9 @@ def loss_backward(grad_rows, grad_cols, x, y, target_scale, row_stats, col_stats
     m, n = x.shape[0], y.shape[0]
     bw = _Backward(m, n, target_offset, grad_rows, grad_cols, target_scale, row_stats, col_stats, evidence, tau,
                    weights, terms, rows, cols, x)
+    # (s from cuBLAS strips in eager launches only, as similarity_strips)
     plan = BackwardPlan(m, n, x.shape[1], x.dtype, bool(output_mask[0]), bool(output_mask[1]),
-                        configs.has_default("grad_fused", x.device), precision)
+                        configs.has_default("grad_fused", x.device), "ieee" if _tracing(x) else precision)
     if plan.kind == "fused":
         return _grad_fused(x, y, target_offset, bw, precision, plan.block_d)
     return _grad_strips(x, y, target_offset, bw, plan, bool(output_mask[0]), bool(output_mask[1]), precision)
