@@ -805,8 +805,8 @@ def test_triton_similarity_strips_where_float32_tiles_would_read_their_rows_agai
 
 def test_triton_traced_graph_keeps_the_tile_kernels_at_wide_d(gen, monkeypatch):
     """What a traced graph does with float32 TF32 inputs wider than SIMILARITY_STRIPS_ABOVE_D (lowered
-    here to 16): no cuBLAS strips of s in the forward or the backward, and the same results as eager
-    launches within the reference tolerance (the interpreter's products are IEEE either way)."""
+    here to 16): no cuBLAS strips of s in the forward or the backward, and the same results as the
+    eager launches (strips) within what the two ways of forming s may differ by."""
     from evidential_ops.triton_backend import launch
 
     monkeypatch.setattr(launch, "SIMILARITY_STRIPS_ABOVE_D", 16)
@@ -834,9 +834,11 @@ def test_triton_traced_graph_keeps_the_tile_kernels_at_wide_d(gen, monkeypatch):
                                   [True, True], "tf32")
         runs.append((*out[:2], *grads))
     assert strips == [1] and plans == [True, False]  # eager: strips; traced: tiles
-    # The two differ in s's float32 summation order only: |Δs| <= 2·D·2^-24 for unit vectors, so
-    # |Δ(s/τ)| <= 2·D·2^-24/τ, the relative change of each α and of what is built from them.
-    bound = 2 * 24 * 2.0**-24 / 0.05
+    # Each way's s is within D·2^-24 of the exact one for unit vectors (float32 sums), plus 2^-10 on
+    # a GPU (TF32 rounds both operands to 2^-11 relative, cuBLAS and the tiles each in its own way;
+    # the interpreter's products are float32). So |Δ(s/τ)| <= 2·(2^-10 + D·2^-24)/τ, the relative
+    # change of each α and of what is built from them.
+    bound = 2 * ((2.0**-10 if COMPILED else 0.0) + 24 * 2.0**-24) / 0.05
     for a, b in zip(*runs):
         torch.testing.assert_close(a, b, rtol=bound, atol=bound * float(b.abs().max()))
 

@@ -48,7 +48,7 @@ STRIP_BUDGET_BYTES = int(float(_STRIP_MIB) * 2**20) if _STRIP_MIB else None
 # float64 per line of each direction held with a strip: the saved statistics (7), the line
 # constants (9) and the upstream gradient (1); the forward's columns' sums of a strip (7) and
 # the statistics are less. STRIP_SPARE covers a strip's partials (one program per SM, 132 × 6
-# slots × 184 rows × 8 bytes = 1.1 MiB at K = 65536) and the allocator's rounding.
+# slots × 180 rows × 8 bytes = 1.1 MiB at K = 65536) and the allocator's rounding.
 PER_LINE_BYTES = 2 * (7 + 9 + 1) * 8
 STRIP_SPARE_BYTES = 2 * 2**20
 ACCUMULATOR_BUDGET_BYTES = 24 * 2**20
@@ -61,8 +61,8 @@ RECOMPUTE_BYTES_PER_ELEMENT = 16
 # directions (similarity_strips): a tile kernel's 64 float32 rows are then more than 128 KiB, half
 # an H100 SM's L1, and come from L2 again for every column tile (bench/gpu_model.py's rule; at
 # K = 16384 the model has the tiles ahead at D = 512, 2.9x the floor against 3.3x for TCL, and the
-# strips at D = 1024, 2.5x against 5.6x). EO_TRITON_STRIPS_ABOVE_D moves it (a GPU session times
-# both sides).
+# strips at D = 1024, 2.3x against 5.6x). EO_TRITON_STRIPS_ABOVE_D moves it (a GPU session times
+# both sides: bench/gpu_session.sh tiles16k).
 SIMILARITY_STRIPS_ABOVE_D = int(os.environ.get("EO_TRITON_STRIPS_ABOVE_D", "512"))
 
 
@@ -440,7 +440,7 @@ def _similarity_strips(dtype: torch.dtype, d: int, precision: str) -> bool:
 def strip_budget(lines: int, reserved: int = 0) -> int:
     """Bytes a strip may take in a problem of `lines` lines a direction: STRIP_BUDGET_BYTES where
     EO_TRITON_STRIP_MIB sets it, else what EXTRA_MEMORY_BYTES leaves beside the per-line buffers,
-    the spare and `reserved` bytes held with it (58 MiB at K = 16384, 46 MiB at K = 65536)."""
+    the spare and `reserved` bytes held with it (58 MiB at K = 16384, 45 MiB at K = 65536)."""
     if STRIP_BUDGET_BYTES is not None:
         return STRIP_BUDGET_BYTES
     return EXTRA_MEMORY_BYTES - STRIP_SPARE_BYTES - PER_LINE_BYTES * lines - reserved
@@ -714,6 +714,7 @@ def _gradient_strip(a: Tensor, b: Tensor, own_g: Tensor, other_g: Tensor, t_off:
     n_own, d = a.shape
     n_other = b.shape[0]
     variant = (bw.kind, tuple(bw.terms.stat_flags().values()), _tf32(a.dtype, precision), from_s)
+
     def run(config, out):
         src = out if from_s else a  # a strip of s is read at the strip's rows, then overwritten
         row_blocks = triton_cdiv(rows, config.block_m)
