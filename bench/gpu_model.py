@@ -243,13 +243,16 @@ def load_profile(path: str | None = None, refresh_to: str = DEFAULT_PROFILE) -> 
         return json.load(handle)
 
 
-def profile_row(profile: dict, backend: str, method: str, direction: str) -> dict | None:
+def profile_row(profile: dict, backend: str, method: str, direction: str, variant: str = "tile") -> dict | None:
     """The profile's row for a kernel: for cuda the instantiation the loss runs (its evidence map,
-    float32 s and ∂L/∂s compiled in), for triton the default configuration."""
+    float32 s and ∂L/∂s compiled in), for triton the default configuration sweeping its own tiles
+    (variant "tile") or stored strips of s ("strip"; a profile without those rows gives the tile
+    kernel's)."""
     for row in profile["rows"]:
-        if (row["backend"], row["method"], row["direction"]) == (backend, method, direction) and row.get("hot"):
+        if (row["backend"], row["method"], row["direction"], row.get("variant", "tile")) == \
+                (backend, method, direction, variant) and row.get("hot"):
             return row
-    return None
+    return profile_row(profile, backend, method, direction) if variant != "tile" else None
 
 
 def per_element(row: dict) -> dict:
@@ -524,7 +527,12 @@ def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dic
     ns = launch._Terms(mask).num_partials()
     defaults = configs.DEFAULTS_BY_ARCH[90 if c["arch"] >= 90 else 80]
     st, gr = defaults["stats"], defaults["grad"]
-    fwd_row, bwd_row = profile_row(profile, "triton", loss, "fwd"), profile_row(profile, "triton", loss, "bwd")
+    # float32 with TF32 at wide D: s from cuBLAS strips in both directions (launch.similarity_strips,
+    # BackwardPlan.from_s), the element loops those of the strip sweeps
+    strips_of_s = launch._similarity_strips(_torch_dtype(precision), d, "tf32" if precision == "tf32" else "ieee")
+    sweep = "strip" if strips_of_s else "tile"
+    fwd_row = profile_row(profile, "triton", loss, "fwd", sweep)
+    bwd_row = profile_row(profile, "triton", loss, "bwd", sweep)
     fwd_cycles, fwd_pipe, _ = pipe_cycles(per_element(fwd_row), c["rates"])
     bwd_cycles, bwd_pipe, _ = pipe_cycles(per_element(bwd_row), c["rates"])
     l2_bytes, l1_half = c["l2_mib"] * MIB, c["l1_kib"] * 1024 // 2
@@ -545,7 +553,6 @@ def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dic
 
     # ---- forward (launch._line_statistics, rows and columns)
     out.append(Kernel("forward", "zero line statistics", 2, dram={"statistics": 2 * 7 * k * 8}))
-    strips_of_s = launch._similarity_strips(_torch_dtype(precision), d, "tf32" if precision == "tf32" else "ieee")
     strip_extra = _similarity_strip_forward(out, k, d, e_in, ns, st, fwd_cycles, fwd_pipe, c, launch) \
         if strips_of_s else 0
     row_blocks = _ceil_div(k, st.block_m)
@@ -904,7 +911,8 @@ ASSUMPTIONS = [
     "(128 instructions/clk/SM) and the FP32, FP64, MUFU, integer, conversion and load/store pipes at their "
     "per-SM rates, from the static counts of the hot loop (bench/static_profile.py: both sides of a branch "
     "counted; CUDA: the build with the loss's evidence map fixed; Triton: the float32 input path for every "
-    "precision; the sm_90 code's counts on the A100 too). Full occupancy hides latency.",
+    "precision, and the sweeps of stored strips of s where the step takes them; the sm_90 code's counts on the "
+    "A100 too). Full occupancy hides latency.",
     "DRAM: data that must come from device memory; an operand larger than L2 comes again for each wave of "
     "resident Triton programs (occupancy from the compiled registers). L2: re-reads a wave shares, and "
     "read-modify-writes whose working set fits in L2. L1 hits are assumed only for a Triton program's own rows "

@@ -684,7 +684,9 @@ def profile_cuda(nvcc: str, nvdisasm: str, methods, directions, builds, workdir:
 
 def profile_triton(methods, directions, dtype_path: str, nvdisasm: str, workdir: str) -> list:
     """Rows of the Triton default configurations (stats_kernel forward; grad_fused_kernel and
-    grad_block_kernel backward)."""
+    grad_block_kernel backward), and of the same kernels sweeping stored strips of s (float32 with
+    TF32 at wide D, launch.similarity_strips: row "variant" "strip", whose element loop is the
+    innermost loop that loads s)."""
     sys.path.insert(0, ROOT)
     from evidential_ops.triton_backend import aot_check
     from triton.backends.compiler import GPUTarget
@@ -693,25 +695,27 @@ def profile_triton(methods, directions, dtype_path: str, nvdisasm: str, workdir:
     target = GPUTarget("cuda", ARCH, 32)
     wanted = {"fwd": ("stats",), "bwd": ("grad_fused", "grad")}
     rules = {"stats": "tile-sweep", "grad_fused": "tile-sweep", "grad": "tile-sweep"}
+    sweeps = [(d, k, "tile") for d in directions for k in wanted.get(d, ())]
+    sweeps += [(d, k, "strip") for d in directions for k in {"fwd": ("stats",), "bwd": ("grad",)}.get(d, ())]
     rows = []
-    for direction, kernel in ((d, k) for d in directions for k in wanted.get(d, ())):
+    for direction, kernel, sweep in sweeps:
         for method in methods:
-            variant = f"{method} {dtype_path}"
+            variant = f"{method} {dtype_path}" if sweep == "tile" else f"{method} tf32 strip"
             job = next((j for j in aot_check.jobs(ARCH, quick=True)
                         if j.default and j.kernel == kernel and j.variant == variant), None)
             if job is None:  # the fused backward takes 16-bit inputs only
                 continue
             compiled, log = aot_check.compile_with_log(job, target)
-            cubin = os.path.join(workdir, f"triton_{job.kernel}_{method}.cubin")
+            cubin = os.path.join(workdir, f"triton_{job.kernel}_{method}_{sweep}.cubin")
             with open(cubin, "wb") as handle:
                 handle.write(compiled.asm["cubin"])
             functions = disassemble(nvdisasm, cubin)
             name = next(iter(functions))
             block = job.constexprs["BLOCK_M"] * job.constexprs["BLOCK_N"]
             row = dict(backend="triton", method=method, direction=direction, kernel=f"{job.kernel}_kernel",
-                       symbol=name, source=f"{job.config} {variant} (aot_check job)",
+                       symbol=name, source=f"{job.config} {variant} (aot_check job)", variant=sweep,
                        resources=aot_check.resources(log), elements_per_iteration=block / (32 * job.num_warps),
-                       **analyse(functions[name], rules[kernel]))
+                       **analyse(functions[name], rules[kernel] if sweep == "tile" else "element-load"))
             if block < 32 * job.num_warps:
                 row["warning"] = "a tile smaller than the program's threads: elements are replicated across threads"
             rows.append(row)
@@ -749,7 +753,7 @@ def _build(row: dict) -> str:
     if row["backend"] == "cuda-any":
         return "CUDA generic (run-time evidence and dtypes)"
     kernel = row["kernel"].removesuffix("_kernel")
-    return f"Triton {kernel} " + row["source"].split(" ")[0]
+    return f"Triton {kernel} " + row["source"].split(" ")[0] + (" strip of s" if row.get("variant") == "strip" else "")
 
 
 def markdown(report: dict) -> str:
