@@ -778,6 +778,28 @@ def test_triton_similarity_strips_match_the_reference(gen, monkeypatch, strips):
     assert [(p.from_s, p.strip) for p in plans] == [(True, {"one strip": k, "strips": 16}[strips])]
 
 
+@pytest.mark.parametrize("n_q,n_g", [(7, 500), (300, 70)])
+def test_triton_similarity_strips_opinions_of_unequal_sides(gen, monkeypatch, n_q, n_g):
+    """Opinions (no targets) from strips of s on problems whose sides differ (strips forced as above,
+    each of 4 rows of the longer side's width: the query side in 2 or 75 strips, the last partial):
+    both sides' log strengths against the float64 reference within 1e-5 + 8·√D·2^-24/τ."""
+    from evidential_ops.triton_backend import launch
+
+    monkeypatch.setattr(launch, "_similarity_strips", lambda dtype, d, precision: dtype == torch.float32)
+    monkeypatch.setattr(launch, "STRIP_BUDGET_BYTES", 4 * n_g * 4)
+    taken = []
+    original = launch._strip_statistics
+    monkeypatch.setattr(launch, "_strip_statistics", lambda *a: (taken.append(a[0].n_own), original(*a)))
+    x, _ = random_pairs(n_q, 48, generator=gen)
+    y, _ = random_pairs(n_g, 48, generator=gen)
+    got = eo.opinion(x.to(device()), y.to(device()), tau=0.05, backend="triton")
+    ref = eo.reference.opinion(x, y, tau=0.05)
+    assert taken == [n_q]
+    for name in ("row_log_strength", "col_log_strength"):
+        error = (getattr(got, name).double().cpu() - getattr(ref, name)).abs()
+        assert float(error.max()) <= 1e-5 + 8 * math.sqrt(48) * 2.0**-24 / 0.05, name
+
+
 def test_triton_similarity_strips_where_float32_tiles_would_read_their_rows_again(monkeypatch):
     """Which inputs take s from strips: float32 with TF32 products wider than
     SIMILARITY_STRIPS_ABOVE_D (512: 64 float32 rows beyond half an H100 SM's L1), in both
