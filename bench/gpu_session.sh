@@ -5,6 +5,7 @@
 #   bash bench/gpu_session.sh sanitize                   # call 2
 #   bash bench/gpu_session.sh bench4k bench16k           # call 3
 #   bash bench/gpu_session.sh bench64k autotune tiles16k # call 4
+#   bash bench/gpu_session.sh ncu                        # call 4b
 #   bash bench/gpu_session.sh demo distributed           # call 5
 #   bash bench/gpu_session.sh ceilings model             # after the bench calls: calibrate the model
 #
@@ -24,6 +25,8 @@
 #   autotune    the triton rows again with EO_TRITON_AUTOTUNE=1 (K = 16384)
 #   tiles16k    the triton tf32 rows (K = 16384) with the tile kernels' own s instead of cuBLAS
 #               strips (EO_TRITON_STRIPS_ABOVE_D beyond D): measures launch.similarity_strips' choice
+#   ncu         Nsight Compute on one triton TCL step, K = 16384, D = 1024 (bench/ncu_step.py), bf16
+#               (tile kernels) and tf32 (strip sweeps): tensor pipe beside issue activity, warp stalls
 #   demo        `python -m evidential_ops demo --method tcl --device cuda`, then on the CPU
 #   distributed bench/distributed_check.py over NCCL (one process per GPU)
 #   ceilings    this GPU's real ceilings for the performance model (bench/gpu_model.py
@@ -134,6 +137,17 @@ stage_autotune() {
 stage_tiles16k() {
   EO_TRITON_STRIPS_ABOVE_D=1048576 bench tiles16k --sizes 16384 --precisions tf32 --repeats 3 --impls triton floor \
     --name triton_tiles
+}
+
+stage_ncu() {
+  need_build || return 1
+  local prec
+  for prec in bf16 tf32; do
+    in_out ncu --nvtx --nvtx-include "step/" --kernel-name regex:'stats_kernel|grad_block_kernel' --launch-count 4 \
+      --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
+      "$PY" "$ROOT/bench/ncu_step.py" --case tcl --precision "$prec" >"$OUT/ncu_$prec.log" 2>&1
+    note "ncu $prec: exit $?"
+  done
 }
 
 stage_demo() {
