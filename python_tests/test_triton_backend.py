@@ -800,6 +800,66 @@ def test_triton_similarity_strips_opinions_of_unequal_sides(gen, monkeypatch, n_
         assert float(error.max()) <= 1e-5 + 8 * math.sqrt(48) * 2.0**-24 / 0.05, name
 
 
+def test_triton_similarity_strips_of_row_strips_with_a_target_offset(gen, monkeypatch):
+    """Rows [a, b) of an N×N problem, as distributed training asks for them (line_stats and
+    loss_backward with target offset a), with s from strips (SIMILARITY_STRIPS_ABOVE_D lowered to
+    16, strips of 8 rows; TF32 products) against the square problem through the tile kernels. On
+    the 2^-8 grid (conftest.on_exact_grid) s is exact in float32 and TF32 alike, so only summation
+    orders differ: each row's and the summed columns' float64 statistics within
+    reordered_sum_bound (Σ|ln ψ1| for the sign-changing log-trigamma sums), each strip's dx within
+    two float32 GEMM orders of the square one's (n + 1 terms a sum, |G| from the reference)."""
+    from conftest import on_exact_grid, reordered_sum_bound, unit_roundoff
+    from evidential_ops.triton_backend import launch
+
+    n, d, tau = 70, 24, 0.05
+    x, y = (on_exact_grid(t) for t in hard_pairs(n, d, generator=gen))
+    x, y = x.to(device()), y.to(device())
+    config = eo.checks.loss_config(evidence="exp", tau=tau, weights=ALL_WEIGHTS, direction="both", reduction="none")
+    ops, mask, w = eo.backends.resolve("triton", x.device).ops, eo.ops.terms_mask(config), eo.ops.weights_tensor(config)
+    grad_rows, grad_cols = torch.rand(n, generator=gen).to(x), torch.rand(n, generator=gen).to(x)
+    _, _, row_stats, col_stats = ops.loss_forward(x, y, None, "exp", tau, w, mask, True, True, "tf32")
+    dx, _ = ops.loss_backward(grad_rows, grad_cols, x, y, None, row_stats, col_stats, "exp", tau, w, mask, True, True,
+                              0, [True, True], "tf32")
+    monkeypatch.setattr(launch, "SIMILARITY_STRIPS_ABOVE_D", 16)
+    monkeypatch.setattr(launch, "STRIP_BUDGET_BYTES", 8 * n * 4)
+    offsets, plans = [], []
+    original_forward, original_plan = launch._strip_statistics, launch.BackwardPlan.__init__
+    monkeypatch.setattr(launch, "_strip_statistics", lambda *a: (offsets.append(a[1]), original_forward(*a)))
+
+    def record(self, *args, **kwargs):
+        original_plan(self, *args, **kwargs)
+        plans.append(self.from_s)
+
+    monkeypatch.setattr(launch.BackwardPlan, "__init__", record)
+    s = x.double().cpu() @ y.double().cpu().T  # exact: the grid
+    log_trigamma = torch.polygamma(1, s.div(tau).exp() + 1).log().abs()
+    magnitude = [row_stats.abs().cpu(), col_stats.abs().cpu()]
+    magnitude[0][5], magnitude[1][5] = log_trigamma.sum(1), log_trigamma.sum(0)  # Σ ln ψ1: LineStat 5
+    row_bound, col_bound = (reordered_sum_bound(n, torch.float64, m) for m in magnitude)
+    s_ref = s.clone().requires_grad_()
+    ref_rows, ref_cols = eo.reference.evidential_loss_from_similarity(s_ref, evidence="exp", tau=tau,
+                                                                      weights=ALL_WEIGHTS, reduction="none")
+    (g_ref,) = torch.autograd.grad((ref_rows * grad_rows.double().cpu()).sum()
+                                   + (ref_cols * grad_cols.double().cpu()).sum(), s_ref)
+    u = unit_roundoff(torch.float32)
+    dx_bound = 2 * ((2 * n + 2) * u * (g_ref.abs() @ y.double().cpu().abs()) + u * dx.double().cpu().abs())
+
+    def within(got, want, bound):
+        excess = (got.double().cpu() - want.double().cpu()).abs() - bound
+        assert float(excess.max()) <= 0, float(excess.max())
+
+    bounds = [0, 13, 41, n]
+    strips = [ops.line_stats(x[a:b], y, a, "exp", tau, mask, True, True, "tf32") for a, b in zip(bounds, bounds[1:])]
+    summed_cols = sum(col for _, col in strips)
+    within(summed_cols, col_stats, col_bound)
+    for (a, b), (strip_rows, _) in zip(zip(bounds, bounds[1:]), strips):
+        within(strip_rows, row_stats[:, a:b], row_bound[:, a:b])
+        dx_strip, _ = ops.loss_backward(grad_rows[a:b], grad_cols, x[a:b], y, None, strip_rows, summed_cols, "exp",
+                                        tau, w, mask, True, True, a, [True, True], "tf32")
+        within(dx_strip, dx[a:b], dx_bound[a:b])
+    assert offsets == bounds[:-1] and plans == [True] * 3
+
+
 def test_triton_similarity_strips_where_float32_tiles_would_read_their_rows_again(monkeypatch):
     """Which inputs take s from strips: float32 with TF32 products wider than
     SIMILARITY_STRIPS_ABOVE_D (512: 64 float32 rows beyond half an H100 SM's L1), in both

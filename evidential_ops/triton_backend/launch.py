@@ -381,7 +381,7 @@ def _line_statistics(source: _Source, t_off: int, evidence: int, inv_tau: float,
     row_stats = torch.zeros((NUM_LINE_STATS, source.n_own), dtype=torch.float64, device=like.device)
     col_stats = torch.zeros((NUM_LINE_STATS, source.n_other), dtype=torch.float64, device=like.device)
     if rows and cols and similarity_strips(source, precision):
-        _strip_statistics(source, evidence, inv_tau, terms, has_target, precision, row_stats, col_stats)
+        _strip_statistics(source, t_off, evidence, inv_tau, terms, has_target, precision, row_stats, col_stats)
         return row_stats, col_stats
     if rows and cols:
         ns = terms.num_partials() if terms is not None else 1
@@ -453,9 +453,10 @@ def strip_rows(m: int, n: int, size: int) -> int:
     return triton_cdiv(m, triton_cdiv(m, rows))
 
 
-def _strip_statistics(source: "_Source", evidence: int, inv_tau: float, terms: _Terms | None, has_target: bool,
-                      precision: str, row_stats: Tensor, col_stats: Tensor) -> None:
-    """Both directions' statistics from strips of s (similarity_strips): s[strip] = a[strip]·bᵀ (cuBLAS,
+def _strip_statistics(source: "_Source", t_off: int, evidence: int, inv_tau: float, terms: _Terms | None,
+                      has_target: bool, precision: str, row_stats: Tensor, col_stats: Tensor) -> None:
+    """Both directions' statistics from strips of s (similarity_strips; row i's target is column
+    i + t_off): s[strip] = a[strip]·bᵀ (cuBLAS,
     TF32, float32 result) then one stats_kernel sweep of it read by columns. The columns (every
     other line, N of them: enough programs for every SM) are the own lines, their sums of the strip
     added to col_stats strip after strip; the strip's rows are the other lines, summed per program
@@ -479,9 +480,9 @@ def _strip_statistics(source: "_Source", evidence: int, inv_tau: float, terms: _
             strip = s[:rows]
             torch.mm(a[r0:r0 + rows], b.t(), out=strip)
             strip_partials = partials[:programs * ns * rows].view(programs, ns, rows).zero_()
-            # Column j's target is the strip's row j − r0 (where the strip has it).
-            _stats_pass(_Source(strip, None, transposed=True), strip_cols, row_stats[:, r0:], strip_partials, -r0,
-                        evidence, inv_tau, terms, has_target, precision)
+            # Column j's target is row j − t_off, the strip's row j − t_off − r0 (where the strip has it).
+            _stats_pass(_Source(strip, None, transposed=True), strip_cols, row_stats[:, r0:], strip_partials,
+                        -(t_off + r0), evidence, inv_tau, terms, has_target, precision)
             col_stats += strip_cols
             _launch(kernels.reduce_partials_kernel, (triton_cdiv(rows, STRIP_REDUCE_BLOCK),),
                     strip_partials, programs, row_stats[:, r0:], rows, m, **flags, BLOCK=STRIP_REDUCE_BLOCK)
