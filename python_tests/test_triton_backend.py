@@ -806,8 +806,8 @@ def test_triton_similarity_strips_of_row_strips_with_a_target_offset(gen, monkey
     16, strips of 8 rows; TF32 products) against the square problem through the tile kernels. On
     the 2^-8 grid (conftest.on_exact_grid) s is exact in float32 and TF32 alike, so only summation
     orders differ: each row's and the summed columns' float64 statistics within
-    reordered_sum_bound (Σ|ln ψ1| for the sign-changing log-trigamma sums), each strip's dx within
-    two float32 GEMM orders of the square one's (n + 1 terms a sum, |G| from the reference)."""
+    reordered_sum_bound (Σ|ln ψ1| for the sign-changing log-trigamma sums), each strip's dx and the
+    strips' summed dy within two float32 GEMM orders of the square ones' (|G| from the reference)."""
     from conftest import on_exact_grid, reordered_sum_bound, unit_roundoff
     from evidential_ops.triton_backend import launch
 
@@ -818,8 +818,8 @@ def test_triton_similarity_strips_of_row_strips_with_a_target_offset(gen, monkey
     ops, mask, w = eo.backends.resolve("triton", x.device).ops, eo.ops.terms_mask(config), eo.ops.weights_tensor(config)
     grad_rows, grad_cols = torch.rand(n, generator=gen).to(x), torch.rand(n, generator=gen).to(x)
     _, _, row_stats, col_stats = ops.loss_forward(x, y, None, "exp", tau, w, mask, True, True, "tf32")
-    dx, _ = ops.loss_backward(grad_rows, grad_cols, x, y, None, row_stats, col_stats, "exp", tau, w, mask, True, True,
-                              0, [True, True], "tf32")
+    dx, dy = ops.loss_backward(grad_rows, grad_cols, x, y, None, row_stats, col_stats, "exp", tau, w, mask, True, True,
+                               0, [True, True], "tf32")
     monkeypatch.setattr(launch, "SIMILARITY_STRIPS_ABOVE_D", 16)
     monkeypatch.setattr(launch, "STRIP_BUDGET_BYTES", 8 * n * 4)
     offsets, plans = [], []
@@ -843,6 +843,7 @@ def test_triton_similarity_strips_of_row_strips_with_a_target_offset(gen, monkey
                                    + (ref_cols * grad_cols.double().cpu()).sum(), s_ref)
     u = unit_roundoff(torch.float32)
     dx_bound = 2 * ((2 * n + 2) * u * (g_ref.abs() @ y.double().cpu().abs()) + u * dx.double().cpu().abs())
+    dy_bound = 2 * ((2 * (n + 3) + 2) * u * (g_ref.abs().T @ x.double().cpu().abs()) + u * dy.double().cpu().abs())
 
     def within(got, want, bound):
         excess = (got.double().cpu() - want.double().cpu()).abs() - bound
@@ -852,11 +853,14 @@ def test_triton_similarity_strips_of_row_strips_with_a_target_offset(gen, monkey
     strips = [ops.line_stats(x[a:b], y, a, "exp", tau, mask, True, True, "tf32") for a, b in zip(bounds, bounds[1:])]
     summed_cols = sum(col for _, col in strips)
     within(summed_cols, col_stats, col_bound)
+    dy_sum = torch.zeros_like(dy)
     for (a, b), (strip_rows, _) in zip(zip(bounds, bounds[1:]), strips):
         within(strip_rows, row_stats[:, a:b], row_bound[:, a:b])
-        dx_strip, _ = ops.loss_backward(grad_rows[a:b], grad_cols, x[a:b], y, None, strip_rows, summed_cols, "exp",
-                                        tau, w, mask, True, True, a, [True, True], "tf32")
+        dx_strip, dy_part = ops.loss_backward(grad_rows[a:b], grad_cols, x[a:b], y, None, strip_rows, summed_cols,
+                                              "exp", tau, w, mask, True, True, a, [True, True], "tf32")
         within(dx_strip, dx[a:b], dx_bound[a:b])
+        dy_sum += dy_part
+    within(dy_sum, dy, dy_bound)
     assert offsets == bounds[:-1] and plans == [True] * 3
 
 
