@@ -420,9 +420,9 @@ def one_pass_programs(row_blocks: int, n_other: int, num_partials: int, sms: int
 
 
 def similarity_strips(source: "_Source", precision: str) -> bool:
-    """Whether s comes from stored strips of cuBLAS products rather than from the tile kernels' own
-    (SIMILARITY_STRIPS_ABOVE_D): float32 embeddings with TF32 products wider than the resident row
-    block. Their tiles then step through D and read 4-byte operands again for every tile: at
+    """Whether s comes from stored strips of cuBLAS products rather than from the tile kernels' own:
+    float32 embeddings with TF32 products wider than SIMILARITY_STRIPS_ABOVE_D, whose 64 rows then
+    exceed half an SM's L1. Their tiles step through D and read 4-byte operands again for every tile: at
     K = 16384, D = 1024 a stats sweep moves 48 GiB through L2 (a 64 × 32 tile reads 384 KiB of
     operands for 2048 elements), ~7 ms on an H100 against 1.1 ms of TF32 product, while a strip of s
     is written and read once, 4 bytes an element (docs/backends.md "How the triton backend works",
@@ -456,13 +456,12 @@ def strip_rows(m: int, n: int, size: int) -> int:
 def _strip_statistics(source: "_Source", t_off: int, evidence: int, inv_tau: float, terms: _Terms | None,
                       has_target: bool, precision: str, row_stats: Tensor, col_stats: Tensor) -> None:
     """Both directions' statistics from strips of s (similarity_strips; row i's target is column
-    i + t_off): s[strip] = a[strip]·bᵀ (cuBLAS,
-    TF32, float32 result) then one stats_kernel sweep of it read by columns. The columns (every
-    other line, N of them: enough programs for every SM) are the own lines, their sums of the strip
-    added to col_stats strip after strip; the strip's rows are the other lines, summed per program
-    into partials that reduce_partials_kernel adds up into row_stats' columns of the strip.
-    Deterministic: every sum in a fixed order. Extra memory: one strip, its partials and the
-    columns' sums of one strip."""
+    i + t_off): s[strip] = a[strip]·bᵀ (cuBLAS, TF32, float32 result), then one stats_kernel sweep
+    of it read by columns. The columns (every other line, N of them: enough programs for every SM)
+    are the own lines, their sums of the strip added to col_stats strip after strip; the strip's
+    rows are the other lines, summed per program into partials that reduce_partials_kernel adds up
+    into row_stats' columns of the strip. Deterministic: every sum in a fixed order. Extra memory:
+    one strip, its partials and the columns' sums of one strip."""
     a, b = source.a, source.b
     m, n = source.n_own, source.n_other
     rows_per_strip = strip_rows(m, n, 4)
