@@ -529,7 +529,7 @@ def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dic
     st, gr = defaults["stats"], defaults["grad"]
     # float32 with TF32 at wide D: s from cuBLAS strips in both directions (launch.similarity_strips,
     # BackwardPlan.from_s), the element loops those of the strip sweeps
-    strips_of_s = launch._similarity_strips(_torch_dtype(precision), d, "tf32" if precision == "tf32" else "ieee")
+    strips_of_s = launch.similarity_strips(_torch_dtype(precision), d, "tf32" if precision == "tf32" else "ieee")
     sweep = "strip" if strips_of_s else "tile"
     fwd_row = profile_row(profile, "triton", loss, "fwd", sweep)
     bwd_row = profile_row(profile, "triton", loss, "bwd", sweep)
@@ -584,7 +584,7 @@ def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dic
     # ---- backward (launch.loss_backward as launch.BackwardPlan plans it)
     out.append(Kernel("backward", "line constants (upstream casts, line_gradient_kernel)", 4,
                       dram={"line constants": 2 * 9 * k * 8}))
-    plan = launch.BackwardPlan(k, k, d, _torch_dtype(precision), precision="tf32" if precision == "tf32" else "ieee")
+    plan = launch.BackwardPlan(k, k, d, _torch_dtype(precision), strips_of_s=strips_of_s)
     acc_bytes = 8 if e_in == 8 else 4
     per_sm_g = occupancy(bwd_row["resources"].get("registers", 255), 32 * gr.num_warps, c)
     bwd_note = f"{bwd_cycles:.2f} cycles/element ({bwd_pipe})"

@@ -707,7 +707,7 @@ def test_triton_extra_memory_at_k65536_d1024_is_below_64_mib(dtype):
         strip_forward = rows * k * 4 + launch.strip_programs(k // 64, 200) * 6 * rows * 8 \
             + 3 * launch.NUM_LINE_STATS * k * 8
         assert rows == 180 and strip_forward < 64 * 2**20
-        assert launch.BackwardPlan(k, k, d, dtype, precision="tf32").extra_bytes == plan.extra_bytes
+        assert launch.BackwardPlan(k, k, d, dtype, strips_of_s=True).extra_bytes == plan.extra_bytes
     assert launch.BackwardPlan(8192, 8192, 1024, torch.float32).kind == "strips"  # strips of 1916 rows
     small = launch.BackwardPlan(k, k, 64, torch.bfloat16)
     if not launch.configs.interpreting():
@@ -749,7 +749,7 @@ def test_triton_similarity_strips_match_the_reference(gen, monkeypatch, strips):
     float64 reference within 1e-4 + 8·√D·2^-24/τ."""
     from evidential_ops.triton_backend import launch
 
-    monkeypatch.setattr(launch, "_similarity_strips", lambda dtype, d, precision: dtype == torch.float32)
+    monkeypatch.setattr(launch, "similarity_strips", lambda dtype, d, precision, like=None: dtype == torch.float32)
     if strips == "strips":
         monkeypatch.setattr(launch, "STRIP_BUDGET_BYTES", 16 * 113 * 4)
     forwards, plans = [], []
@@ -785,7 +785,7 @@ def test_triton_similarity_strips_opinions_of_unequal_sides(gen, monkeypatch, n_
     both sides' log strengths against the float64 reference within 1e-5 + 8·√D·2^-24/τ."""
     from evidential_ops.triton_backend import launch
 
-    monkeypatch.setattr(launch, "_similarity_strips", lambda dtype, d, precision: dtype == torch.float32)
+    monkeypatch.setattr(launch, "similarity_strips", lambda dtype, d, precision, like=None: dtype == torch.float32)
     monkeypatch.setattr(launch, "STRIP_BUDGET_BYTES", 4 * n_g * 4)
     taken = []
     original = launch._strip_statistics
@@ -867,26 +867,27 @@ def test_triton_similarity_strips_of_row_strips_with_a_target_offset(gen, monkey
 def test_triton_similarity_strips_where_float32_tiles_would_read_their_rows_again(monkeypatch):
     """Which inputs take s from strips: float32 with TF32 products wider than
     SIMILARITY_STRIPS_ABOVE_D (512: 64 float32 rows beyond half an H100 SM's L1), in both
-    directions; not IEEE products, 16-bit inputs, narrower D or a given s."""
+    directions; not IEEE products, 16-bit inputs, narrower D or a given s (whose source has D = 1)."""
     from evidential_ops.triton_backend import launch
 
-    def source(d, dtype=torch.float32):
-        return launch._Source(torch.zeros(2, d, dtype=dtype), torch.zeros(3, d, dtype=dtype))
+    def strips(d, precision="tf32", dtype=torch.float32):
+        source = launch._Source(torch.zeros(2, d, dtype=dtype), torch.zeros(3, d, dtype=dtype))
+        return launch.similarity_strips(source.dtype, source.d, precision, source.a)
 
     monkeypatch.setattr(launch, "SIMILARITY_STRIPS_ABOVE_D", 512)  # the default (EO_TRITON_STRIPS_ABOVE_D)
-    assert launch.similarity_strips(source(1024), "tf32")
-    assert launch.similarity_strips(source(513), "tf32")
-    assert not launch.similarity_strips(source(512), "tf32")
-    assert not launch.similarity_strips(source(1024), "ieee")
-    assert not launch.similarity_strips(source(1024, torch.bfloat16), "tf32")
-    assert not launch.similarity_strips(launch._Source(torch.zeros(4, 1024), None), "tf32")
-    assert launch.BackwardPlan(16384, 16384, 1024, torch.float32, precision="tf32").from_s
+    assert strips(1024)
+    assert strips(513)
+    assert not strips(512)
+    assert not strips(1024, "ieee")
+    assert not strips(1024, dtype=torch.bfloat16)
+    given_s = launch._Source(torch.zeros(4, 1024), None)
+    assert not launch.similarity_strips(given_s.dtype, given_s.d, "tf32", given_s.a)
+    assert launch.BackwardPlan(16384, 16384, 1024, torch.float32, strips_of_s=True).from_s
     assert not launch.BackwardPlan(16384, 16384, 1024, torch.float32).from_s
-    assert not launch.BackwardPlan(16384, 16384, 1024, torch.bfloat16, precision="tf32").from_s
     # A traced graph keeps the tile kernels: the strips' cuBLAS products would take torch's TF32
     # switch when the graph runs, not the op's precision.
     monkeypatch.setattr(launch, "_tracing", lambda t: True)
-    assert not launch.similarity_strips(source(1024), "tf32")
+    assert not strips(1024)
 
 
 def test_triton_traced_graph_keeps_the_tile_kernels_at_wide_d(gen, monkeypatch):

@@ -141,6 +141,11 @@ def _same_device(t: Tensor, name: str, like: Tensor, like_name: str) -> None:
     _value(t.device == like.device, f"{name} is on {t.device} but {like_name} is on {like.device}")
 
 
+def _stat_flags(terms: _Terms | None) -> dict:
+    """The statistic kernels' term flags: the selection's, or none (opinions: α sums only)."""
+    return terms.stat_flags() if terms is not None else dict(MSE=0, KL=0, FMSE=0, LOGDET=0)
+
+
 def _check_weights(weights: Tensor, like: Tensor) -> None:
     _type(weights.dtype == torch.float64, f"weights must be a float64 tensor, got {weights.dtype}")
     _value(weights.dim() == 1 and weights.shape[0] == 5,
@@ -325,7 +330,7 @@ def _stats_pass(source: _Source, own: Tensor, other: Tensor, partials: Tensor | 
     """One stats_kernel launch: the own lines' statistics into `own`, and with `partials` the other
     lines' per-program partials and targets (into `other`)."""
     cfg_kernel = "stats"
-    flags = terms.stat_flags() if terms is not None else dict(MSE=0, KL=0, FMSE=0, LOGDET=0)
+    flags = _stat_flags(terms)
     other_pass = partials is not None
     f64 = _compute_f64(source.dtype)
     resident = _resident_d(source, precision)
@@ -380,7 +385,7 @@ def _line_statistics(source: _Source, t_off: int, evidence: int, inv_tau: float,
     like = source.a
     row_stats = torch.zeros((NUM_LINE_STATS, source.n_own), dtype=torch.float64, device=like.device)
     col_stats = torch.zeros((NUM_LINE_STATS, source.n_other), dtype=torch.float64, device=like.device)
-    if rows and cols and similarity_strips(source, precision):
+    if rows and cols and similarity_strips(source.dtype, source.d, precision, like):
         _strip_statistics(source, t_off, evidence, inv_tau, terms, has_target, precision, row_stats, col_stats)
         return row_stats, col_stats
     if rows and cols:
@@ -391,7 +396,7 @@ def _line_statistics(source: _Source, t_off: int, evidence: int, inv_tau: float,
         if programs:
             partials = torch.zeros((programs, ns, source.n_other), dtype=torch.float64, device=like.device)
             _stats_pass(source, row_stats, col_stats, partials, t_off, evidence, inv_tau, terms, has_target, precision)
-            flags = terms.stat_flags() if terms is not None else dict(MSE=0, KL=0, FMSE=0, LOGDET=0)
+            flags = _stat_flags(terms)
             _launch(kernels.reduce_partials_kernel, (triton_cdiv(source.n_other, LINE_BLOCK),),
                     partials, programs, col_stats, source.n_other, source.n_other, **flags, BLOCK=LINE_BLOCK)
             return row_stats, col_stats
@@ -419,22 +424,20 @@ def one_pass_programs(row_blocks: int, n_other: int, num_partials: int, sms: int
     return triton_cdiv(row_blocks, sweeps)
 
 
-def similarity_strips(source: "_Source", precision: str) -> bool:
-    """Whether s comes from stored strips of cuBLAS products rather than from the tile kernels' own:
-    float32 embeddings with TF32 products wider than SIMILARITY_STRIPS_ABOVE_D, whose 64 rows then
-    exceed half an SM's L1. Their tiles step through D and read 4-byte operands again for every tile: at
-    K = 16384, D = 1024 a stats sweep moves 48 GiB through L2 (a 64 × 32 tile reads 384 KiB of
-    operands for 2048 elements), ~7 ms on an H100 against 1.1 ms of TF32 product, while a strip of s
-    is written and read once, 4 bytes an element (docs/backends.md "How the triton backend works",
-    bench/results/gpu_model.md). 16-bit embeddings keep their own tiles: half the bytes, and the
-    element work, not L2, bounds those sweeps. Eager launches only: in a traced graph the strips'
-    cuBLAS products would run as torch's TF32 switch says when the graph runs, not as `precision`
-    says, and the tile kernels take it as a compile-time argument."""
-    return not source.from_s and not _tracing(source.a) and _similarity_strips(source.dtype, source.d, precision)
-
-
-def _similarity_strips(dtype: torch.dtype, d: int, precision: str) -> bool:
-    return dtype == torch.float32 and bool(_tf32(dtype, precision)) and d > SIMILARITY_STRIPS_ABOVE_D
+def similarity_strips(dtype: torch.dtype, d: int, precision: str, like: Tensor | None = None) -> bool:
+    """Whether s comes from stored strips of cuBLAS products rather than from the tile kernels' own,
+    in the forward and the backward: float32 embeddings with TF32 products wider than
+    SIMILARITY_STRIPS_ABOVE_D, whose 64 rows then exceed half an SM's L1. Their tiles step through D
+    and read 4-byte operands again for every tile: at K = 16384, D = 1024 a stats sweep moves 48 GiB
+    through L2 (a 64 × 32 tile reads 384 KiB of operands for 2048 elements), ~7 ms on an H100
+    against 1.1 ms of TF32 product, while a strip of s is written and read once, 4 bytes an element
+    (docs/backends.md "How the triton backend works", bench/results/gpu_model.md). 16-bit embeddings
+    keep their own tiles: half the bytes, and the element work, not L2, bounds those sweeps (a given
+    s has D = 1: never). Eager launches only (`like`, a tensor of the call, not traced): in a traced
+    graph the strips' cuBLAS products would run as torch's TF32 switch says when the graph runs, not
+    as `precision` says, and the tile kernels take it as a compile-time argument."""
+    return ((like is None or not _tracing(like)) and dtype == torch.float32 and bool(_tf32(dtype, precision))
+            and d > SIMILARITY_STRIPS_ABOVE_D)
 
 
 def strip_budget(lines: int, reserved: int = 0) -> int:
@@ -466,7 +469,7 @@ def _strip_statistics(source: "_Source", t_off: int, evidence: int, inv_tau: flo
     m, n = source.n_own, source.n_other
     rows_per_strip = strip_rows(m, n, 4)
     ns = terms.num_partials() if terms is not None else 1
-    flags = terms.stat_flags() if terms is not None else dict(MSE=0, KL=0, FMSE=0, LOGDET=0)
+    flags = _stat_flags(terms)
     config = configs.default("stats", a.device)
     programs = strip_programs(triton_cdiv(n, config.block_m), _sm_count(a.device))
     s = torch.empty((rows_per_strip, n), dtype=torch.float32, device=a.device)
@@ -662,8 +665,8 @@ class BackwardPlan:
       (182) times would be 182 GiB (91 GiB) against 32 GiB (16 GiB) for G once more.
     A strip is as large as `strip_budget` allows (what 64 MiB leaves beside the per-line buffers
     and, where dy shares the pass, its float32 accumulator).
-    `from_s` (either strip plan, float32 inputs with TF32 products wider than
-    SIMILARITY_STRIPS_ABOVE_D: similarity_strips): each strip of s is a cuBLAS product first,
+    `from_s` (either strip plan, where `strips_of_s` says so: similarity_strips): each strip of s is
+    a cuBLAS product first,
     stored in the strip, and grad_block_kernel turns it into G in place: the same GEMM-equivalents
     and memory, without the tile kernel's operand re-reads.
     """
@@ -673,7 +676,7 @@ class BackwardPlan:
     FUSED_DTYPES = (torch.float16, torch.bfloat16)
 
     def __init__(self, m: int, n: int, d: int, dtype: torch.dtype, need_dx: bool = True, need_dy: bool = True,
-                 fused: bool = True, precision: str = "ieee"):
+                 fused: bool = True, strips_of_s: bool = False):
         size = dtype.itemsize
         acc_size = _output_dtype(dtype).itemsize
         sixteen_bit = dtype in (torch.float16, torch.bfloat16)
@@ -703,7 +706,7 @@ class BackwardPlan:
             self.kind = "strips, two passes" if two_passes else "strips"
             self.recomputations = 2 if two_passes else 1
             self.extra_bytes = self.strip * longest * size + (accumulator if self.dy_in_pass else 0)
-            self.from_s = _similarity_strips(dtype, d, precision)
+            self.from_s = strips_of_s
         self.gemm_equivalents = self.recomputations + int(need_dx) + int(need_dy)
 
 
@@ -845,9 +848,9 @@ def loss_backward(grad_rows, grad_cols, x, y, target_scale, row_stats, col_stats
     m, n = x.shape[0], y.shape[0]
     bw = _Backward(m, n, target_offset, grad_rows, grad_cols, target_scale, row_stats, col_stats, evidence, tau,
                    weights, terms, rows, cols, x)
-    # (s from cuBLAS strips in eager launches only, as similarity_strips)
     plan = BackwardPlan(m, n, x.shape[1], x.dtype, bool(output_mask[0]), bool(output_mask[1]),
-                        configs.has_default("grad_fused", x.device), "ieee" if _tracing(x) else precision)
+                        configs.has_default("grad_fused", x.device),
+                        similarity_strips(x.dtype, x.shape[1], precision, x))
     if plan.kind == "fused":
         return _grad_fused(x, y, target_offset, bw, precision, plan.block_d)
     return _grad_strips(x, y, target_offset, bw, plan, bool(output_mask[0]), bool(output_mask[1]), precision)
