@@ -45,6 +45,15 @@ def memory_table(path: pathlib.Path) -> str:
     return "\n\nExtra peak memory of forward + backward (fresh process, see bench/memory_probe.py):\n\n" + "\n".join(lines)
 
 
+def _paired_block(rows: list, columns: list[str], cells, intro: str) -> str:
+    """One paired table: `columns` after loss, K and backend, `cells(row)` their values, rows in
+    (K, loss, backend) order, under `intro` (which names the rounds)."""
+    lines = ["| loss | K | backend | " + " | ".join(columns) + " |", "|---" * (3 + len(columns)) + "|"]
+    for r in sorted(rows, key=lambda r: (r["k"], r["case"], r["impl"])):
+        lines.append(f"| {r['case']} | {r['k']} | {r['impl']} | " + " | ".join(cells(r)) + " |")
+    return f"\n\n{intro.format(rounds=rows[0]['paired_rounds'])}:\n\n" + "\n".join(lines)
+
+
 def paired_table(path: pathlib.Path) -> str:
     """Markdown tables of the entries measured interleaved (bench/test_bench_loss.py): fused against
     the floor, and fused against the floor and torch.compile."""
@@ -54,23 +63,23 @@ def paired_table(path: pathlib.Path) -> str:
     with_compiled = [r for r in rows if "compiled_seconds" in r]
     out = ""
     if with_floor:
-        lines = ["| loss | K | backend | fused ms | floor ms | fused ÷ floor |", "|---|---|---|---|---|---|"]
-        for r in sorted(with_floor, key=lambda r: (r["k"], r["case"], r["impl"])):
-            lines.append(f"| {r['case']} | {r['k']} | {r['impl']} | {r['fused_seconds'] * 1e3:.1f} | "
-                         f"{r['floor_seconds'] * 1e3:.1f} | {r['fused_seconds'] / r['floor_seconds']:.2f} |")
-        out += ("\n\nFused against the floor measured paired (the two steps alternating in one loop, fastest of "
-                f"{with_floor[0]['paired_rounds']} rounds each; the table above times each implementation in its own "
-                "block of rounds, between which a shared machine's speed drifts):\n\n" + "\n".join(lines))
+        out += _paired_block(
+            with_floor, ["fused ms", "floor ms", "fused ÷ floor"],
+            lambda r: [f"{r['fused_seconds'] * 1e3:.1f}", f"{r['floor_seconds'] * 1e3:.1f}",
+                       f"{r['fused_seconds'] / r['floor_seconds']:.2f}"],
+            "Fused against the floor measured paired (the two steps alternating in one loop, fastest of "
+            "{rounds} rounds each; the table above times each implementation in its own block of rounds, between "
+            "which a shared machine's speed drifts)")
     if with_compiled:
-        lines = ["| loss | K | backend | fused ms | floor ms | compiled ms | fused ÷ floor | compiled ÷ floor | "
-                 "fused vs compiled |", "|---|---|---|---|---|---|---|---|---|"]
-        for r in sorted(with_compiled, key=lambda r: (r["k"], r["case"], r["impl"])):
-            fused, floor, compiled = r["fused_seconds"], r["floor_seconds"], r["compiled_seconds"]
-            lines.append(f"| {r['case']} | {r['k']} | {r['impl']} | {fused * 1e3:.1f} | {floor * 1e3:.1f} | "
-                         f"{compiled * 1e3:.1f} | {fused / floor:.2f} | {compiled / floor:.2f} | {compiled / fused:.2f}× |")
-        out += ("\n\nFused against torch.compile measured paired (fused, floor and compiled steps alternating in one "
-                f"loop, fastest of {with_compiled[0]['paired_rounds']} rounds each; only where compiled is near 3× "
-                "the fused op, bench/test_bench_loss.py):\n\n" + "\n".join(lines))
+        out += _paired_block(
+            with_compiled,
+            ["fused ms", "floor ms", "compiled ms", "fused ÷ floor", "compiled ÷ floor", "fused vs compiled"],
+            lambda r: [f"{r['fused_seconds'] * 1e3:.1f}", f"{r['floor_seconds'] * 1e3:.1f}",
+                       f"{r['compiled_seconds'] * 1e3:.1f}", f"{r['fused_seconds'] / r['floor_seconds']:.2f}",
+                       f"{r['compiled_seconds'] / r['floor_seconds']:.2f}",
+                       f"{r['compiled_seconds'] / r['fused_seconds']:.2f}×"],
+            "Fused against torch.compile measured paired (fused, floor and compiled steps alternating in one loop, "
+            "fastest of {rounds} rounds each; only where compiled is near 3× the fused op, bench/test_bench_loss.py)")
     return out
 
 

@@ -10,14 +10,13 @@ import torch
 import torch._dynamo
 from torch._dynamo.utils import counters
 
-from evidential_ops.benchmark import LOSS_CASES, make_inputs, step_function
+from evidential_ops.benchmark import LOSS_CASES, make_inputs, recompile_limit_name, step_function
 
 
 def test_compiled_step_compiles_past_the_recompile_limit():
     torch._dynamo.reset()
-    name = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
     counters.clear()
-    with torch._dynamo.config.patch(**{name: 1}):  # a second shape would be past the limit
+    with torch._dynamo.config.patch(**{recompile_limit_name(): 1}):  # a second shape would be past the limit
         step = step_function("compiled", LOSS_CASES["duq"])
         for k in (8, 12):
             x, y = make_inputs(k, 16)

@@ -171,13 +171,18 @@ def step_function(impl: str, case: LossCase, *, device="cpu",
 _RECOMPILES_PER_RUN = 256
 
 
-def _recompile_room():
-    """A context in which plain_pytorch_loss may be compiled for another (case, shape, dtype) past
-    Dynamo's default recompile_limit (cache_size_limit before torch 2.6)."""
+def recompile_limit_name() -> str:
+    """The name of Dynamo's per-function recompile limit: recompile_limit (cache_size_limit before
+    torch 2.6)."""
     import torch._dynamo  # noqa: F401  (a submodule torch imports lazily)
 
-    name = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
-    return functools.partial(torch._dynamo.config.patch, **{name: _RECOMPILES_PER_RUN})
+    return "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+
+
+def _recompile_room():
+    """A context in which plain_pytorch_loss may be compiled for another (case, shape, dtype) past
+    Dynamo's default recompile limit."""
+    return functools.partial(torch._dynamo.config.patch, **{recompile_limit_name(): _RECOMPILES_PER_RUN})
 
 
 def _synchronize(device: torch.device) -> None:
