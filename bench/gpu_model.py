@@ -18,9 +18,9 @@ What a step does is derived from the code, per backend:
 - Triton (evidential_ops/triton_backend/launch.py): the one-pass or two-pass forward chosen as
   `_line_statistics` chooses it (PARTIAL_BUDGET_BYTES, the SM count), the tile sizes of
   configs.DEFAULTS_BY_ARCH, the backward as `launch.BackwardPlan` plans it (grad_fused_kernel, or
-  G strips from grad_block_kernel with cuBLAS products, in one or two passes: its strips, GEMM-
-  equivalents and extra bytes), each tile's operand loads, the partial-sum and dy
-  read-modify-writes; the fused kernel's per-element counts are taken as grad_block_kernel's
+  G blocks (float32) or strips (16-bit, in one or two passes) from grad_block_kernel with cuBLAS
+  products: its blocks or strips, GEMM-equivalents and extra bytes), each tile's operand loads,
+  the partial-sum and dx, dy read-modify-writes; the fused kernel's per-element counts are taken as grad_block_kernel's
   (the profile compiles the float32 input path).
 - Element instructions per element, by class, and registers: the static SASS profile of the
   compiled kernels (bench/static_profile.py's JSON: reused when newer than the sources, else
@@ -603,6 +603,8 @@ def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dic
                           note=f"{fu.name()}, {grid} programs, {per_sm_g}/SM, {waves} wave(s); {bwd_note}"))
         out.append(Kernel("backward", "dy cast float32 → input dtype", 1,
                           dram={"accumulator read": kd * acc_bytes, "written": kd * e_in}))
+    elif plan.kind == "blocks":
+        out.extend(_block_backward(plan, k, d, e_in, gr, per_sm_g, bwd_cycles, bwd_note, c, operand_traffic))
     else:
         strips = _ceil_div(k, plan.strip)
         g_bytes = plan.strip * k * e_in
@@ -654,11 +656,61 @@ def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dic
     memory["partials_forward_mib"] = partial_bytes / MIB
     plans = dict(forward=dict(one_pass=one_pass, programs=programs if one_pass else row_blocks, config=st.name(),
                               programs_per_sm=per_sm, strips_of_s=strips_of_s, strip_mib=strip_extra / MIB),
-                 backward=dict(kind=plan.kind, strip=plan.strip, gemm_equivalents=plan.gemm_equivalents,
+                 backward=dict(kind=plan.kind, strip=plan.strip, block_rows=plan.block_rows,
+                               block_cols=plan.block_cols, gemm_equivalents=plan.gemm_equivalents,
                                dy_in_pass=plan.dy_in_pass, from_s=plan.from_s, extra_mib=plan.extra_bytes / MIB,
                                config=gr.name(),
                                programs_per_sm=per_sm_g))
     return dict(kernels=out, memory=memory, plans=plans, element_cycles=dict(forward=fwd_cycles, backward=bwd_cycles))
+
+
+def _block_backward(plan, k: int, d: int, e_in: int, gr, per_sm: int, cycles: float, note: str, c: dict,
+                    operand_traffic) -> list:
+    """launch._block_pass: per (block_rows, block_cols) block of G, row blocks in order and the
+    column blocks of each in order: s of the block (cuBLAS where plan.from_s, else recomputed in
+    grad_block_kernel), G over it, then dx[rows] += G·y[cols] and dy[cols] += Gᵀ·x[rows] (the
+    first product into each written). dx's rows of a row block are added to by its column blocks
+    one after another (L2 where they fit in half of it); dy's by every row block."""
+    rows, cols = plan.block_rows, plan.block_cols
+    row_blocks, col_blocks = _ceil_div(k, rows), _ceil_div(k, cols)
+    blocks = row_blocks * col_blocks
+    kk, kd = k * k, k * d
+    l2_bytes = c["l2_mib"] * MIB
+    g_bytes = rows * cols * e_in
+    where_g = "l2" if g_bytes <= l2_bytes else "dram"
+    out = []
+    shape = f"{row_blocks} × {col_blocks} blocks of {rows} × {cols}"
+    if plan.from_s:
+        l2, dram = {}, {"own rows, once a column block": col_blocks * kd * e_in}
+        (l2 if kd * e_in <= l2_bytes else dram)["other lines, once a row block"] = row_blocks * kd * e_in
+        (l2 if where_g == "l2" else dram)["s blocks written (float32)"] = kk * 4
+        out.append(Kernel("backward", f"cuBLAS s of {shape}", blocks, flops=2.0 * kk * d, l2=l2, dram=dram,
+                          note="at the precision's GEMM ceiling"))
+        l2, dram, flops, what = {}, {}, 0.0, "(s from the block)"
+        (l2 if where_g == "l2" else dram)["s block read"] = kk * e_in
+    else:
+        l2, dram, _ = operand_traffic(gr.block_m, gr.block_n, per_sm, per_sm * c["sms"], _ceil_div(k, gr.block_m),
+                                      1, "G blocks")
+        flops, what = 2.0 * kk * d, "(s recomputed)"
+    (l2 if where_g == "l2" else dram)["G written, block by block"] = kk * e_in
+    grid = _ceil_div(rows, gr.block_m) * _ceil_div(cols, gr.block_n)
+    out.append(Kernel("backward", f"grad_block_kernel: G of {shape} {what}", blocks, flops=flops, elements=kk,
+                      cycles_per_element=cycles, l2=l2, dram=dram, fill=min(1.0, grid / c["sms"]),
+                      note=f"{gr.name()}, {grid} programs a block, {per_sm}/SM; {note}"))
+    # (name, blocks adding to each gradient row after the first, rows of a gradient block, operand
+    # rows read per product)
+    for name, again, acc_rows, others in (("G·y into dx", col_blocks - 1, rows, row_blocks),
+                                          ("Gᵀ·x into dy", row_blocks - 1, k, col_blocks)):
+        p_l2, p_dram = {}, {}
+        (p_l2 if where_g == "l2" else p_dram)["G read"] = kk * e_in
+        (p_l2 if kd * e_in <= l2_bytes else p_dram)["operand read per block"] = others * kd * e_in
+        # what is read and written again: L2 where the rows it cycles through fit in half of it
+        (p_l2 if acc_rows * d * e_in <= l2_bytes // 2 else p_dram)["read-modify-write per block after the first"] = \
+            again * kd * e_in * 2
+        p_dram["written"] = kd * e_in
+        out.append(Kernel("backward", f"cuBLAS {name} ({blocks} products)", blocks, flops=2.0 * kk * d,
+                          l2=p_l2, dram=p_dram, note="at the precision's GEMM ceiling"))
+    return out
 
 
 def _strip_product(name: str, phase: str, strips: int, k: int, d: int, e_in: int, strip_bytes: int, c: dict) -> Kernel:

@@ -239,23 +239,28 @@ def test_triton_forward_pass_count_follows_the_partial_budget():
     small = gm.predict("triton", "tcl", "ieee", 16384, 1024, H100, profile)
     large = gm.predict("triton", "tcl", "ieee", 65536, 1024, H100, profile)
     assert small["plans"]["forward"]["one_pass"] and not large["plans"]["forward"]["one_pass"]
-    assert large["gemm_flops"] == pytest.approx(12 * 65536**2 * 1024)  # s twice forward, twice per grad pass
+    # s twice in the forward (two passes), once more for G, G·y and Gᵀ·x: 5 products of 2·K²·D
+    assert large["gemm_flops"] == pytest.approx(10 * 65536**2 * 1024)
     assert small["gemm_flops"] == pytest.approx(8 * 16384**2 * 1024)  # s, s again for G, G·y, Gᵀ·x
-    # The backward as launch.BackwardPlan plans it: float32 at D = 1024, G strips of 924 rows (what
-    # 64 MiB leaves: 18 strips) in one pass, dy read and written per strip (cheaper than
-    # recomputing s), G written once.
+    # The backward as launch.BackwardPlan plans it: float32 at D = 1024, G in 3 × 6 blocks of
+    # 5462 × 2731 (what 64 MiB leaves), one pass: dx's rows read and written again by each column
+    # block after the first (5 times, from L2: 21 MiB of them at a time), dy's by each row block
+    # after the first (twice, from device memory), G written once.
     import torch
 
     from evidential_ops.triton_backend import launch
 
     plan = launch.BackwardPlan(16384, 16384, 1024, torch.float32)
-    assert small["plans"]["backward"]["kind"] == plan.kind == "strips"
+    assert small["plans"]["backward"]["kind"] == plan.kind == "blocks"
+    assert (plan.block_rows, plan.block_cols) == (5462, 2731)
     grads = [k for k in small["kernels"] if k["name"].startswith("grad_block_kernel")]
-    assert len(grads) == 1
+    assert len(grads) == 1 and grads[0]["launches"] == 18
+    gradient_rows = 16384 * 1024 * 4 * 2  # one gradient read and written
+    dx = next(k for k in small["kernels"] if k["name"].startswith("cuBLAS G·y"))
     dy = next(k for k in small["kernels"] if k["name"].startswith("cuBLAS Gᵀ·x"))
-    assert plan.strip == 924
-    assert {**dy["l2_bytes"], **dy["dram_bytes"]}["dy read-modify-write per strip"] == 18 * 16384 * 1024 * 4 * 2
-    written = {**grads[0]["l2_bytes"], **grads[0]["dram_bytes"]}["G written, strip by strip"]
+    assert dx["l2_bytes"]["read-modify-write per block after the first"] == 5 * gradient_rows
+    assert dy["dram_bytes"]["read-modify-write per block after the first"] == 2 * gradient_rows
+    written = {**grads[0]["l2_bytes"], **grads[0]["dram_bytes"]}["G written, block by block"]
     assert written == 16384 * 16384 * 4
     # bfloat16 with D in one register block: the fused kernel, s recomputed once for both products.
     fused = gm.predict("triton", "tcl", "bf16", 16384, 64, H100, profile)

@@ -612,13 +612,15 @@ def _backward_against_reference(gen, k, d, requires=(True, True), tau=0.05):
     return grads
 
 
-@pytest.mark.parametrize("path", ["fused", "one strip", "strips", "strips, two passes", "dx only", "dy only"])
+@pytest.mark.parametrize("path", ["fused", "one block", "blocks", "one strip", "strips", "strips, two passes",
+                                  "dx only", "dy only"])
 def test_triton_backward_paths_match_the_reference(gen, monkeypatch, path):
     """Every way launch.BackwardPlan computes the gradients, at odd sizes (K = 113, D = 203; the
     fused kernel holds D in one register block, so D = 63 for it, within configs.MAX_REGISTER_D on
     a GPU): the fused FlashAttention-2 kernel (dy added in program order), G staged through one or
-    several strips with dy accumulated in the same pass, dy from strips of columns, and one
-    gradient."""
+    several blocks (float32 inputs: dx and dy added up block by block), through one or several
+    strips with dy accumulated in the same pass (the plan of 16-bit inputs, taken here by float32
+    ones), dy from strips of columns, and one gradient."""
     from evidential_ops.triton_backend import configs, launch
 
     requires = (True, True)
@@ -628,8 +630,13 @@ def test_triton_backward_paths_match_the_reference(gen, monkeypatch, path):
         monkeypatch.setattr(launch.BackwardPlan, "FUSED_DTYPES", (torch.float32,))
     else:
         monkeypatch.setattr(launch.BackwardPlan, "FUSED_DTYPES", ())
-    if path in ("strips", "strips, two passes", "dx only", "dy only"):
-        monkeypatch.setattr(launch, "STRIP_BUDGET_BYTES", 16 * 113 * 4)  # 16 rows: 8 strips, the last partial
+    if "strip" in path:
+        monkeypatch.setattr(launch.BackwardPlan, "BLOCK_DTYPES", ())
+    if path in ("blocks", "strips", "strips, two passes", "dx only", "dy only"):
+        # 1808 elements: 16 rows of a strip, 8 strips, the last partial; or 2 × 4 blocks of 57 × 29
+        # (launch.block_shape: 4 gradient rows a line moved again, as 3 × 3 of 38 × 38 would, in
+        # fewer blocks), the last of each partial
+        monkeypatch.setattr(launch, "STRIP_BUDGET_BYTES", 16 * 113 * 4)
     if path == "strips, two passes":
         monkeypatch.setattr(launch, "ACCUMULATOR_BUDGET_BYTES", -1)
     if path == "dx only":
@@ -648,8 +655,13 @@ def test_triton_backward_paths_match_the_reference(gen, monkeypatch, path):
     # (BackwardPlan's traffic rule)
     _backward_against_reference(gen, 113, {"strips": 13, "fused": 63}.get(path, 203), requires)
     expected = {"fused": "fused", "strips, two passes": "strips, two passes"}.get(path, "strips")
+    if "block" in path:
+        expected = "blocks"
     assert [p.kind for p in plans] == [expected]
-    assert plans[0].strip == {"fused": 0, "one strip": 113}.get(path, 16)
+    if "block" in path:
+        assert (plans[0].block_rows, plans[0].block_cols) == {"one block": (113, 113), "blocks": (57, 29)}[path]
+    else:
+        assert plans[0].strip == {"fused": 0, "one strip": 113}.get(path, 16)
 
 
 def test_triton_fused_backward_is_bitwise_deterministic(gen, monkeypatch):
@@ -694,11 +706,14 @@ def test_triton_extra_memory_at_k65536_d1024_is_below_64_mib(dtype):
     plan = launch.BackwardPlan(k, k, d, dtype)
     backward = plan.extra_bytes + 2 * (launch.NUM_LINE_STATS + launch.NUM_GRADIENT_FIELDS + 1) * k * 8
     assert forward < 64 * 2**20 and backward < 64 * 2**20
-    # The strip takes what 64 MiB leaves beside 2 MiB spare and 2·17 float64 a line (17 MiB):
-    # 45 MiB, 180 float32 or 360 bfloat16 rows of 65536. dy read and written once a strip would
-    # move more bytes than G once more (and a float32 dy for bfloat16 would be 256 MiB): two passes.
-    assert (plan.kind, plan.gemm_equivalents, plan.strip) == ("strips, two passes", 4,
-                                                              180 if dtype == torch.float32 else 360)
+    # A strip or block takes what 64 MiB leaves beside 2 MiB spare and 2·17 float64 a line (17 MiB):
+    # 45 MiB. bfloat16: strips of 360 rows of 65536, where dy read and written once a strip would
+    # move more bytes than G once more (and a float32 dy would be 256 MiB): two passes. float32:
+    # blocks of 4096 × 2850 (16 × 23), dx and dy their own accumulators, one pass.
+    if dtype == torch.float32:
+        assert (plan.kind, plan.gemm_equivalents, plan.block_rows, plan.block_cols) == ("blocks", 3, 4096, 2850)
+    else:
+        assert (plan.kind, plan.gemm_equivalents, plan.strip) == ("strips, two passes", 4, 360)
     if dtype == torch.float32:
         # TF32 products: s from strips in the forward too (launch.similarity_strips): one strip of
         # s in float32, the partials of its rows from at most one program per SM (200 here) and
@@ -708,7 +723,8 @@ def test_triton_extra_memory_at_k65536_d1024_is_below_64_mib(dtype):
             + 3 * launch.NUM_LINE_STATS * k * 8
         assert rows == 180 and strip_forward < 64 * 2**20
         assert launch.BackwardPlan(k, k, d, dtype, strips_of_s=True).extra_bytes == plan.extra_bytes
-    assert launch.BackwardPlan(8192, 8192, 1024, torch.float32).kind == "strips"  # strips of 1916 rows
+    shared = launch.BackwardPlan(2048, 2048, 1024, torch.bfloat16, fused=False)  # dy in the strip's pass
+    assert (shared.kind, shared.strip, shared.dy_in_pass) == ("strips", 2048, True)
     small = launch.BackwardPlan(k, k, 64, torch.bfloat16)
     if not launch.configs.interpreting():
         assert (small.kind, small.gemm_equivalents, small.extra_bytes) == ("fused", 3, k * 64 * 4)
@@ -738,19 +754,19 @@ def test_triton_forward_with_the_row_block_resident_or_stepped_through_d(gen, mo
         assert float(error.max()) <= 1e-4 + allowance
 
 
-@pytest.mark.parametrize("strips", ["one strip", "strips"])
+@pytest.mark.parametrize("strips", ["one strip", "strips", "strips, dx only"])
 def test_triton_similarity_strips_match_the_reference(gen, monkeypatch, strips):
     """s from stored strips of cuBLAS products (launch.similarity_strips: TF32 products of float32
     inputs wider than SIMILARITY_STRIPS_ABOVE_D; forced here for every float32 input, so that on a
     GPU the products are IEEE and the tolerances SPEC §5's): the forward's column sums added strip
     after strip, the strip rows' partials reduced into their lines, the backward's G formed over
-    each strip in place. Hard regime, every term, a target scale, K = 113, D = 203, one strip or
-    eight (16 rows, the last partial): both directions' losses and both gradients against the
-    float64 reference within 1e-4 + 8·√D·2^-24/τ."""
+    each block of s (both gradients) or strip of rows (dx alone) in place. Hard regime, every term,
+    a target scale, K = 113, D = 203, one strip or eight (16 rows, the last partial): both
+    directions' losses and the gradients against the float64 reference within 1e-4 + 8·√D·2^-24/τ."""
     from evidential_ops.triton_backend import launch
 
     monkeypatch.setattr(launch, "similarity_strips", lambda dtype, d, precision, like=None: dtype == torch.float32)
-    if strips == "strips":
+    if strips != "one strip":
         monkeypatch.setattr(launch, "STRIP_BUDGET_BYTES", 16 * 113 * 4)
     forwards, plans = [], []
     original_forward, original_plan = launch._strip_statistics, launch.BackwardPlan.__init__
@@ -773,9 +789,14 @@ def test_triton_similarity_strips_match_the_reference(gen, monkeypatch, strips):
         error = (got.double().cpu() - want).abs() / want.abs().clamp_min(1e-3)
         assert float(error.max()) <= 1e-4 + allowance
     gen.manual_seed(3)
-    _backward_against_reference(gen, k, d, tau=tau)
+    requires = (True, False) if strips == "strips, dx only" else (True, True)
+    _backward_against_reference(gen, k, d, requires, tau=tau)
     assert forwards == [k, k]  # this forward and the backward's
-    assert [(p.from_s, p.strip) for p in plans] == [(True, {"one strip": k, "strips": 16}[strips])]
+    # the backward's blocks of s (float32, both gradients: 2 × 4 of 57 × 29 within 16 rows' budget),
+    # or strips of rows for one gradient
+    got = [(p.kind, p.from_s, p.strip, p.block_rows, p.block_cols) for p in plans]
+    assert got == [{"one strip": ("blocks", True, 0, k, k), "strips": ("blocks", True, 0, 57, 29),
+                    "strips, dx only": ("strips", True, 16, 0, 0)}[strips]]
 
 
 @pytest.mark.parametrize("n_q,n_g", [(7, 500), (300, 70)])

@@ -145,7 +145,8 @@ def jobs(arch: int, quick: bool = False) -> list[Job]:
                         types = dict(a_ptr=f"*{dtype}", b_ptr=f"*{dtype}", stride_ai="i32", stride_ak="i32",
                                      stride_bj="i32", stride_bk="i32", g_ptr=f"*{dtype}", stride_gi="i32",
                                      stride_gj="i32", own_ptr="*fp64", n_own="i32", other_ptr="*fp64",
-                                     n_other="i32", row0="i32", n_rows="i32", n_col_programs="i32",
+                                     n_other="i32", row0="i32", n_rows="i32", col0="i32", n_cols="i32",
+                                     n_col_programs="i32",
                                      col_blocks_per_program="i32", D="i32", t_off="i32", inv_tau="fp64")
                     else:
                         fn = kernels.grad_fused_kernel

@@ -564,21 +564,23 @@ def _gradient_tile(s, rows, cols, valid, cmask, t_off, inv_tau,
 def grad_block_kernel(
     a_ptr, b_ptr, stride_ai, stride_ak, stride_bj, stride_bk,
     g_ptr, stride_gi, stride_gj,
-    own_ptr, n_own, other_ptr, n_other, row0, n_rows, n_col_programs, col_blocks_per_program,
+    own_ptr, n_own, other_ptr, n_other, row0, n_rows, col0, n_cols, n_col_programs, col_blocks_per_program,
     D, t_off, inv_tau: tl.float64,
     EVIDENCE: tl.constexpr, MSE: tl.constexpr, KL: tl.constexpr, FMSE: tl.constexpr, LOGDET: tl.constexpr,
     F64: tl.constexpr, TF32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FROM_S: tl.constexpr = 0,
 ):
-    """G = ∂L/∂s of rows [row0, row0 + n_rows) and every column, stored in g's dtype (the input
-    dtype: the operand of the two products that follow, as flash attention rounds dS): the backward
-    where D is too wide for a register accumulator stages G through this strip, and dx, dy become
-    plain tensor-core products of it. Program (r, c) owns the BLOCK_M rows of row block r and walks
-    column blocks c, c + n_col_programs, ... (col_blocks_per_program of them): its rows' line constants
-    are read and narrowed once for the sweep, not once per tile. FROM_S: the strip's s is given
-    (a_ptr: element (i − row0, j) at i·stride_ai + j·stride_ak, a product already made), and g_ptr
-    may be that same buffer: each program reads a tile before it writes it, and no other program
-    touches the tile."""
+    """G = ∂L/∂s of rows [row0, row0 + n_rows) and columns [col0, col0 + n_cols), stored in g's
+    dtype (the input dtype: the operand of the two products that follow, as flash attention rounds
+    dS) at g's element (i − row0, j − col0): the backward where D is too wide for a register
+    accumulator stages G through this block (a strip of rows where it spans every column), and dx,
+    dy become plain tensor-core products of it. Program (r, c) owns the BLOCK_M rows of row block r
+    and walks column blocks c, c + n_col_programs, ... (col_blocks_per_program of them): its rows'
+    line constants are read and narrowed once for the sweep, not once per tile. Lines keep their
+    indices in the whole problem (line constants, targets), so a block needs no offsets of its own.
+    FROM_S: the block's s is given (a_ptr: element (i − row0, j − col0) at i·stride_ai + j·stride_ak,
+    a product already made), and g_ptr may be that same buffer: each program reads a tile before it
+    writes it, and no other program touches the tile."""
     CT: tl.constexpr = tl.float64 if F64 else tl.float32
     PRECISION: tl.constexpr = "tf32" if TF32 else "ieee"
     inv_tau = tl.full([], inv_tau, tl.float64)
@@ -590,15 +592,16 @@ def grad_block_kernel(
     g_rows = g_ptr + local.to(tl.int64)[:, None] * stride_gi
     # (the loop bound is a plain argument: the interpreter cannot take a program id as one)
     for it in range(0, col_blocks_per_program):
-        cols = (tl.program_id(1) + it * n_col_programs) * BLOCK_N + tl.arange(0, BLOCK_N)
-        cmask = cols < n_other
-        s = _s_tile(a_ptr, b_ptr, local if FROM_S else rows, cols, rmask, cmask, stride_ai, stride_ak, stride_bj,
-                    stride_bk, D, FROM_S, PRECISION, CT, BLOCK_M, BLOCK_N, BLOCK_K)
+        col_local = (tl.program_id(1) + it * n_col_programs) * BLOCK_N + tl.arange(0, BLOCK_N)
+        cols = col0 + col_local
+        cmask = col_local < n_cols
+        s = _s_tile(a_ptr, b_ptr, local if FROM_S else rows, col_local if FROM_S else cols, rmask, cmask,
+                    stride_ai, stride_ak, stride_bj, stride_bk, D, FROM_S, PRECISION, CT, BLOCK_M, BLOCK_N, BLOCK_K)
         valid = rmask[:, None] & cmask[None, :]
         g = _gradient_tile(s, rows, cols, valid, cmask, t_off, inv_tau,
                            o_inv_m, o_inv_k, o_all, o_off, o_sq, o_fi, o_kv, o_lr, o_lrem, o_t, other_ptr, n_other,
                            EVIDENCE, MSE, KL, FMSE, LOGDET, CT)
-        tl.store(g_rows + cols.to(tl.int64)[None, :] * stride_gj, g.to(g_ptr.dtype.element_ty), mask=valid)
+        tl.store(g_rows + col_local.to(tl.int64)[None, :] * stride_gj, g.to(g_ptr.dtype.element_ty), mask=valid)
 
 
 @triton.jit

@@ -661,19 +661,29 @@ class BackwardPlan:
       against 2 GiB of G and the element work of 2.7e8 elements, ~4 GiB).
       3 GEMM-equivalents (2 for one gradient).
     - "strips, two passes" otherwise: dy from strips of columns, G recomputed. 4 GEMM-equivalents.
-      At K = 65536, D = 1024 (strips of 180 float32 or 360 bfloat16 rows): dy read and written 364
-      (182) times would be 182 GiB (91 GiB) against 32 GiB (16 GiB) for G once more.
-    A strip is as large as `strip_budget` allows (what 64 MiB leaves beside the per-line buffers
-    and, where dy shares the pass, its float32 accumulator).
-    `from_s` (either strip plan, where `strips_of_s` says so: similarity_strips): each strip of s is
-    a cuBLAS product first,
-    stored in the strip, and grad_block_kernel turns it into G in place: the same GEMM-equivalents
-    and memory, without the tile kernel's operand re-reads.
+      At K = 65536, D = 1024 (strips of 360 bfloat16 rows): dy read and written 182 times would be
+      91 GiB against 16 GiB for G once more.
+    - "blocks" (float32 and float64 inputs, both gradients: dx and dy are their own accumulators):
+      G of a (block_rows, block_cols) block at a time, row blocks in order and the column blocks of
+      each in order; dx[rows] += G·y[cols] and dy[cols] += Gᵀ·x[rows] (the first product of each
+      written). Every gradient row is read and written once per block that adds to it after its
+      first: (col_blocks − 1)·m + (row_blocks − 1)·n rows of D in all, which the block shape
+      minimises within the budget (`block_shape`), where a strip of full rows (one column block)
+      moves dy once per strip. K = 16384, D = 1024, float32: 3 × 6 blocks of 5462 × 2731, 7 rows
+      of D a line moved again, against 17 for 18 strips of 924 rows; K = 65536: 16 × 23 blocks of
+      4096 × 2850, 37 (where strips took two passes: 4 GEMM-equivalents and the element work
+      twice). 3 GEMM-equivalents.
+    A strip or block is as large as `strip_budget` allows (what 64 MiB leaves beside the per-line
+    buffers and, where dy shares the pass, its float32 accumulator).
+    `from_s` (any strip or block plan, where `strips_of_s` says so: similarity_strips): each strip
+    or block of s is a cuBLAS product first, stored in place, and grad_block_kernel turns it into
+    G there: the same GEMM-equivalents and memory, without the tile kernel's operand re-reads.
     """
 
-    # Float32 inputs take the strips: dy accumulates in itself (no extra memory), and the fused
-    # kernel's FFMA products in float32 "ieee" spill kilobytes.
+    # Float32 inputs take the blocks: dx and dy accumulate in themselves (no extra memory), and the
+    # fused kernel's FFMA products in float32 "ieee" spill kilobytes.
     FUSED_DTYPES = (torch.float16, torch.bfloat16)
+    BLOCK_DTYPES = (torch.float32, torch.float64)
 
     def __init__(self, m: int, n: int, d: int, dtype: torch.dtype, need_dx: bool = True, need_dy: bool = True,
                  fused: bool = True, strips_of_s: bool = False):
@@ -683,9 +693,15 @@ class BackwardPlan:
         self.block_d = _register_d(d)
         self.dy_in_pass = False
         self.from_s = False
+        self.block_rows = self.block_cols = 0
         if fused and need_dx and need_dy and dtype in self.FUSED_DTYPES and self.block_d is not None:
             self.kind, self.strip, self.recomputations = "fused", 0, 1
             self.extra_bytes = n * d * acc_size
+        elif need_dx and need_dy and dtype in self.BLOCK_DTYPES:
+            self.kind, self.strip, self.recomputations = "blocks", 0, 1
+            self.block_rows, self.block_cols = block_shape(m, n, strip_budget(max(m, n)) // size)
+            self.extra_bytes = self.block_rows * self.block_cols * size
+            self.from_s = strips_of_s
         else:
             longest = max(m, n)
             accumulator = 2 * n * d * acc_size if sixteen_bit else 0
@@ -710,23 +726,47 @@ class BackwardPlan:
         self.gemm_equivalents = self.recomputations + int(need_dx) + int(need_dy)
 
 
-def _gradient_strip(a: Tensor, b: Tensor, own_g: Tensor, other_g: Tensor, t_off: int, row0: int, rows: int,
-                    g: Tensor, bw: _Backward, precision: str, from_s: bool = False) -> None:
-    """g[:rows] = ∂L/∂s of own lines [row0, row0 + rows) against every other line (grad_block_kernel).
-    from_s: g[:rows] holds that strip of s = a·bᵀ already (similarity_strips), overwritten by G."""
+def block_shape(m: int, n: int, elements: int) -> tuple[int, int]:
+    """(rows, cols) of the G blocks of BackwardPlan "blocks" for an (m, n) problem, at most
+    `elements` a block: of the even splits into row and column blocks that fit, the one that reads
+    and writes the fewest gradient rows again, (col_blocks − 1)·m + (row_blocks − 1)·n; then the
+    fewest blocks (fewer launches), then the fewest row blocks (dy, beyond L2 at large K, is the
+    gradient moved once per row block; dx stays per row block)."""
+    best = None
+    for col_blocks in range(1, min(n, 4096) + 1):
+        cols = triton_cdiv(n, col_blocks)
+        if triton_cdiv(n, cols) != col_blocks:
+            continue  # the same split as a smaller count
+        rows = min(m, elements // cols)
+        if rows < 1:
+            break
+        row_blocks = triton_cdiv(m, rows)
+        key = ((col_blocks - 1) * m + (row_blocks - 1) * n, row_blocks * col_blocks, row_blocks)
+        if best is None or key < best[0]:
+            best = (key, triton_cdiv(m, row_blocks), cols)
+    if best is None:  # not even one row of a column fits: one element at a time would still hold
+        return 1, 1
+    return best[1], best[2]
+
+
+def _gradient_block(a: Tensor, b: Tensor, own_g: Tensor, other_g: Tensor, t_off: int, row0: int, rows: int,
+                    col0: int, cols: int, g: Tensor, bw: _Backward, precision: str, from_s: bool = False) -> None:
+    """g[:rows, :cols] = ∂L/∂s of own lines [row0, row0 + rows) against other lines [col0, col0 +
+    cols) (grad_block_kernel; a strip where the columns are all of them). from_s: g holds that block
+    of s = a·bᵀ already (similarity_strips), overwritten by G."""
     n_own, d = a.shape
     n_other = b.shape[0]
     variant = (bw.kind, tuple(bw.terms.stat_flags().values()), _tf32(a.dtype, precision), from_s)
 
     def run(config, out):
-        src = out if from_s else a  # a strip of s is read at the strip's rows, then overwritten
+        src = out if from_s else a  # a block of s is read at the block's rows, then overwritten
         row_blocks = triton_cdiv(rows, config.block_m)
-        col_blocks = triton_cdiv(n_other, config.block_n)
+        col_blocks = triton_cdiv(cols, config.block_n)
         col_programs = _column_programs(row_blocks, col_blocks, a.device)
         _launch(kernels.grad_block_kernel, (row_blocks, col_programs),
                 src, b, src.stride(0), src.stride(1), b.stride(0), b.stride(1), out, out.stride(0), out.stride(1),
-                own_g, n_own, other_g, n_other, row0, rows, col_programs, triton_cdiv(col_blocks, col_programs), d,
-                t_off, bw.inv_tau,
+                own_g, n_own, other_g, n_other, row0, rows, col0, cols, col_programs,
+                triton_cdiv(col_blocks, col_programs), d, t_off, bw.inv_tau,
                 EVIDENCE=bw.kind, **bw.terms.stat_flags(), F64=int(_compute_f64(a.dtype)),
                 TF32=_tf32(a.dtype, precision), BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                 BLOCK_K=max(config.block_k, 16), FROM_S=int(from_s), num_warps=config.num_warps,
@@ -773,6 +813,9 @@ def _strip_passes(x: Tensor, y: Tensor, t_off: int, bw: _Backward, plan: Backwar
     # Contiguous outputs: each strip's product is written in place (out=) into its rows.
     dx = torch.empty((m, d), dtype=x.dtype, device=x.device) if need_dx else x.new_empty(0)
     dy = torch.empty((n, d), dtype=y.dtype, device=y.device) if need_dy else y.new_empty(0)
+    if plan.kind == "blocks":
+        _block_pass(x, y, t_off, bw, plan, dx, dy, precision)
+        return dx, dy
     if need_dx:
         g = torch.empty((min(plan.strip, m), n), dtype=x.dtype, device=x.device)
         dy_acc = None
@@ -784,7 +827,7 @@ def _strip_passes(x: Tensor, y: Tensor, t_off: int, bw: _Backward, plan: Backwar
             strip = g[:rows]
             if plan.from_s:
                 torch.mm(x[row0:row0 + rows], y.t(), out=strip)
-            _gradient_strip(x, y, bw.row_g, bw.col_g, t_off, row0, rows, strip, bw, precision, plan.from_s)
+            _gradient_block(x, y, bw.row_g, bw.col_g, t_off, row0, rows, 0, n, strip, bw, precision, plan.from_s)
             torch.mm(strip, y, out=dx[row0:row0 + rows])
             if dy_acc is not None:
                 _accumulate_product(dy_acc, strip.t(), x[row0:row0 + rows])
@@ -798,9 +841,35 @@ def _strip_passes(x: Tensor, y: Tensor, t_off: int, bw: _Backward, plan: Backwar
             strip = g[:cols]
             if plan.from_s:
                 torch.mm(y[col0:col0 + cols], x.t(), out=strip)
-            _gradient_strip(y, x, bw.col_g, bw.row_g, -t_off, col0, cols, strip, bw, precision, plan.from_s)
+            _gradient_block(y, x, bw.col_g, bw.row_g, -t_off, col0, cols, 0, m, strip, bw, precision, plan.from_s)
             torch.mm(strip, x, out=dy[col0:col0 + cols])
     return dx, dy
+
+
+def _block_pass(x: Tensor, y: Tensor, t_off: int, bw: _Backward, plan: BackwardPlan, dx: Tensor, dy: Tensor,
+                precision: str) -> None:
+    """dx and dy through stored blocks of G (BackwardPlan "blocks"), row blocks in order and the
+    column blocks of each in order: dx[rows] = Σ G·y[cols] and dy[cols] = Σ Gᵀ·x[rows], each sum
+    in block order (the first product written, the others added by cuBLAS), the same on every run."""
+    m, n = x.shape[0], y.shape[0]
+    g = torch.empty((min(plan.block_rows, m), min(plan.block_cols, n)), dtype=x.dtype, device=x.device)
+    for row0 in range(0, m, plan.block_rows):
+        rows = min(plan.block_rows, m - row0)
+        for col0 in range(0, n, plan.block_cols):
+            cols = min(plan.block_cols, n - col0)
+            block = g.view(-1)[:rows * cols].view(rows, cols)  # contiguous: cuBLAS writes it (out=)
+            if plan.from_s:
+                torch.mm(x[row0:row0 + rows], y[col0:col0 + cols].t(), out=block)
+            _gradient_block(x, y, bw.row_g, bw.col_g, t_off, row0, rows, col0, cols, block, bw, precision,
+                            plan.from_s)
+            if col0 == 0:
+                torch.mm(block, y[col0:col0 + cols], out=dx[row0:row0 + rows])
+            else:
+                dx[row0:row0 + rows].addmm_(block, y[col0:col0 + cols])
+            if row0 == 0:
+                torch.mm(block.t(), x[row0:row0 + rows], out=dy[col0:col0 + cols])
+            else:
+                dy[col0:col0 + cols].addmm_(block.t(), x[row0:row0 + rows])
 
 
 def _register_d(d: int) -> int | None:
