@@ -723,8 +723,14 @@ def test_triton_extra_memory_at_k65536_d1024_is_below_64_mib(dtype):
             + 3 * launch.NUM_LINE_STATS * k * 8
         assert rows == 180 and strip_forward < 64 * 2**20
         assert launch.BackwardPlan(k, k, d, dtype, strips_of_s=True).extra_bytes == plan.extra_bytes
-    shared = launch.BackwardPlan(2048, 2048, 1024, torch.bfloat16, fused=False)  # dy in the strip's pass
-    assert (shared.kind, shared.strip, shared.dy_in_pass) == ("strips", 2048, True)
+    # 16-bit strips with dy in their pass: every row in one strip, dy a single product of it (no
+    # float32 accumulator: the strip alone, 8 MiB); or 13 strips of 1336 rows beside a float32 dy
+    # and the product's float32 result (16 MiB, within ACCUMULATOR_BUDGET_BYTES)
+    single = launch.BackwardPlan(2048, 2048, 1024, torch.bfloat16, fused=False)
+    assert (single.kind, single.strip, single.dy_in_pass, single.extra_bytes) == ("strips", 2048, True, 8 * 2**20)
+    shared = launch.BackwardPlan(16384, 16384, 128, torch.bfloat16, fused=False)
+    assert (shared.kind, shared.dy_in_pass) == ("strips", True)
+    assert shared.extra_bytes == shared.strip * 16384 * 2 + 16 * 2**20 and launch.triton_cdiv(16384, shared.strip) > 1
     small = launch.BackwardPlan(k, k, 64, torch.bfloat16)
     if not launch.configs.interpreting():
         assert (small.kind, small.gemm_equivalents, small.extra_bytes) == ("fused", 3, k * 64 * 4)

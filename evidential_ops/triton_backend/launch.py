@@ -655,7 +655,8 @@ class BackwardPlan:
     - "strips": G of `strip` rows at a time (grad_block_kernel, stored in the input dtype), then
       dx[strip] = G·y and, in the same pass, dy += Gᵀ·x[strip] (float32/float64 inputs: into dy
       itself; 16-bit inputs: a float32 dy, and the product's float32 result, where both fit
-      ACCUMULATOR_BUDGET_BYTES), where reading and writing dy again for every further strip costs
+      ACCUMULATOR_BUDGET_BYTES; one strip of every row: dy one product of it, no accumulator),
+      where reading and writing dy again for every further strip costs
       no more than a second pass: its G traffic and RECOMPUTE_BYTES_PER_ELEMENT (strips of at
       least D/3 rows in float32: K = 16384, D = 1024 takes 18 strips of 924 rows, dy moved 2.1 GiB
       against 2 GiB of G and the element work of 2.7e8 elements, ~4 GiB).
@@ -710,6 +711,10 @@ class BackwardPlan:
             def strip_for(reserved: int) -> int:
                 return max(1, min(longest, strip_budget(longest, reserved) // (longest * size)))
 
+            if need_dx and need_dy and strip_for(0) >= m:
+                # every row in one strip: dy is a single product of it, written once in its own
+                # dtype (cuBLAS rounds the float32 sum once), no accumulator
+                accumulator, shareable = 0, True
             self.strip = strip_for(accumulator if shareable else 0)
             # dy in the same pass is read and written again for every strip after the first; a
             # second pass writes and reads G once more and recomputes s: the pass is shared where
@@ -819,7 +824,8 @@ def _strip_passes(x: Tensor, y: Tensor, t_off: int, bw: _Backward, plan: Backwar
     if need_dx:
         g = torch.empty((min(plan.strip, m), n), dtype=x.dtype, device=x.device)
         dy_acc = None
-        if plan.dy_in_pass:
+        single = plan.dy_in_pass and plan.strip >= m  # dy one product of the one strip
+        if plan.dy_in_pass and not single:
             dy_acc = dy.zero_() if dy.dtype == _output_dtype(y.dtype) else torch.zeros(
                 (n, d), dtype=_output_dtype(y.dtype), device=y.device)
         for row0 in range(0, m, plan.strip):
@@ -829,6 +835,8 @@ def _strip_passes(x: Tensor, y: Tensor, t_off: int, bw: _Backward, plan: Backwar
                 torch.mm(x[row0:row0 + rows], y.t(), out=strip)
             _gradient_block(x, y, bw.row_g, bw.col_g, t_off, row0, rows, 0, n, strip, bw, precision, plan.from_s)
             torch.mm(strip, y, out=dx[row0:row0 + rows])
+            if single:
+                torch.mm(strip.t(), x, out=dy)
             if dy_acc is not None:
                 _accumulate_product(dy_acc, strip.t(), x[row0:row0 + rows])
         if dy_acc is not None and dy_acc is not dy:
