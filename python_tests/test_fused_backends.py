@@ -381,6 +381,11 @@ def test_strips_compose_to_the_square_loss_and_gradient(fused, gen, dtype):
     magnitude = [row_stats.abs().cpu(), col_stats.abs().cpu()]
     magnitude[0][LOG_TRIGAMMA_STAT], magnitude[1][LOG_TRIGAMMA_STAT] = log_trigamma.sum(1), log_trigamma.sum(0)
     row_bound, col_bound = (reordered_sum_bound(n, torch.float64, m).to(row_stats.device) for m in magnitude)
+    if fused.name == "triton":
+        # its tiles sum Σ ln ψ1 and Σ r (LineStats 5, 6) in float32 (kernels._tile_column_sum):
+        # partials of at most a tile's side, here a line's n, before the float64 sum
+        for bound, m in zip((row_bound, col_bound), magnitude):
+            bound[LOG_TRIGAMMA_STAT:] += reordered_sum_bound(n, torch.float32, m[LOG_TRIGAMMA_STAT:]).to(bound.device)
     # Gradients: dx_i = Σ_j G_ij y_j and dy_j = Σ_i G_ij x_i, G = ∂L/∂s, summed in float32 (the
     # strips' dy parts too: n + 3 terms) in orders that may differ, each G_ij computed from
     # statistics that differ in their last float64 bits (its float32 rounding may flip: 2u more).

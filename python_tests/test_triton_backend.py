@@ -833,7 +833,8 @@ def test_triton_similarity_strips_of_row_strips_with_a_target_offset(gen, monkey
     16, strips of 8 rows; TF32 products) against the square problem through the tile kernels. On
     the 2^-8 grid (conftest.on_exact_grid) s is exact in float32 and TF32 alike, so only summation
     orders differ: each row's and the summed columns' float64 statistics within
-    reordered_sum_bound (Σ|ln ψ1| for the sign-changing log-trigamma sums), each strip's dx and the
+    reordered_sum_bound (Σ|ln ψ1| for the sign-changing log-trigamma sums; the logdet's two with
+    float32 tile partials, float32's bound added), each strip's dx and the
     strips' summed dy within two float32 GEMM orders of the square ones' (|G| from the reference)."""
     from conftest import on_exact_grid, reordered_sum_bound, unit_roundoff
     from evidential_ops.triton_backend import launch
@@ -863,6 +864,10 @@ def test_triton_similarity_strips_of_row_strips_with_a_target_offset(gen, monkey
     magnitude = [row_stats.abs().cpu(), col_stats.abs().cpu()]
     magnitude[0][5], magnitude[1][5] = log_trigamma.sum(1), log_trigamma.sum(0)  # Σ ln ψ1: LineStat 5
     row_bound, col_bound = (reordered_sum_bound(n, torch.float64, m) for m in magnitude)
+    for bound, m in zip((row_bound, col_bound), magnitude):
+        # ln ψ1 and r (LineStats 5, 6) are summed in float32 within a tile (kernels._tile_column_sum):
+        # partials of at most a tile's side (64 lines, here the line's 70) before the float64 sum
+        bound[5:] += reordered_sum_bound(n, torch.float32, m[5:])
     s_ref = s.clone().requires_grad_()
     ref_rows, ref_cols = eo.reference.evidential_loss_from_similarity(s_ref, evidence="exp", tau=tau,
                                                                       weights=ALL_WEIGHTS, reduction="none")

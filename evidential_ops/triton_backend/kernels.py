@@ -26,9 +26,13 @@ for the sums by conversions and exponent bits, without a float64 product per ele
 float64 there: the line sums, each line's target α (from s, once per line after the sweep) and α
 of exp evidence beyond FLT_MAX (x > 88.7, exact as e_r·2^n; ln α = x feeds the series). Float64
 inputs keep the float64 forms (special.py's float64 set; α beyond float64 carried as a_s·2^k).
-Every reduction (row and column statistics, across tiles and within a tile) is float64, so strips
-of rows sum to the square problem's column statistics to ~1e-16 and the statistics layout is
-exactly the C++ one.
+Every reduction across tiles is float64, and so is every one within a tile but the other lines'
+per-tile partials of bounded float32 values (`_tile_column_sum`: Σ ln ψ1 and Σ r of the logdet,
+and exp_tanh's Σα and Σ α(α + 1)ψ1, α < 3.72), taken in float32 over the tile's 64 rows and
+widened once per column: SPEC §2 "Float32 element math" measured float32 sums of those statistics
+over whole lines within 1.5e-7 of the terms they feed, against 1e-4. Strips of rows then sum to
+the square problem's column statistics within those partials' rounding, and the statistics layout
+is exactly the C++ one.
 """
 
 from __future__ import annotations
@@ -117,7 +121,7 @@ def _element_stats_f64(s, inv_tau, EVIDENCE: tl.constexpr, MSE: tl.constexpr, KL
                        FMSE: tl.constexpr, LOGDET: tl.constexpr):
     """Per element of a float64 tile, in float64 (SPEC §2 "Stable forms"): (α, (α·2^-511)², h(α),
     α(α + 1)ψ1(α), ln ψ1(α), r(α)), the contributions to the LineStats of line_terms.h (zeros for
-    the terms not enabled)."""
+    the terms not enabled), α again in the slot `_element_stats_f32` gives its float32 α."""
     a_s, k, _rho = evidence_alpha(s, inv_tau, EVIDENCE, tl.float64)
     scale = pow2(k, a_s)  # 2^k
     alpha64 = a_s * scale
@@ -139,7 +143,7 @@ def _element_stats_f64(s, inv_tau, EVIDENCE: tl.constexpr, MSE: tl.constexpr, KL
         if LOGDET:
             lt = log_trigamma(small, trigamma, x_trigamma, log_z)
             rr, _xrp = fisher_remainder(a_s, trigamma, tetragamma, u)
-    return alpha64, sq, kl_h_value, fisher, lt, rr
+    return alpha64, alpha64, sq, kl_h_value, fisher, lt, rr
 
 
 @triton.jit
@@ -147,9 +151,12 @@ def _element_stats_f32(s, inv_tau32, EVIDENCE: tl.constexpr, MSE: tl.constexpr, 
                        FMSE: tl.constexpr, LOGDET: tl.constexpr):
     """Per element of a float32 tile, with float32 element math (SPEC §2 "Float32 element math"):
     x = s·(1/τ) and α in float32, the special functions of special.py's float32 set, each value
-    widened to float64 for the line sums without a float64 product: (α, (α·2^-511)², h(α) + 1,
-    α(α + 1)ψ1(α), ln ψ1(α), r(α)) (zeros for the terms not enabled). exp evidence beyond FLT_MAX
-    (x > 88.7) keeps α in float64 (e_r·2^n, exact) and enters the series as ln α = x."""
+    widened to float64 for the line sums without a float64 product: (α, α in float32, (α·2^-511)²,
+    h(α) + 1, α(α + 1)ψ1(α), ln ψ1(α), r(α)) (zeros for the terms not enabled). exp evidence beyond
+    FLT_MAX (x > 88.7) keeps α in float64 (e_r·2^n, exact) and enters the series as ln α = x.
+    Values that cannot leave float32's range are returned in float32 (ln ψ1, r; α and α(α + 1)ψ1 of
+    exp_tanh, α < 3.72), so that a tile's partial sum of them can be taken in float32
+    (`_tile_column_sum`); the others are float64."""
     x = s * inv_tau32
     alpha, _rho, e_r, n, beyond, t = evidence_f32(x, EVIDENCE)
     alpha64 = alpha_f64_of_f32(alpha, e_r, n, beyond)
@@ -162,9 +169,9 @@ def _element_stats_f32(s, inv_tau32, EVIDENCE: tl.constexpr, MSE: tl.constexpr, 
         f_h, f_xt, f_lt, f_r = element_forward_of_tanh_f32(t, KL, FMSE, LOGDET)
         kl_h_plus_one = f_h.to(tl.float64)
         # α(α + 1)ψ1 = α·(αψ1) + αψ1 in float32 (element_terms.h widen_from_float): α < 4, no overflow
-        fisher = (alpha * f_xt + f_xt).to(tl.float64)
-        lt = f_lt.to(tl.float64)
-        rr = f_r.to(tl.float64)
+        fisher = alpha * f_xt + f_xt
+        lt = f_lt
+        rr = f_r
     elif KL or FMSE or LOGDET:
         series, s_fit, log_z, inv_z, _digamma, _lgamma, x_trigamma, _x2_tetragamma = \
             element_polygammas_f32(alpha, beyond, x)
@@ -177,10 +184,18 @@ def _element_stats_f32(s, inv_tau32, EVIDENCE: tl.constexpr, MSE: tl.constexpr, 
             scaled = (alpha * 5.421010862427522e-20 + 5.421010862427522e-20) * x_trigamma
             fisher = tl.where(beyond, alpha64, ldexp_f64(scaled.to(tl.float64), tl.full(x.shape, 64, tl.int32)))
         if LOGDET:
-            lt = log_trigamma_f32(alpha, series, s_fit, log_z, inv_z).to(tl.float64)
-            r, _x_r_prime = fisher_remainder_f32(series, s_fit, inv_z)
-            rr = r.to(tl.float64)
-    return alpha64, sq, kl_h_plus_one, fisher, lt, rr
+            lt = log_trigamma_f32(alpha, series, s_fit, log_z, inv_z)
+            rr, _x_r_prime = fisher_remainder_f32(series, s_fit, inv_z)
+    return alpha64, alpha, sq, kl_h_plus_one, fisher, lt, rr
+
+
+@triton.jit
+def _tile_column_sum(tile):
+    """Σ over a tile's rows, the other lines' partial of one tile (BLOCK_M elements a column),
+    widened to float64 once per column: in the tile's own type, float64, or float32 for the element
+    values that `_element_stats_f32` keeps in float32 (bounded: a 64-term float32 sum of them is
+    within 2^-18 of their magnitudes' sum, where SPEC §5 allows 1e-4 for the terms they feed)."""
+    return tl.sum(tile, 0).to(tl.float64)
 
 
 @triton.jit
@@ -284,15 +299,18 @@ def stats_kernel(
                 on_target = cols[None, :] < 0
             off = valid & (~on_target)
             if F64:
-                alpha64, sq, kl_stat, fisher, lt, rr = _element_stats_f64(s, inv_tau, EVIDENCE, MSE, KL, FMSE, LOGDET)
+                alpha64, alpha32, sq, kl_stat, fisher, lt, rr = _element_stats_f64(s, inv_tau, EVIDENCE, MSE, KL, FMSE, LOGDET)
             else:
-                alpha64, sq, kl_stat, fisher, lt, rr = _element_stats_f32(s, inv_tau32, EVIDENCE, MSE, KL, FMSE,
+                alpha64, alpha32, sq, kl_stat, fisher, lt, rr = _element_stats_f32(s, inv_tau32, EVIDENCE, MSE, KL, FMSE,
                                                                        LOGDET)
             rest_c = tl.where(off, alpha64, 0.0)
             if OWN:
                 acc_rest = _row_sum_add(acc_rest, rest_c, ROW_SUMS_PER_POSITION)
             if OTHER:
-                _rmw_partial(part, cols, cmask, tl.sum(rest_c, 0))
+                if EVIDENCE == EXP_TANH:  # α < 3.72: the tile's partial in float32
+                    _rmw_partial(part, cols, cmask, _tile_column_sum(tl.where(off, alpha32, 0.0)))
+                else:
+                    _rmw_partial(part, cols, cmask, _tile_column_sum(rest_c))
             if HAS_TARGET:
                 if F64:
                     target_c = tl.where(valid & on_target, alpha64, 0.0)
@@ -332,18 +350,18 @@ def stats_kernel(
             if FMSE:
                 fi_c = tl.where(off, fisher, 0.0)
                 if OWN:
-                    acc_fi = _row_sum_add(acc_fi, fi_c, ROW_SUMS_PER_POSITION)
+                    acc_fi = _row_sum_add(acc_fi, fi_c.to(tl.float64), ROW_SUMS_PER_POSITION)
                 if OTHER:
-                    _rmw_partial(part + SLOT_FI * n_other, cols, cmask, tl.sum(fi_c, 0))
+                    _rmw_partial(part + SLOT_FI * n_other, cols, cmask, _tile_column_sum(fi_c))
             if LOGDET:
                 lt_c = tl.where(valid, lt, 0.0)
                 rr_c = tl.where(valid, rr, 0.0)
                 if OWN:
-                    acc_lt = _row_sum_add(acc_lt, lt_c, ROW_SUMS_PER_POSITION)
-                    acc_rr = _row_sum_add(acc_rr, rr_c, ROW_SUMS_PER_POSITION)
+                    acc_lt = _row_sum_add(acc_lt, lt_c.to(tl.float64), ROW_SUMS_PER_POSITION)
+                    acc_rr = _row_sum_add(acc_rr, rr_c.to(tl.float64), ROW_SUMS_PER_POSITION)
                 if OTHER:
-                    _rmw_partial(part + SLOT_LT * n_other, cols, cmask, tl.sum(lt_c, 0))
-                    _rmw_partial(part + (SLOT_LT + 1) * n_other, cols, cmask, tl.sum(rr_c, 0))
+                    _rmw_partial(part + SLOT_LT * n_other, cols, cmask, _tile_column_sum(lt_c))
+                    _rmw_partial(part + (SLOT_LT + 1) * n_other, cols, cmask, _tile_column_sum(rr_c))
         if HAS_TARGET and not F64:
             # A line's target α enters its finalisation alone (ψ(S) − ψ(α_y) of the risk, α̃_y of the
             # KL): float64 from s refined to x = s/τ in two floats (refined_alpha_f64: no float64
