@@ -562,13 +562,11 @@ def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dic
     partial_bytes = programs * ns * k * 8 if one_pass else 0
     passes = [] if strips_of_s else [("stats_kernel, rows and column partials", programs)] if one_pass else \
         [("stats_kernel, rows (pass 1 of 2)", row_blocks), ("stats_kernel, columns (pass 2 of 2: s again)", row_blocks)]
-    if one_pass:
-        out.append(Kernel("forward", "zero column partials", 1, dram={"partials": partial_bytes}))
     for name, grid in passes:
         concurrent = min(grid, per_sm * c["sms"])
         l2, dram, waves = operand_traffic(st.block_m, st.block_n, per_sm, concurrent, row_blocks, 1, "tile product")
         if one_pass:
-            rmw = row_blocks * ns * k * 16
+            rmw = (row_blocks * 16 - programs * 8) * ns * k  # each program's first block writes only
             (l2 if partial_bytes <= l2_bytes else dram)["column partials read-modify-write per row block"] = rmw
         out.append(Kernel("forward", name, 1, flops=2.0 * kk * d, elements=kk, cycles_per_element=fwd_cycles,
                           l2=l2, dram=dram, fill=min(1.0, grid / c["sms"]),
@@ -725,8 +723,9 @@ def _strip_product(name: str, phase: str, strips: int, k: int, d: int, e_in: int
 
 def _similarity_strip_forward(out: list, k: int, d: int, e_in: int, ns: int, st, cycles: float, pipe: str, c: dict,
                               launch) -> int:
-    """launch._strip_statistics: per strip of s, its cuBLAS product, the partials zeroed, one
-    stats_kernel sweep by columns (the strip's rows into partials), the partials reduced and the
+    """launch._strip_statistics: per strip of s, its cuBLAS product, one stats_kernel sweep by
+    columns (the strip's rows into partials, written by each program's first block), the partials
+    reduced and the
     columns' sums of the strip added to theirs. Returns the forward's extra bytes (strip, partials
     and the columns' sums of a strip)."""
     kk = k * k
@@ -738,9 +737,10 @@ def _similarity_strip_forward(out: list, k: int, d: int, e_in: int, ns: int, st,
     where = lambda b: "l2" if b <= c["l2_mib"] * MIB else "dram"  # noqa: E731
     out.append(_strip_product(f"cuBLAS s of {strips} strips of {rows} rows", "forward", strips, k, d, e_in,
                               strip_bytes, c))
-    out.append(Kernel("forward", "zero partials (per strip)", strips, dram={"partials": strips * partial_bytes}))
     sweep = {"s strips read": kk * 4,
-             "strip rows' partials read-modify-write per column block": _ceil_div(k, st.block_m) * ns * k * 16,
+             # each program's first column block writes only
+             "strip rows' partials read-modify-write per column block": (_ceil_div(k, st.block_m) * 16
+                                                                         - programs * 8) * ns * k,
              "columns' sums of the strip stored": strips * 7 * k * 8}
     l2, dram = {}, {}
     for what, b in sweep.items():

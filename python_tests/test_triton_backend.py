@@ -805,6 +805,38 @@ def test_triton_similarity_strips_match_the_reference(gen, monkeypatch, strips):
                     "strips, dx only": ("strips", True, 16, 0, 0)}[strips]]
 
 
+@pytest.mark.parametrize("strips", [False, True])
+def test_triton_buffers_the_kernels_fill_need_no_zeroing(gen, monkeypatch, strips):
+    """The column partials of the one-pass forward and of each strip of s are written by each
+    program's first row block, never read before (no zeroing launch): with every torch.empty of
+    the op filled with NaN, the losses and gradients are finite and the same bits as without
+    (same kernels, same summation order). K = 113 (the interpreter's 64-row tiles: two programs,
+    the second's block partial), D = 40, every term, exp and exp_tanh evidence."""
+    from evidential_ops.triton_backend import launch
+
+    if strips:  # s from strips of 16 rows (8 strips), both directions
+        monkeypatch.setattr(launch, "similarity_strips", lambda dtype, d, precision, like=None: True)
+        monkeypatch.setattr(launch, "STRIP_BUDGET_BYTES", 16 * 113 * 4)
+    x, y = hard_pairs(113, 40, generator=gen)
+    x, y = x.to(device()), y.to(device())
+    empty = torch.empty
+
+    def run(evidence):
+        xt, yt = x.clone().requires_grad_(), y.clone().requires_grad_()
+        rows, cols = eo.evidential_loss(xt, yt, backend="triton", evidence=evidence, tau=0.05, weights=ALL_WEIGHTS,
+                                        direction="both", reduction="none")
+        (rows.sum() + cols.sum()).backward()
+        return rows.detach(), cols.detach(), xt.grad, yt.grad
+
+    for evidence in ("exp", "exp_tanh"):
+        clean = run(evidence)
+        monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).fill_(float("nan")))
+        poisoned = run(evidence)
+        monkeypatch.setattr(torch, "empty", empty)
+        for a, b in zip(clean, poisoned):
+            assert bool(torch.isfinite(b).all()) and torch.equal(a, b)
+
+
 @pytest.mark.parametrize("n_q,n_g", [(7, 500), (300, 70)])
 def test_triton_similarity_strips_opinions_of_unequal_sides(gen, monkeypatch, n_q, n_g):
     """Opinions (no targets) from strips of s on problems whose sides differ (strips forced as above,

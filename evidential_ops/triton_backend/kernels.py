@@ -111,8 +111,10 @@ def _s_tile(a_ptr, b_ptr, rows, cols, rmask, cmask, stride_ai, stride_ak, stride
 
 
 @triton.jit
-def _rmw_partial(ptr, cols, cmask, values):
-    old = tl.load(ptr + cols, mask=cmask, other=0.0)
+def _rmw_partial(ptr, cols, cmask, values, accumulate):
+    """ptr[cols] += values where `accumulate`, else = values (a program's first row block: the
+    partials need no zeroing first)."""
+    old = tl.load(ptr + cols, mask=cmask & accumulate, other=0.0)
     tl.store(ptr + cols, old + values, mask=cmask)
 
 
@@ -239,7 +241,8 @@ def stats_kernel(
 
     own_ptr: (7, n_own) float64, zero-initialised; other_ptr: (7, n_other), only LineStat 0 (the
     target α, a single element) is written there; part_ptr: (num_programs, NS, n_other) float64,
-    zero-initialised, NS = launch._Terms.num_partials(): slot 0 rest, then those enabled of
+    written by each program's first row block (every program has one: n_programs <= the row
+    blocks) and added to by its others, NS = launch._Terms.num_partials(): slot 0 rest, then those enabled of
     squares (MSE), kl h (KL), fisher (FMSE), log-trigamma and remainder (LOGDET), in that order
     (`reduce_partials_kernel` maps them back to LineStats).
     """
@@ -308,9 +311,9 @@ def stats_kernel(
                 acc_rest = _row_sum_add(acc_rest, rest_c, ROW_SUMS_PER_POSITION)
             if OTHER:
                 if EVIDENCE == EXP_TANH:  # α < 3.72: the tile's partial in float32
-                    _rmw_partial(part, cols, cmask, _tile_column_sum(tl.where(off, alpha32, 0.0)))
+                    _rmw_partial(part, cols, cmask, _tile_column_sum(tl.where(off, alpha32, 0.0)), it > 0)
                 else:
-                    _rmw_partial(part, cols, cmask, _tile_column_sum(rest_c))
+                    _rmw_partial(part, cols, cmask, _tile_column_sum(rest_c), it > 0)
             if HAS_TARGET:
                 if F64:
                     target_c = tl.where(valid & on_target, alpha64, 0.0)
@@ -330,7 +333,7 @@ def stats_kernel(
                 if OWN:
                     acc_sq = _row_sum_add(acc_sq, sq_c, ROW_SUMS_PER_POSITION)
                 if OTHER:
-                    _rmw_partial(part + SLOT_SQ * n_other, cols, cmask, tl.sum(sq_c, 0))
+                    _rmw_partial(part + SLOT_SQ * n_other, cols, cmask, tl.sum(sq_c, 0), it > 0)
             if KL:
                 kl_c = tl.where(off, kl_stat, 0.0)
                 if OWN:
@@ -346,13 +349,13 @@ def stats_kernel(
                         # (a program's last pass may be past the last row block: no rows there)
                         block_rows = tl.maximum(tl.minimum(n_own - rb * BLOCK_M, BLOCK_M), 0)
                         col_kl -= tl.where(cmask, block_rows - col_has_target.to(tl.int32), 0).to(tl.float64)
-                    _rmw_partial(part + SLOT_KL * n_other, cols, cmask, col_kl)
+                    _rmw_partial(part + SLOT_KL * n_other, cols, cmask, col_kl, it > 0)
             if FMSE:
                 fi_c = tl.where(off, fisher, 0.0)
                 if OWN:
                     acc_fi = _row_sum_add(acc_fi, fi_c.to(tl.float64), ROW_SUMS_PER_POSITION)
                 if OTHER:
-                    _rmw_partial(part + SLOT_FI * n_other, cols, cmask, _tile_column_sum(fi_c))
+                    _rmw_partial(part + SLOT_FI * n_other, cols, cmask, _tile_column_sum(fi_c), it > 0)
             if LOGDET:
                 lt_c = tl.where(valid, lt, 0.0)
                 rr_c = tl.where(valid, rr, 0.0)
@@ -360,8 +363,8 @@ def stats_kernel(
                     acc_lt = _row_sum_add(acc_lt, lt_c.to(tl.float64), ROW_SUMS_PER_POSITION)
                     acc_rr = _row_sum_add(acc_rr, rr_c.to(tl.float64), ROW_SUMS_PER_POSITION)
                 if OTHER:
-                    _rmw_partial(part + SLOT_LT * n_other, cols, cmask, _tile_column_sum(lt_c))
-                    _rmw_partial(part + (SLOT_LT + 1) * n_other, cols, cmask, _tile_column_sum(rr_c))
+                    _rmw_partial(part + SLOT_LT * n_other, cols, cmask, _tile_column_sum(lt_c), it > 0)
+                    _rmw_partial(part + (SLOT_LT + 1) * n_other, cols, cmask, _tile_column_sum(rr_c), it > 0)
         if HAS_TARGET and not F64:
             # A line's target α enters its finalisation alone (ψ(S) − ψ(α_y) of the risk, α̃_y of the
             # KL): float64 from s refined to x = s/τ in two floats (refined_alpha_f64: no float64

@@ -394,7 +394,8 @@ def _line_statistics(source: _Source, t_off: int, evidence: int, inv_tau: float,
         row_blocks = triton_cdiv(source.n_own, config.block_m)
         programs = one_pass_programs(row_blocks, source.n_other, ns, _sm_count(like.device))
         if programs:
-            partials = torch.zeros((programs, ns, source.n_other), dtype=torch.float64, device=like.device)
+            # written by each program's first row block (stats_kernel), not zeroed first
+            partials = torch.empty((programs, ns, source.n_other), dtype=torch.float64, device=like.device)
             _stats_pass(source, row_stats, col_stats, partials, t_off, evidence, inv_tau, terms, has_target, precision)
             flags = _stat_flags(terms)
             _launch(kernels.reduce_partials_kernel, (triton_cdiv(source.n_other, LINE_BLOCK),),
@@ -481,7 +482,7 @@ def _strip_statistics(source: "_Source", t_off: int, evidence: int, inv_tau: flo
             rows = min(rows_per_strip, m - r0)
             strip = s[:rows]
             torch.mm(a[r0:r0 + rows], b.t(), out=strip)
-            strip_partials = partials[:programs * ns * rows].view(programs, ns, rows).zero_()
+            strip_partials = partials[:programs * ns * rows].view(programs, ns, rows)  # written before read
             # Column j's target is row j − t_off, the strip's row j − t_off − r0 (where the strip has it).
             _stats_pass(_Source(strip, None, transposed=True), strip_cols, row_stats[:, r0:], strip_partials,
                         -(t_off + r0), evidence, inv_tau, terms, has_target, precision)
@@ -490,9 +491,10 @@ def _strip_statistics(source: "_Source", t_off: int, evidence: int, inv_tau: flo
                     strip_partials, programs, row_stats[:, r0:], rows, m, **flags, BLOCK=STRIP_REDUCE_BLOCK)
 
 
-# Lines per program of a strip's partial reduction: a strip of a few hundred rows then still
-# spreads over a few dozen programs (each adds up one partial per stats program, in order).
-STRIP_REDUCE_BLOCK = 32
+# Lines per program of a strip's partial reduction: each program adds up one partial per stats
+# program (one per SM), in order, a loop of dependent loads; 8 lines spread a strip of 911 rows
+# (K = 16384) over 114 programs, near one per SM, where 32 took 29.
+STRIP_REDUCE_BLOCK = 8
 
 
 def strip_programs(col_blocks: int, sms: int) -> int:
