@@ -562,11 +562,13 @@ def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dic
     partial_bytes = programs * ns * k * 8 if one_pass else 0
     passes = [] if strips_of_s else [("stats_kernel, rows and column partials", programs)] if one_pass else \
         [("stats_kernel, rows (pass 1 of 2)", row_blocks), ("stats_kernel, columns (pass 2 of 2: s again)", row_blocks)]
+    if one_pass:
+        out.append(Kernel("forward", "zero column partials", 1, dram={"partials": partial_bytes}))
     for name, grid in passes:
         concurrent = min(grid, per_sm * c["sms"])
         l2, dram, waves = operand_traffic(st.block_m, st.block_n, per_sm, concurrent, row_blocks, 1, "tile product")
         if one_pass:
-            rmw = (row_blocks * 16 - programs * 8) * ns * k  # each program's first block writes only
+            rmw = row_blocks * ns * k * 16
             (l2 if partial_bytes <= l2_bytes else dram)["column partials read-modify-write per row block"] = rmw
         out.append(Kernel("forward", name, 1, flops=2.0 * kk * d, elements=kk, cycles_per_element=fwd_cycles,
                           l2=l2, dram=dram, fill=min(1.0, grid / c["sms"]),
@@ -586,6 +588,11 @@ def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dic
     acc_bytes = 8 if e_in == 8 else 4
     per_sm_g = occupancy(bwd_row["resources"].get("registers", 255), 32 * gr.num_warps, c)
     bwd_note = f"{bwd_cycles:.2f} cycles/element ({bwd_pipe})"
+    # exp evidence launches grad_block_kernel's two variants (p = α/S as a product, or scaled: the
+    # device flag picks one, the other exits at once); the profile is the product's
+    variants = 2 if evidence == "exp" and e_in != 8 else 1
+    if variants == 2:
+        bwd_note += "; 2 launches a strip or block (SCALED_P 0 and 1, one exits at once)"
     if plan.kind == "fused":
         fu = defaults.get("grad_fused", gr)
         grid = _ceil_div(k, fu.block_m)
@@ -602,7 +609,8 @@ def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dic
         out.append(Kernel("backward", "dy cast float32 → input dtype", 1,
                           dram={"accumulator read": kd * acc_bytes, "written": kd * e_in}))
     elif plan.kind == "blocks":
-        out.extend(_block_backward(plan, k, d, e_in, gr, per_sm_g, bwd_cycles, bwd_note, c, operand_traffic))
+        out.extend(_block_backward(plan, k, d, e_in, gr, per_sm_g, bwd_cycles, bwd_note, c, operand_traffic,
+                                   variants))
     else:
         strips = _ceil_div(k, plan.strip)
         g_bytes = plan.strip * k * e_in
@@ -622,7 +630,7 @@ def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dic
                 flops, what = 2.0 * kk * d, "(s recomputed)"
             (l2 if g_bytes <= l2_bytes else dram)["G written, strip by strip"] = kk * e_in
             out.append(Kernel("backward", f"grad_block_kernel: G of {strips} strips of {plan.strip} {lines} {what}",
-                              strips, flops=flops, elements=kk, cycles_per_element=bwd_cycles,
+                              strips * variants, flops=flops, elements=kk, cycles_per_element=bwd_cycles,
                               l2=l2, dram=dram, fill=min(1.0, grid / c["sms"]),
                               note=f"{gr.name()}, {grid} programs a strip, {per_sm_g}/SM; {bwd_note}"))
             operand = kd * e_in
@@ -663,7 +671,7 @@ def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dic
 
 
 def _block_backward(plan, k: int, d: int, e_in: int, gr, per_sm: int, cycles: float, note: str, c: dict,
-                    operand_traffic) -> list:
+                    operand_traffic, variants: int = 1) -> list:
     """launch._block_pass: per (block_rows, block_cols) block of G, row blocks in order and the
     column blocks of each in order: s of the block (cuBLAS where plan.from_s, else recomputed in
     grad_block_kernel), G over it, then dx[rows] += G·y[cols] and dy[cols] += Gᵀ·x[rows] (the
@@ -692,7 +700,8 @@ def _block_backward(plan, k: int, d: int, e_in: int, gr, per_sm: int, cycles: fl
         flops, what = 2.0 * kk * d, "(s recomputed)"
     (l2 if where_g == "l2" else dram)["G written, block by block"] = kk * e_in
     grid = _ceil_div(rows, gr.block_m) * _ceil_div(cols, gr.block_n)
-    out.append(Kernel("backward", f"grad_block_kernel: G of {shape} {what}", blocks, flops=flops, elements=kk,
+    out.append(Kernel("backward", f"grad_block_kernel: G of {shape} {what}", blocks * variants, flops=flops,
+                      elements=kk,
                       cycles_per_element=cycles, l2=l2, dram=dram, fill=min(1.0, grid / c["sms"]),
                       note=f"{gr.name()}, {grid} programs a block, {per_sm}/SM; {note}"))
     # (name, blocks adding to each gradient row after the first, rows of a gradient block, operand
@@ -723,11 +732,10 @@ def _strip_product(name: str, phase: str, strips: int, k: int, d: int, e_in: int
 
 def _similarity_strip_forward(out: list, k: int, d: int, e_in: int, ns: int, st, cycles: float, pipe: str, c: dict,
                               launch) -> int:
-    """launch._strip_statistics: per strip of s, its cuBLAS product, one stats_kernel sweep by
-    columns (the strip's rows into partials, written by each program's first block), the partials
-    reduced and the
-    columns' sums of the strip added to theirs. Returns the forward's extra bytes (strip, partials
-    and the columns' sums of a strip)."""
+    """launch._strip_statistics: the partials zeroed once, then per strip of s its cuBLAS product,
+    one stats_kernel sweep by columns (the strip's rows into partials), the partials reduced (and
+    zeroed again for the next strip) and the columns' sums of the strip added to theirs. Returns
+    the forward's extra bytes (strip, partials and the columns' sums of a strip)."""
     kk = k * k
     rows = launch.strip_rows(k, k, 4)
     strips = _ceil_div(k, rows)
@@ -737,10 +745,9 @@ def _similarity_strip_forward(out: list, k: int, d: int, e_in: int, ns: int, st,
     where = lambda b: "l2" if b <= c["l2_mib"] * MIB else "dram"  # noqa: E731
     out.append(_strip_product(f"cuBLAS s of {strips} strips of {rows} rows", "forward", strips, k, d, e_in,
                               strip_bytes, c))
+    out.append(Kernel("forward", "zero partials (once)", 1, dram={"partials": partial_bytes}))
     sweep = {"s strips read": kk * 4,
-             # each program's first column block writes only
-             "strip rows' partials read-modify-write per column block": (_ceil_div(k, st.block_m) * 16
-                                                                         - programs * 8) * ns * k,
+             "strip rows' partials read-modify-write per column block": _ceil_div(k, st.block_m) * ns * k * 16,
              "columns' sums of the strip stored": strips * 7 * k * 8}
     l2, dram = {}, {}
     for what, b in sweep.items():
@@ -749,7 +756,8 @@ def _similarity_strip_forward(out: list, k: int, d: int, e_in: int, ns: int, st,
                       cycles_per_element=cycles, l2=l2, dram=dram, fill=min(1.0, programs / c["sms"]),
                       note=f"{st.name()}, {programs} programs a strip; {cycles:.2f} cycles/element ({pipe})"))
     out.append(Kernel("forward", "reduce_partials_kernel (per strip)", strips,
-                      dram={"partials read": strips * partial_bytes, "row statistics": ns * k * 8},
+                      dram={"partials read": strips * partial_bytes, "partials zeroed again": strips * partial_bytes,
+                            "row statistics": ns * k * 8},
                       fill=min(1.0, _ceil_div(rows, launch.STRIP_REDUCE_BLOCK) / c["sms"])))
     out.append(Kernel("forward", "columns' sums of each strip added (torch)", strips,
                       dram={"read twice, written": strips * 3 * 7 * k * 8}))

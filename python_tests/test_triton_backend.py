@@ -664,6 +664,30 @@ def test_triton_backward_paths_match_the_reference(gen, monkeypatch, path):
         assert plans[0].strip == {"fused": 0, "one strip": 113}.get(path, 16)
 
 
+@pytest.mark.parametrize("tau", [0.05, 0.01])
+def test_triton_backward_takes_p_as_a_product_unless_a_line_strength_exceeds_2_126(gen, monkeypatch, tau):
+    """exp evidence: grad_block_kernel's two variants, p = α/S as one float32 product (SCALED_P 0)
+    or from mantissas and exponents (1), the device flag (launch._scaled_p_flag) choosing. At
+    τ = 0.05 (α <= e^20) every line takes the product; at τ = 0.01 the near-duplicate positives'
+    α = e^99 lies beyond FLT_MAX and the flag is set. Both against the float64 reference (hard
+    regime, every term, K = 113, D = 203); and at τ = 0.01 the product forced is not finite (what
+    the second variant is for)."""
+    from evidential_ops.triton_backend import launch
+
+    flags = []
+    original = launch._scaled_p_flag
+    monkeypatch.setattr(launch, "_scaled_p_flag", lambda *a: flags.append(original(*a)) or flags[-1])
+    gen.manual_seed(5)
+    _backward_against_reference(gen, 113, 203, tau=tau)
+    assert [int(f) for f in flags] == [int(tau == 0.01)]
+    if tau == 0.01:
+        monkeypatch.setattr(launch, "_scaled_p_flag", lambda row_g, col_g: torch.zeros(1, dtype=torch.int32,
+                                                                                      device=row_g.device))
+        gen.manual_seed(5)
+        with pytest.raises(AssertionError):
+            _backward_against_reference(gen, 113, 203, tau=tau)
+
+
 def test_triton_fused_backward_is_bitwise_deterministic(gen, monkeypatch):
     """dy's contributions are added in program order (no float atomics): two runs, the same bits."""
     from evidential_ops.triton_backend import configs, launch
@@ -806,12 +830,13 @@ def test_triton_similarity_strips_match_the_reference(gen, monkeypatch, strips):
 
 
 @pytest.mark.parametrize("strips", [False, True])
-def test_triton_buffers_the_kernels_fill_need_no_zeroing(gen, monkeypatch, strips):
-    """The column partials of the one-pass forward and of each strip of s are written by each
-    program's first row block, never read before (no zeroing launch): with every torch.empty of
-    the op filled with NaN, the losses and gradients are finite and the same bits as without
-    (same kernels, same summation order). K = 113 (the interpreter's 64-row tiles: two programs,
-    the second's block partial), D = 40, every term, exp and exp_tanh evidence."""
+def test_triton_reads_no_buffer_before_writing_it(gen, monkeypatch, strips):
+    """No buffer is read before it is written: with every torch.empty of the op filled with NaN,
+    the losses and gradients are finite and the same bits as without (same kernels, same
+    summation order), for the one-pass forward and for strips of s (whose column partials are
+    zeroed once, then again by each strip's reduction as it reads them: reduce_partials_kernel
+    CLEAR). K = 113 (the interpreter's 64-row tiles: two programs, the second's block partial),
+    D = 40, every term, exp and exp_tanh evidence."""
     from evidential_ops.triton_backend import launch
 
     if strips:  # s from strips of 16 rows (8 strips), both directions

@@ -124,7 +124,10 @@ def jobs(arch: int, quick: bool = False) -> list[Job]:
                     modes += ["from-s"] if path == "f32" else ["resident"] if arch >= 90 else []
                 if kernel in ("stats", "grad") and is_default and path == "tf32":
                     modes += ["strip"]
-                for mode in modes:
+                # exp evidence's gradient kernel also in its second variant, p = α/S from mantissas
+                # and exponents (line strengths beyond 2^126: grad_block_kernel SCALED_P)
+                scaled = (0, 1) if kernel == "grad" and evidence == 0 else (0,)
+                for mode, scaled_p in [(m, p) for p in scaled for m in modes]:
                     from_s = mode in ("from-s", "strip")
                     if kernel == "stats":
                         fn = kernels.stats_kernel
@@ -141,13 +144,14 @@ def jobs(arch: int, quick: bool = False) -> list[Job]:
                         fn = kernels.grad_block_kernel
                         constexprs = dict(EVIDENCE=evidence, **flags, F64=0, TF32=tf32, BLOCK_M=config.block_m,
                                           BLOCK_N=config.block_n, BLOCK_K=max(config.block_k, 16),
-                                          FROM_S=int(from_s))
+                                          FROM_S=int(from_s), SCALED_P=scaled_p)
                         types = dict(a_ptr=f"*{dtype}", b_ptr=f"*{dtype}", stride_ai="i32", stride_ak="i32",
                                      stride_bj="i32", stride_bk="i32", g_ptr=f"*{dtype}", stride_gi="i32",
                                      stride_gj="i32", own_ptr="*fp64", n_own="i32", other_ptr="*fp64",
                                      n_other="i32", row0="i32", n_rows="i32", col0="i32", n_cols="i32",
                                      n_col_programs="i32",
-                                     col_blocks_per_program="i32", D="i32", t_off="i32", inv_tau="fp64")
+                                     col_blocks_per_program="i32", D="i32", t_off="i32", inv_tau="fp64",
+                                     scaled_ptr="*i32")
                     else:
                         fn = kernels.grad_fused_kernel
                         constexprs = dict(EVIDENCE=evidence, **flags, F64=0, TF32=tf32, BLOCK_M=config.block_m,
@@ -158,7 +162,8 @@ def jobs(arch: int, quick: bool = False) -> list[Job]:
                                      stride_dak="i32", db_ptr="*fp32", stride_dbj="i32", stride_dbk="i32",
                                      turn_ptr="*i32", own_ptr="*fp64", n_own="i32", other_ptr="*fp64",
                                      n_other="i32", D="i32", t_off="i32", inv_tau="fp64")
-                    variant = f"{term_set} {path}" + ("" if mode == "tiled" else f" {mode}")
+                    variant = f"{term_set} {path}" + ("" if mode == "tiled" else f" {mode}") + \
+                        (" scaled-p" if scaled_p else "")
                     if mode == "from-s":
                         attrs = None
                     elif mode == "strip" and kernel == "stats":
@@ -188,7 +193,7 @@ def jobs(arch: int, quick: bool = False) -> list[Job]:
         constexprs = dict(HAS_SCALE=1, W_FROM_PTR=1, RISK=1, **all_flags, BLOCK=128)
         types = {k: v for k, v in line_types.items() if k in fn.arg_names}
         out.append(Job(name, "b128w4", "all f64", True, fn, _signature(fn, types, constexprs), constexprs, 4, 1))
-    constexprs = dict(**all_flags, BLOCK=128)
+    constexprs = dict(**all_flags, BLOCK=128, CLEAR=1)
     types = dict(part_ptr="*fp64", n_partials="i32", stats_ptr="*fp64", n="i32", stats_stride="i32")
     out.append(Job("reduce_partials", "b128w4", "all f64", True, kernels.reduce_partials_kernel,
                    _signature(kernels.reduce_partials_kernel, types, constexprs), constexprs, 4, 1))

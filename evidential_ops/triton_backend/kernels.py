@@ -111,10 +111,8 @@ def _s_tile(a_ptr, b_ptr, rows, cols, rmask, cmask, stride_ai, stride_ak, stride
 
 
 @triton.jit
-def _rmw_partial(ptr, cols, cmask, values, accumulate):
-    """ptr[cols] += values where `accumulate`, else = values (a program's first row block: the
-    partials need no zeroing first)."""
-    old = tl.load(ptr + cols, mask=cmask & accumulate, other=0.0)
+def _rmw_partial(ptr, cols, cmask, values):
+    old = tl.load(ptr + cols, mask=cmask, other=0.0)
     tl.store(ptr + cols, old + values, mask=cmask)
 
 
@@ -241,8 +239,7 @@ def stats_kernel(
 
     own_ptr: (7, n_own) float64, zero-initialised; other_ptr: (7, n_other), only LineStat 0 (the
     target α, a single element) is written there; part_ptr: (num_programs, NS, n_other) float64,
-    written by each program's first row block (every program has one: n_programs <= the row
-    blocks) and added to by its others, NS = launch._Terms.num_partials(): slot 0 rest, then those enabled of
+    zero-initialised, NS = launch._Terms.num_partials(): slot 0 rest, then those enabled of
     squares (MSE), kl h (KL), fisher (FMSE), log-trigamma and remainder (LOGDET), in that order
     (`reduce_partials_kernel` maps them back to LineStats).
     """
@@ -311,9 +308,9 @@ def stats_kernel(
                 acc_rest = _row_sum_add(acc_rest, rest_c, ROW_SUMS_PER_POSITION)
             if OTHER:
                 if EVIDENCE == EXP_TANH:  # α < 3.72: the tile's partial in float32
-                    _rmw_partial(part, cols, cmask, _tile_column_sum(tl.where(off, alpha32, 0.0)), it > 0)
+                    _rmw_partial(part, cols, cmask, _tile_column_sum(tl.where(off, alpha32, 0.0)))
                 else:
-                    _rmw_partial(part, cols, cmask, _tile_column_sum(rest_c), it > 0)
+                    _rmw_partial(part, cols, cmask, _tile_column_sum(rest_c))
             if HAS_TARGET:
                 if F64:
                     target_c = tl.where(valid & on_target, alpha64, 0.0)
@@ -333,7 +330,7 @@ def stats_kernel(
                 if OWN:
                     acc_sq = _row_sum_add(acc_sq, sq_c, ROW_SUMS_PER_POSITION)
                 if OTHER:
-                    _rmw_partial(part + SLOT_SQ * n_other, cols, cmask, tl.sum(sq_c, 0), it > 0)
+                    _rmw_partial(part + SLOT_SQ * n_other, cols, cmask, tl.sum(sq_c, 0))
             if KL:
                 kl_c = tl.where(off, kl_stat, 0.0)
                 if OWN:
@@ -349,13 +346,13 @@ def stats_kernel(
                         # (a program's last pass may be past the last row block: no rows there)
                         block_rows = tl.maximum(tl.minimum(n_own - rb * BLOCK_M, BLOCK_M), 0)
                         col_kl -= tl.where(cmask, block_rows - col_has_target.to(tl.int32), 0).to(tl.float64)
-                    _rmw_partial(part + SLOT_KL * n_other, cols, cmask, col_kl, it > 0)
+                    _rmw_partial(part + SLOT_KL * n_other, cols, cmask, col_kl)
             if FMSE:
                 fi_c = tl.where(off, fisher, 0.0)
                 if OWN:
                     acc_fi = _row_sum_add(acc_fi, fi_c.to(tl.float64), ROW_SUMS_PER_POSITION)
                 if OTHER:
-                    _rmw_partial(part + SLOT_FI * n_other, cols, cmask, _tile_column_sum(fi_c), it > 0)
+                    _rmw_partial(part + SLOT_FI * n_other, cols, cmask, _tile_column_sum(fi_c))
             if LOGDET:
                 lt_c = tl.where(valid, lt, 0.0)
                 rr_c = tl.where(valid, rr, 0.0)
@@ -363,8 +360,8 @@ def stats_kernel(
                     acc_lt = _row_sum_add(acc_lt, lt_c.to(tl.float64), ROW_SUMS_PER_POSITION)
                     acc_rr = _row_sum_add(acc_rr, rr_c.to(tl.float64), ROW_SUMS_PER_POSITION)
                 if OTHER:
-                    _rmw_partial(part + SLOT_LT * n_other, cols, cmask, _tile_column_sum(lt_c), it > 0)
-                    _rmw_partial(part + (SLOT_LT + 1) * n_other, cols, cmask, _tile_column_sum(rr_c), it > 0)
+                    _rmw_partial(part + SLOT_LT * n_other, cols, cmask, _tile_column_sum(lt_c))
+                    _rmw_partial(part + (SLOT_LT + 1) * n_other, cols, cmask, _tile_column_sum(rr_c))
         if HAS_TARGET and not F64:
             # A line's target α enters its finalisation alone (ψ(S) − ψ(α_y) of the risk, α̃_y of the
             # KL): float64 from s refined to x = s/τ in two floats (refined_alpha_f64: no float64
@@ -403,10 +400,11 @@ def stats_kernel(
 @triton.jit
 def reduce_partials_kernel(part_ptr, n_partials, stats_ptr, n, stats_stride,
                            MSE: tl.constexpr, KL: tl.constexpr, FMSE: tl.constexpr, LOGDET: tl.constexpr,
-                           BLOCK: tl.constexpr):
+                           BLOCK: tl.constexpr, CLEAR: tl.constexpr = 0):
     """stats[LineStat of slot, j] = Σ_g part[g, slot, j], g in order: the second, deterministic pass
     of the column statistics (float64). stats_stride: between LineStats in stats (n, or the whole
-    statistics' line count where stats_ptr is a strip's first line)."""
+    statistics' line count where stats_ptr is a strip's first line). CLEAR: each partial read is
+    set to 0 again, for the next strip's sweep (launch._strip_statistics: no zeroing launch)."""
     NS: tl.constexpr = 1 + MSE + KL + FMSE + 2 * LOGDET
     cols = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     cmask = cols < n
@@ -414,6 +412,8 @@ def reduce_partials_kernel(part_ptr, n_partials, stats_ptr, n, stats_stride,
         acc = tl.zeros((BLOCK,), tl.float64)
         for g in range(0, n_partials):
             acc += tl.load(part_ptr + (g * NS + slot) * n + cols, mask=cmask, other=0.0)
+            if CLEAR:
+                tl.store(part_ptr + (g * NS + slot) * n + cols, tl.zeros((BLOCK,), tl.float64), mask=cmask)
         if slot == 0:
             stat = 1  # rest
         elif MSE and slot == 1:
@@ -448,17 +448,18 @@ def _load_constants(ptr, idx, mask, n):
 
 
 @triton.jit
-def _line_constants(ptr, idx, mask, n, EVIDENCE: tl.constexpr, CT: tl.constexpr):
+def _line_constants(ptr, idx, mask, n, EVIDENCE: tl.constexpr, CT: tl.constexpr, SCALED_P: tl.constexpr = 1):
     """The LineGradient constants of lines idx as the element code reads them, formed once per line
     (a program's own lines before its column sweep): 1/S as (inv_m, inv_k) and the others in CT.
     CT = float64: inv_m = 1/S. Float32 element math (SPEC §2 "Float32 element math"): the others
-    narrowed to float32 (line_terms.h narrow_line_gradient's rounding); for exp evidence 1/S split
-    into mantissa and exponent (`split_f64`: α beyond FLT_MAX, or 1/S below FLT_MIN, keep p = α/S
-    exact), otherwise inv_m = float32 1/S (S = Σα within float32's range) and inv_k = 0."""
+    narrowed to float32 (line_terms.h narrow_line_gradient's rounding); for exp evidence with
+    SCALED_P 1/S split into mantissa and exponent (`split_f64`: α beyond FLT_MAX, or 1/S below
+    FLT_MIN, keep p = α/S exact), otherwise inv_m = float32 1/S (S = Σα within float32's range:
+    the other maps, and exp where no line strength exceeds 2^126) and inv_k = 0."""
     inv_s, c_all, c_off, c_sq, c_fi, c_kv, c_lr, c_lrem, c_t = _load_constants(ptr, idx, mask, n)
     if CT == tl.float64:  # noqa: SIM300  (Triton constexpr dtype)
         inv_m, inv_k = inv_s, tl.zeros(idx.shape, tl.int32)
-    elif EVIDENCE == 0:
+    elif EVIDENCE == 0 and SCALED_P:
         inv_m, inv_k = split_f64(inv_s)
     else:
         inv_m, inv_k = inv_s.to(tl.float32), tl.zeros(idx.shape, tl.int32)
@@ -513,7 +514,7 @@ def _element_backward_f64(s, inv_tau, o_inv_s, t_inv_s, EVIDENCE: tl.constexpr, 
 
 @triton.jit
 def _element_backward_f32(s, inv_tau32, o_inv_m, o_inv_k, t_inv_m, t_inv_k, EVIDENCE: tl.constexpr,
-                          KL: tl.constexpr, FMSE: tl.constexpr, LOGDET: tl.constexpr):
+                          KL: tl.constexpr, FMSE: tl.constexpr, LOGDET: tl.constexpr, SCALED_P: tl.constexpr = 1):
     """`_element_backward_f64` with float32 element math (SPEC §2 "Float32 element math"): x = s·(1/τ)
     and α in float32, element_terms.h element_backward_f32's factors, and p = α/S in float32 from
     each line's 1/S as `_line_constants` gives it, without a float64 product (exp evidence: α and
@@ -536,13 +537,15 @@ def _element_backward_f32(s, inv_tau32, o_inv_m, o_inv_k, t_inv_m, t_inv_k, EVID
         if LOGDET:
             f_ratio = tetragamma_trigamma_ratio_f32(x_trigamma, x2_tetragamma)
             _r, f_xrp = fisher_remainder_f32(series, s_fit, inv_z)
-    if EVIDENCE == 0:
+    if EVIDENCE == 0 and SCALED_P:
         a_m = tl.where(beyond, e_r, alpha)
         a_k = tl.where(beyond, n, 0)
         p_own = scaled_product_f32(a_m, a_k, o_inv_m[:, None], o_inv_k[:, None])
         p_other = scaled_product_f32(a_m, a_k, t_inv_m[None, :], t_inv_k[None, :])
     else:
-        # α <= FLT_MAX and S = Σα within float32's range for these maps (α <= x + 2, or e + 1)
+        # α <= FLT_MAX and S = Σα within float32's range for these maps (α <= x + 2, or e + 1), and
+        # for exp where every line strength is at most 2^126 (then α <= S too): one rounding, the
+        # scaled product's bits wherever p is a normal float32
         p_own = alpha * o_inv_m[:, None]
         p_other = alpha * t_inv_m[None, :]
     return rho, f_kv, f_slope, f_ratio, f_xrp, p_own, p_other
@@ -552,14 +555,14 @@ def _element_backward_f32(s, inv_tau32, o_inv_m, o_inv_k, t_inv_m, t_inv_k, EVID
 def _gradient_tile(s, rows, cols, valid, cmask, t_off, inv_tau,
                    o_inv_m, o_inv_k, o_all, o_off, o_sq, o_fi, o_kv, o_lr, o_lrem, o_t, other_ptr, n_other,
                    EVIDENCE: tl.constexpr, MSE: tl.constexpr, KL: tl.constexpr, FMSE: tl.constexpr,
-                   LOGDET: tl.constexpr, CT: tl.constexpr):
+                   LOGDET: tl.constexpr, CT: tl.constexpr, SCALED_P: tl.constexpr = 1):
     """∂L/∂s of a tile (CT; 0 outside `valid`): (α∂L/∂α of the own line + of the other line)·ρ/τ,
     element_terms.h line_share with the factors of `_element_backward_f64` (CT = float64) or
     `_element_backward_f32` (float32 element math, SPEC §2 "Float32 element math"); o_* the own
-    lines' `_line_constants` (formed once by a caller that sweeps columns), the other lines' read
-    here for the tile's columns."""
+    lines' `_line_constants` (formed once by a caller that sweeps columns, with the same SCALED_P),
+    the other lines' read here for the tile's columns."""
     t_inv_m, t_inv_k, t_all, t_off_c, t_sq, t_fi, t_kv, t_lr, t_lrem, t_t = _line_constants(
-        other_ptr, cols, cmask, n_other, EVIDENCE, CT)
+        other_ptr, cols, cmask, n_other, EVIDENCE, CT, SCALED_P)
     on_target = (cols[None, :] == rows[:, None] + t_off)
     on = tl.where(on_target, 1.0, 0.0).to(CT)
     off = 1.0 - on
@@ -568,7 +571,7 @@ def _gradient_tile(s, rows, cols, valid, cmask, t_off, inv_tau,
             s, inv_tau, o_inv_m, t_inv_m, EVIDENCE, KL, FMSE, LOGDET)
     else:
         rho, f_kv, f_slope, f_ratio, f_xrp, p_own, p_other = _element_backward_f32(
-            s, inv_tau.to(tl.float32), o_inv_m, o_inv_k, t_inv_m, t_inv_k, EVIDENCE, KL, FMSE, LOGDET)
+            s, inv_tau.to(tl.float32), o_inv_m, o_inv_k, t_inv_m, t_inv_k, EVIDENCE, KL, FMSE, LOGDET, SCALED_P)
     share = _line_share(p_own, off, on, f_kv, f_slope, f_ratio, f_xrp,
                         o_all[:, None], o_off[:, None], o_sq[:, None], o_fi[:, None],
                         o_kv[:, None], o_lr[:, None], o_lrem[:, None], o_t[:, None],
@@ -586,10 +589,11 @@ def grad_block_kernel(
     a_ptr, b_ptr, stride_ai, stride_ak, stride_bj, stride_bk,
     g_ptr, stride_gi, stride_gj,
     own_ptr, n_own, other_ptr, n_other, row0, n_rows, col0, n_cols, n_col_programs, col_blocks_per_program,
-    D, t_off, inv_tau: tl.float64,
+    D, t_off, inv_tau: tl.float64, scaled_ptr,
     EVIDENCE: tl.constexpr, MSE: tl.constexpr, KL: tl.constexpr, FMSE: tl.constexpr, LOGDET: tl.constexpr,
     F64: tl.constexpr, TF32: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FROM_S: tl.constexpr = 0,
+    SCALED_P: tl.constexpr = 0,
 ):
     """G = ∂L/∂s of rows [row0, row0 + n_rows) and columns [col0, col0 + n_cols), stored in g's
     dtype (the input dtype: the operand of the two products that follow, as flash attention rounds
@@ -601,28 +605,39 @@ def grad_block_kernel(
     indices in the whole problem (line constants, targets), so a block needs no offsets of its own.
     FROM_S: the block's s is given (a_ptr: element (i − row0, j − col0) at i·stride_ai + j·stride_ak,
     a product already made), and g_ptr may be that same buffer: each program reads a tile before it
-    writes it, and no other program touches the tile."""
+    writes it, and no other program touches the tile.
+
+    scaled_ptr: an int32 flag, 1 where some line strength exceeds 2^126 (launch._scaled_p_flag). The
+    kernel does its work only where the flag equals SCALED_P: exp evidence launches both variants,
+    and the one that does not match exits at once. SCALED_P = 0 forms p = α/S as a float32 product
+    (what every input whose line strengths stay below 2^126 takes: cosine similarities at τ >= 0.0132
+    with K <= 65536), SCALED_P = 1 from mantissas and exponents (`scaled_product_f32`), exact for α
+    beyond FLT_MAX and 1/S below FLT_MIN; the other maps and float64 inputs take the product either
+    way (their launches: SCALED_P = 0 with a zero flag)."""
     CT: tl.constexpr = tl.float64 if F64 else tl.float32
     PRECISION: tl.constexpr = "tf32" if TF32 else "ieee"
-    inv_tau = tl.full([], inv_tau, tl.float64)
-    local = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rows = row0 + local
-    rmask = local < n_rows
-    o_inv_m, o_inv_k, o_all, o_off, o_sq, o_fi, o_kv, o_lr, o_lrem, o_t = _line_constants(
-        own_ptr, rows, rmask, n_own, EVIDENCE, CT)
-    g_rows = g_ptr + local.to(tl.int64)[:, None] * stride_gi
-    # (the loop bound is a plain argument: the interpreter cannot take a program id as one)
-    for it in range(0, col_blocks_per_program):
-        col_local = (tl.program_id(1) + it * n_col_programs) * BLOCK_N + tl.arange(0, BLOCK_N)
-        cols = col0 + col_local
-        cmask = col_local < n_cols
-        s = _s_tile(a_ptr, b_ptr, local if FROM_S else rows, col_local if FROM_S else cols, rmask, cmask,
-                    stride_ai, stride_ak, stride_bj, stride_bk, D, FROM_S, PRECISION, CT, BLOCK_M, BLOCK_N, BLOCK_K)
-        valid = rmask[:, None] & cmask[None, :]
-        g = _gradient_tile(s, rows, cols, valid, cmask, t_off, inv_tau,
-                           o_inv_m, o_inv_k, o_all, o_off, o_sq, o_fi, o_kv, o_lr, o_lrem, o_t, other_ptr, n_other,
-                           EVIDENCE, MSE, KL, FMSE, LOGDET, CT)
-        tl.store(g_rows + col_local.to(tl.int64)[None, :] * stride_gj, g.to(g_ptr.dtype.element_ty), mask=valid)
+    if tl.load(scaled_ptr) == SCALED_P:
+        inv_tau = tl.full([], inv_tau, tl.float64)
+        local = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+        rows = row0 + local
+        rmask = local < n_rows
+        o_inv_m, o_inv_k, o_all, o_off, o_sq, o_fi, o_kv, o_lr, o_lrem, o_t = _line_constants(
+            own_ptr, rows, rmask, n_own, EVIDENCE, CT, SCALED_P)
+        g_rows = g_ptr + local.to(tl.int64)[:, None] * stride_gi
+        # (the loop bound is a plain argument: the interpreter cannot take a program id as one)
+        for it in range(0, col_blocks_per_program):
+            col_local = (tl.program_id(1) + it * n_col_programs) * BLOCK_N + tl.arange(0, BLOCK_N)
+            cols = col0 + col_local
+            cmask = col_local < n_cols
+            s = _s_tile(a_ptr, b_ptr, local if FROM_S else rows, col_local if FROM_S else cols, rmask, cmask,
+                        stride_ai, stride_ak, stride_bj, stride_bk, D, FROM_S, PRECISION, CT, BLOCK_M, BLOCK_N,
+                        BLOCK_K)
+            valid = rmask[:, None] & cmask[None, :]
+            g = _gradient_tile(s, rows, cols, valid, cmask, t_off, inv_tau,
+                               o_inv_m, o_inv_k, o_all, o_off, o_sq, o_fi, o_kv, o_lr, o_lrem, o_t, other_ptr,
+                               n_other, EVIDENCE, MSE, KL, FMSE, LOGDET, CT, SCALED_P)
+            tl.store(g_rows + col_local.to(tl.int64)[None, :] * stride_gj, g.to(g_ptr.dtype.element_ty),
+                     mask=valid)
 
 
 @triton.jit

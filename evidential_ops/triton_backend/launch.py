@@ -394,8 +394,7 @@ def _line_statistics(source: _Source, t_off: int, evidence: int, inv_tau: float,
         row_blocks = triton_cdiv(source.n_own, config.block_m)
         programs = one_pass_programs(row_blocks, source.n_other, ns, _sm_count(like.device))
         if programs:
-            # written by each program's first row block (stats_kernel), not zeroed first
-            partials = torch.empty((programs, ns, source.n_other), dtype=torch.float64, device=like.device)
+            partials = torch.zeros((programs, ns, source.n_other), dtype=torch.float64, device=like.device)
             _stats_pass(source, row_stats, col_stats, partials, t_off, evidence, inv_tau, terms, has_target, precision)
             flags = _stat_flags(terms)
             _launch(kernels.reduce_partials_kernel, (triton_cdiv(source.n_other, LINE_BLOCK),),
@@ -474,7 +473,7 @@ def _strip_statistics(source: "_Source", t_off: int, evidence: int, inv_tau: flo
     config = configs.default("stats", a.device)
     programs = strip_programs(triton_cdiv(n, config.block_m), _sm_count(a.device))
     s = torch.empty((rows_per_strip, n), dtype=torch.float32, device=a.device)
-    partials = torch.empty((programs * ns * rows_per_strip,), dtype=torch.float64, device=a.device)
+    partials = torch.zeros((programs * ns * rows_per_strip,), dtype=torch.float64, device=a.device)
     # Every statistic the sweep stores, it stores for every column; those it does not stay 0.
     strip_cols = torch.zeros_like(col_stats)
     with _float32_products(a, precision):
@@ -482,13 +481,16 @@ def _strip_statistics(source: "_Source", t_off: int, evidence: int, inv_tau: flo
             rows = min(rows_per_strip, m - r0)
             strip = s[:rows]
             torch.mm(a[r0:r0 + rows], b.t(), out=strip)
-            strip_partials = partials[:programs * ns * rows].view(programs, ns, rows)  # written before read
+            # zero: from the allocation, then from the previous strip's reduction (CLEAR), whose
+            # (programs, ns, rows) covered at least this strip's prefix of the buffer
+            strip_partials = partials[:programs * ns * rows].view(programs, ns, rows)
             # Column j's target is row j − t_off, the strip's row j − t_off − r0 (where the strip has it).
             _stats_pass(_Source(strip, None, transposed=True), strip_cols, row_stats[:, r0:], strip_partials,
                         -(t_off + r0), evidence, inv_tau, terms, has_target, precision)
             col_stats += strip_cols
             _launch(kernels.reduce_partials_kernel, (triton_cdiv(rows, STRIP_REDUCE_BLOCK),),
-                    strip_partials, programs, row_stats[:, r0:], rows, m, **flags, BLOCK=STRIP_REDUCE_BLOCK)
+                    strip_partials, programs, row_stats[:, r0:], rows, m, **flags, BLOCK=STRIP_REDUCE_BLOCK,
+                    CLEAR=1)
 
 
 # Lines per program of a strip's partial reduction: each program adds up one partial per stats
@@ -644,6 +646,22 @@ class _Backward:
         w = _Weights(weights, self.terms, like)
         self.row_g = _line_gradients(row_stats, scale, target_offset, n, w, self.terms, up_rows)
         self.col_g = _line_gradients(col_stats, scale, 0, n, w, self.terms, up_cols)
+        # exp evidence with float32 element math: which variant of grad_block_kernel does the work
+        self.scaled_p = self.kind == 0 and not _compute_f64(like.dtype)
+        self.scaled_flag = _scaled_p_flag(self.row_g, self.col_g) if self.scaled_p else \
+            torch.zeros(1, dtype=torch.int32, device=like.device)
+
+
+# A line strength beyond this makes 1/S subnormal in float32 (and α beyond FLT_MAX needs it)
+SCALED_P_ABOVE = 2.0**126
+
+
+def _scaled_p_flag(row_g: Tensor, col_g: Tensor) -> Tensor:
+    """int32 (1,): 1 where some line of either direction has a strength S beyond SCALED_P_ABOVE
+    (0 < 1/S < 2^-126; 1/S = 0 is a direction not computed, whose constants are all 0), on the
+    device, no host read: grad_block_kernel then forms p = α/S from mantissas and exponents."""
+    flags = [((g[0] > 0) & (g[0] < 1.0 / SCALED_P_ABOVE)).any() for g in (row_g, col_g)]
+    return (flags[0] | flags[1]).to(torch.int32).reshape(1)
 
 
 class BackwardPlan:
@@ -770,14 +788,17 @@ def _gradient_block(a: Tensor, b: Tensor, own_g: Tensor, other_g: Tensor, t_off:
         row_blocks = triton_cdiv(rows, config.block_m)
         col_blocks = triton_cdiv(cols, config.block_n)
         col_programs = _column_programs(row_blocks, col_blocks, a.device)
-        _launch(kernels.grad_block_kernel, (row_blocks, col_programs),
-                src, b, src.stride(0), src.stride(1), b.stride(0), b.stride(1), out, out.stride(0), out.stride(1),
-                own_g, n_own, other_g, n_other, row0, rows, col0, cols, col_programs,
-                triton_cdiv(col_blocks, col_programs), d, t_off, bw.inv_tau,
-                EVIDENCE=bw.kind, **bw.terms.stat_flags(), F64=int(_compute_f64(a.dtype)),
-                TF32=_tf32(a.dtype, precision), BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-                BLOCK_K=max(config.block_k, 16), FROM_S=int(from_s), num_warps=config.num_warps,
-                num_stages=config.num_stages)
+        # p = α/S as a product; for exp evidence also the variant with p from mantissas and
+        # exponents, whichever the device flag selects doing the work (the other exits at once)
+        for scaled_p in (0, 1) if bw.scaled_p else (0,):
+            _launch(kernels.grad_block_kernel, (row_blocks, col_programs),
+                    src, b, src.stride(0), src.stride(1), b.stride(0), b.stride(1), out, out.stride(0),
+                    out.stride(1), own_g, n_own, other_g, n_other, row0, rows, col0, cols, col_programs,
+                    triton_cdiv(col_blocks, col_programs), d, t_off, bw.inv_tau, bw.scaled_flag,
+                    EVIDENCE=bw.kind, **bw.terms.stat_flags(), F64=int(_compute_f64(a.dtype)),
+                    TF32=_tf32(a.dtype, precision), BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+                    BLOCK_K=max(config.block_k, 16), FROM_S=int(from_s), SCALED_P=scaled_p,
+                    num_warps=config.num_warps, num_stages=config.num_stages)
 
     config = _config("grad", variant, n_other, d, a.dtype, None if _tracing(a) else (lambda c: run(c, g.clone())),
                      a.device)
