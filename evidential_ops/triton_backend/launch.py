@@ -660,8 +660,8 @@ def _scaled_p_flag(row_g: Tensor, col_g: Tensor) -> Tensor:
     """int32 (1,): 1 where some line of either direction has a strength S beyond SCALED_P_ABOVE
     (0 < 1/S < 2^-126; 1/S = 0 is a direction not computed, whose constants are all 0), on the
     device, no host read: grad_block_kernel then forms p = α/S from mantissas and exponents."""
-    flags = [((g[0] > 0) & (g[0] < 1.0 / SCALED_P_ABOVE)).any() for g in (row_g, col_g)]
-    return (flags[0] | flags[1]).to(torch.int32).reshape(1)
+    inv_s = torch.cat((row_g[0], col_g[0]))
+    return ((inv_s > 0) & (inv_s < 1.0 / SCALED_P_ABOVE)).any().to(torch.int32).reshape(1)
 
 
 class BackwardPlan:
