@@ -593,7 +593,7 @@ def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dic
     variants = 2 if evidence == "exp" and e_in != 8 else 1
     if variants == 2:
         bwd_note += "; 2 launches a strip or block (SCALED_P 0 and 1, one exits at once)"
-    if evidence == "exp" and e_in != 8:
+    if variants == 2 and plan.kind != "fused":  # formed for grad_block_kernel's launches only
         out.append(Kernel("backward", "p flag: a line strength beyond 2^126 (launch._scaled_p_flag, torch)", 6,
                           dram={"1/S of both directions": 2 * k * 8}))
     if plan.kind == "fused":

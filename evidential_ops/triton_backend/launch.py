@@ -648,8 +648,15 @@ class _Backward:
         self.col_g = _line_gradients(col_stats, scale, 0, n, w, self.terms, up_cols)
         # exp evidence with float32 element math: which variant of grad_block_kernel does the work
         self.scaled_p = self.kind == 0 and not _compute_f64(like.dtype)
-        self.scaled_flag = _scaled_p_flag(self.row_g, self.col_g) if self.scaled_p else \
-            torch.zeros(1, dtype=torch.int32, device=like.device)
+        self._scaled_flag = None
+
+    def scaled_flag(self) -> Tensor:
+        """grad_block_kernel's device flag (`_scaled_p_flag`), formed for its first launch only: the
+        fused and from-similarity kernels do not read it."""
+        if self._scaled_flag is None:
+            self._scaled_flag = _scaled_p_flag(self.row_g, self.col_g) if self.scaled_p else \
+                torch.zeros(1, dtype=torch.int32, device=self.row_g.device)
+        return self._scaled_flag
 
 
 # A line strength beyond this makes 1/S subnormal in float32 (and α beyond FLT_MAX needs it)
@@ -764,12 +771,12 @@ def block_shape(m: int, n: int, elements: int) -> tuple[int, int]:
             continue  # the same split as a smaller count
         rows = min(m, elements // cols)
         if rows < 1:
-            break
+            continue  # narrower columns may still fit a row
         row_blocks = triton_cdiv(m, rows)
         key = ((col_blocks - 1) * m + (row_blocks - 1) * n, row_blocks * col_blocks, row_blocks)
         if best is None or key < best[0]:
             best = (key, triton_cdiv(m, row_blocks), cols)
-    if best is None:  # not even one row of a column fits: one element at a time would still hold
+    if best is None:  # not even one row of the narrowest columns fits: one element at a time
         return 1, 1
     return best[1], best[2]
 
@@ -794,7 +801,7 @@ def _gradient_block(a: Tensor, b: Tensor, own_g: Tensor, other_g: Tensor, t_off:
             _launch(kernels.grad_block_kernel, (row_blocks, col_programs),
                     src, b, src.stride(0), src.stride(1), b.stride(0), b.stride(1), out, out.stride(0),
                     out.stride(1), own_g, n_own, other_g, n_other, row0, rows, col0, cols, col_programs,
-                    triton_cdiv(col_blocks, col_programs), d, t_off, bw.inv_tau, bw.scaled_flag,
+                    triton_cdiv(col_blocks, col_programs), d, t_off, bw.inv_tau, bw.scaled_flag(),
                     EVIDENCE=bw.kind, **bw.terms.stat_flags(), F64=int(_compute_f64(a.dtype)),
                     TF32=_tf32(a.dtype, precision), BLOCK_M=config.block_m, BLOCK_N=config.block_n,
                     BLOCK_K=max(config.block_k, 16), FROM_S=int(from_s), SCALED_P=scaled_p,
