@@ -612,6 +612,25 @@ def _backward_against_reference(gen, k, d, requires=(True, True), tau=0.05):
     return grads
 
 
+def _record_plans(monkeypatch, launch) -> list:
+    """Every launch.BackwardPlan made from here on, in order."""
+    plans, original = [], launch.BackwardPlan.__init__
+
+    def record(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        plans.append(self)
+
+    monkeypatch.setattr(launch.BackwardPlan, "__init__", record)
+    return plans
+
+
+def _record_strip_statistics(monkeypatch, launch, what) -> list:
+    """what(arguments) of every launch._strip_statistics call from here on, in order."""
+    calls, original = [], launch._strip_statistics
+    monkeypatch.setattr(launch, "_strip_statistics", lambda *a: (calls.append(what(a)), original(*a)))
+    return calls
+
+
 @pytest.mark.parametrize("path", ["fused", "one block", "blocks", "one strip", "strips", "strips, two passes",
                                   "dx only", "dy only"])
 def test_triton_backward_paths_match_the_reference(gen, monkeypatch, path):
@@ -643,14 +662,7 @@ def test_triton_backward_paths_match_the_reference(gen, monkeypatch, path):
         requires = (True, False)
     if path == "dy only":
         requires = (False, True)
-    plans = []
-    original = launch.BackwardPlan.__init__
-
-    def record(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        plans.append(self)
-
-    monkeypatch.setattr(launch.BackwardPlan, "__init__", record)
+    plans = _record_plans(monkeypatch, launch)
     # With 8 strips of 16 rows dy is shared with dx's pass while 7·D·8 <= (8 + 16)·113, D <= 48
     # (BackwardPlan's traffic rule)
     _backward_against_reference(gen, 113, {"strips": 13, "fused": 63}.get(path, 203), requires)
@@ -686,6 +698,17 @@ def test_triton_backward_takes_p_as_a_product_unless_a_line_strength_exceeds_2_1
         gen.manual_seed(5)
         with pytest.raises(AssertionError):
             _backward_against_reference(gen, 113, 203, tau=tau)
+
+
+def test_triton_block_shape_fits_its_budget_where_a_full_column_does_not():
+    """launch.block_shape for budgets below one full column (113 elements) as well: 100 elements
+    give blocks of 11 × 9 (split into 13 column blocks), not 1 × 1; every shape fits its budget."""
+    from evidential_ops.triton_backend import launch
+
+    assert launch.block_shape(113, 113, 100) == (11, 9)
+    for elements in (100, 113, 1808, 113 * 113):
+        rows, cols = launch.block_shape(113, 113, elements)
+        assert rows * cols <= elements and rows * cols > elements // 4
 
 
 def test_triton_fused_backward_is_bitwise_deterministic(gen, monkeypatch):
@@ -798,15 +821,8 @@ def test_triton_similarity_strips_match_the_reference(gen, monkeypatch, strips):
     monkeypatch.setattr(launch, "similarity_strips", lambda dtype, d, precision, like=None: dtype == torch.float32)
     if strips != "one strip":
         monkeypatch.setattr(launch, "STRIP_BUDGET_BYTES", 16 * 113 * 4)
-    forwards, plans = [], []
-    original_forward, original_plan = launch._strip_statistics, launch.BackwardPlan.__init__
-    monkeypatch.setattr(launch, "_strip_statistics", lambda *a: (forwards.append(a[0].n_own), original_forward(*a)))
-
-    def record(self, *args, **kwargs):
-        original_plan(self, *args, **kwargs)
-        plans.append(self)
-
-    monkeypatch.setattr(launch.BackwardPlan, "__init__", record)
+    forwards = _record_strip_statistics(monkeypatch, launch, lambda a: a[0].n_own)
+    plans = _record_plans(monkeypatch, launch)
     k, d, tau = 113, 203, 0.05
     x, y = hard_pairs(k, d, generator=gen)
     c = torch.rand(k, generator=gen)
@@ -907,15 +923,8 @@ def test_triton_similarity_strips_of_row_strips_with_a_target_offset(gen, monkey
                                0, [True, True], "tf32")
     monkeypatch.setattr(launch, "SIMILARITY_STRIPS_ABOVE_D", 16)
     monkeypatch.setattr(launch, "STRIP_BUDGET_BYTES", 8 * n * 4)
-    offsets, plans = [], []
-    original_forward, original_plan = launch._strip_statistics, launch.BackwardPlan.__init__
-    monkeypatch.setattr(launch, "_strip_statistics", lambda *a: (offsets.append(a[1]), original_forward(*a)))
-
-    def record(self, *args, **kwargs):
-        original_plan(self, *args, **kwargs)
-        plans.append(self.from_s)
-
-    monkeypatch.setattr(launch.BackwardPlan, "__init__", record)
+    offsets = _record_strip_statistics(monkeypatch, launch, lambda a: a[1])
+    plans = _record_plans(monkeypatch, launch)
     s = x.double().cpu() @ y.double().cpu().T  # exact: the grid
     log_trigamma = torch.polygamma(1, s.div(tau).exp() + 1).log().abs()
     magnitude = [row_stats.abs().cpu(), col_stats.abs().cpu()]
@@ -950,7 +959,7 @@ def test_triton_similarity_strips_of_row_strips_with_a_target_offset(gen, monkey
         within(dx_strip, dx[a:b], dx_bound[a:b])
         dy_sum += dy_part
     within(dy_sum, dy, dy_bound)
-    assert offsets == bounds[:-1] and plans == [True] * 3
+    assert offsets == bounds[:-1] and [p.from_s for p in plans] == [True] * 3
 
 
 def test_triton_similarity_strips_where_float32_tiles_would_read_their_rows_again(monkeypatch):
@@ -991,15 +1000,8 @@ def test_triton_traced_graph_keeps_the_tile_kernels_at_wide_d(gen, monkeypatch):
     ops = eo.backends.resolve("triton", x.device).ops
     config = eo.checks.loss_config(evidence="exp", tau=0.05, weights=ALL_WEIGHTS, direction="both", reduction="none")
     w, mask = eo.ops.weights_tensor(config), eo.ops.terms_mask(config)
-    strips, plans = [], []
-    original_forward, original_plan = launch._strip_statistics, launch.BackwardPlan.__init__
-    monkeypatch.setattr(launch, "_strip_statistics", lambda *a: (strips.append(1), original_forward(*a)))
-
-    def record(self, *args, **kwargs):
-        original_plan(self, *args, **kwargs)
-        plans.append(self.from_s)
-
-    monkeypatch.setattr(launch.BackwardPlan, "__init__", record)
+    strips = _record_strip_statistics(monkeypatch, launch, lambda a: 1)
+    plans = _record_plans(monkeypatch, launch)
     runs = []
     for traced in (False, True):
         if traced:
@@ -1009,7 +1011,7 @@ def test_triton_traced_graph_keeps_the_tile_kernels_at_wide_d(gen, monkeypatch):
         grads = ops.loss_backward(out[0], out[1], x, y, None, out[2], out[3], "exp", 0.05, w, mask, True, True, 0,
                                   [True, True], "tf32")
         runs.append((*out[:2], *grads))
-    assert strips == [1] and plans == [True, False]  # eager: strips; traced: tiles
+    assert strips == [1] and [p.from_s for p in plans] == [True, False]  # eager: strips; traced: tiles
     # Each way's s is within D·2^-24 of the exact one for unit vectors (float32 sums), plus 2^-10 on
     # a GPU (TF32 rounds both operands to 2^-11 relative, cuBLAS and the tiles each in its own way;
     # the interpreter's products are float32). So |Δ(s/τ)| <= 2·(2^-10 + D·2^-24)/τ, the relative
