@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# A short GPU lease in one call: gpu_session.sh's checks in order of what they decide, each cut to
+# the time left before a deadline, every log packed into one archive after each stage (so a call
+# stopped at its limit still brings back what it measured).
+#
+#   DEADLINE_S=540 OUT=/some/dir bash bench/gpu_lease.sh
+#
+# Order: env, build, the cuda and triton tests (the CPU ones run in CI), the K = 16384 table of the
+# fused backends against the floor (the issues' ≤ 3× / ≤ 2× targets), the device ceilings, the
+# K = 65536 table (memory targets), the sanitizers, the demo. The eager and torch.compile baselines,
+# autotuning, Nsight Compute and the distributed check are left to longer leases (gpu_session.sh).
+# Writes $OUT/lease.tgz (every log and table) and $OUT/summary.txt.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+FINAL_OUT="${OUT:-/tmp/gpu_lease}"
+WORK=/tmp/gpu_lease_work
+mkdir -p "$FINAL_OUT" "$WORK"
+DEADLINE=$((SECONDS + ${DEADLINE_S:-540}))
+PY="${PYTHON:-python3}"
+export OUT="$WORK" PYTHONUNBUFFERED=1
+# shellcheck source=/dev/null
+source <(sed -n '/^set -uo pipefail/,/^stages=(/p' bench/gpu_session.sh | sed '$d')
+cd "$ROOT"
+
+pack() {
+  tar -czf "$FINAL_OUT/lease.tgz.part" -C "$WORK" . && mv "$FINAL_OUT/lease.tgz.part" "$FINAL_OUT/lease.tgz"
+  cp "$SUMMARY" "$FINAL_OUT/summary.txt"
+}
+
+# run_for <cap seconds> <label> <command...>: the command under min(cap, time left - 15 s).
+run_for() {
+  local cap=$1 label=$2 left
+  shift 2
+  left=$((DEADLINE - SECONDS - 15))
+  if ((left < 20)); then
+    note "$label: skipped (deadline)"
+    return 1
+  fi
+  ((cap > left)) && cap=$left
+  echo "== $label (at most $cap s)"
+  local start=$SECONDS
+  timeout --kill-after 5 "$cap" "$@"
+  local rc=$?
+  note "$label: exit $rc in $((SECONDS - start)) s$( ((rc == 124)) && echo ' (timed out)')"
+  pack
+  return $rc
+}
+
+lease_tests() {
+  local deselect=() PLUGINS=()
+  # Parallel workers compile the Triton variants side by side; a hung kernel fails its test alone.
+  in_out "$PY" -c "import xdist" 2>/dev/null && PLUGINS+=(-n 8)
+  in_out "$PY" -c "import pytest_timeout" 2>/dev/null && PLUGINS+=(--timeout 150)
+  for t in "${POISONING[@]}"; do deselect+=(--deselect "$ROOT/python_tests/$t"); done
+  in_out "$PY" -m pytest "$ROOT/python_tests/test_cuda_backend.py" "$ROOT/python_tests/test_fused_backends.py" \
+    "$ROOT/python_tests/test_triton_backend.py" "$ROOT/python_tests/test_fused_infonce.py" \
+    -k "cuda or triton" "${PLUGINS[@]}" -q -p no:cacheprovider -rfE --durations=15 "${deselect[@]}" \
+    >"$WORK/tests.log" 2>&1
+  local rc=$?
+  note "tests (cuda, triton): $(tail -n 1 "$WORK/tests.log")"
+  return $rc
+}
+
+lease_bench() {  # lease_bench <sizes> <precisions...>
+  local sizes=$1
+  shift
+  in_out "$PY" "$ROOT/bench/device_bench.py" --device cuda --d 1024 --append --out "$WORK" --sizes "$sizes" \
+    --precisions "$@" --impls triton cuda floor --repeats 3 >>"$WORK/bench.log" 2>&1
+}
+
+lease_sanitize() {  # lease_sanitize <tool>
+  local flags=(--tool "$1" --error-exitcode 7)
+  [[ $1 != memcheck ]] && flags+=(--kernel-name kns=evidential_ops)
+  in_out env PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer "${flags[@]}" "$PY" "$ROOT/bench/sanitize_cuda.py" \
+    >"$WORK/sanitize_$1.log" 2>&1
+  local rc=$?
+  note "sanitize $1: $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|cases ran' "$WORK/sanitize_$1.log" | tr '\n' ' ')"
+  return $rc
+}
+
+lease_demo() {
+  in_out "$PY" -m evidential_ops demo --method tcl --device cuda --out "$WORK/demo_cuda" >"$WORK/demo_cuda.log" 2>&1
+}
+
+run_for 30 env stage_env
+run_for 240 build stage_build || { pack; cat "$SUMMARY"; exit 1; }
+run_for 170 tests lease_tests
+run_for 150 bench16k lease_bench 16384 tf32 bf16 ieee
+run_for 45 ceilings stage_ceilings
+run_for 90 bench64k lease_bench 65536 bf16 ieee
+for tool in memcheck racecheck; do run_for 45 "sanitize $tool" lease_sanitize "$tool"; done
+run_for 60 demo lease_demo
+pack
+echo
+echo "== summary"
+cat "$SUMMARY"
+tail -n 60 "$WORK"/cuda_*.md 2>/dev/null
+grep -E "^(FAILED|ERROR)" "$WORK/tests.log" 2>/dev/null | head -n 30
