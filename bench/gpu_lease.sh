@@ -40,8 +40,19 @@ run_for() {
   ((cap > left)) && cap=$left
   echo "== $label (at most $cap s)"
   local start=$SECONDS
-  timeout --kill-after 5 "$cap" "$@"
+  # Functions cannot run under timeout(1): each stage runs as its own process group, killed whole
+  # (pip's compilers, pytest's workers) when its time is up.
+  set -m
+  "$@" &
+  local pid=$!
+  (sleep "$cap" && kill -TERM -- "-$pid" 2>/dev/null && sleep 5 && kill -KILL -- "-$pid" 2>/dev/null) \
+    </dev/null >/dev/null 2>&1 &
+  local watcher=$!
+  set +m
+  wait "$pid"
   local rc=$?
+  kill -- "-$watcher" 2>/dev/null
+  ((rc == 143 || rc == 137)) && rc=124
   note "$label: exit $rc in $((SECONDS - start)) s$( ((rc == 124)) && echo ' (timed out)')"
   pack
   return $rc
