@@ -11,7 +11,8 @@
 #
 # Stages (each builds first if the installed package has no CUDA kernels):
 #   env         GPU, driver, torch, triton, nvcc
-#   build       pip install --no-build-isolation . against the machine's torch, nothing fetched
+#   build       pip install --no-build-isolation -e . (the extension beside the sources, which the
+#               tests and bench scripts import from the checkout) against the machine's torch, nothing fetched
 #               (TORCH_CUDA_ARCH_LIST=9.0 by default here: the lent GPUs are Hoppers)
 #   test        the whole python_tests suite: CPU, cuda and triton. The two torch.compile tests that
 #               feed a NaN (check_finite's device-side assert poisons the CUDA context for every later
@@ -65,7 +66,7 @@ built() { in_out "$PY" -c "import evidential_ops as eo; assert 'cuda=on' in eo.b
 
 stage_build() {
   local start=$SECONDS
-  if ! "$PY" -m pip install --no-build-isolation --no-deps . >"$OUT/build.log" 2>&1; then
+  if ! "$PY" -m pip install --no-build-isolation --no-deps -e . >"$OUT/build.log" 2>&1; then
     tail -n 60 "$OUT/build.log"
     note "build: FAILED (see build.log)"
     return 1
