@@ -42,13 +42,28 @@ def values_unreadable(t: Tensor) -> bool:
     return t.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
+# torch._assert_async on a CUDA tensor refuses a message of 255 bytes or more (RuntimeError
+# "Message length must be smaller than 255", seen with torch 2.11 on an H200).
+CUDA_ASSERT_MESSAGE_BYTES = 254
+
+
+def async_assert_message(message: str, device: torch.device) -> str:
+    """`message` as a device-side assert can carry it: on CUDA cut to CUDA_ASSERT_MESSAGE_BYTES
+    bytes (UTF-8, ending "..."); every message starts with the argument and what is wrong with it."""
+    data = message.encode()
+    if device.type != "cuda" or len(data) <= CUDA_ASSERT_MESSAGE_BYTES:
+        return message
+    return data[: CUDA_ASSERT_MESSAGE_BYTES - 3].decode(errors="ignore") + "..."
+
+
 def require(condition: Tensor, message: str) -> None:
     """Raise ValueError(`message`) unless the 0-D bool tensor `condition` holds; an asynchronous
-    assert where values cannot be read (see the module docstring)."""
+    assert where values cannot be read (see the module docstring; on CUDA its message is cut to
+    what a device-side assert carries, `async_assert_message`)."""
     if condition.device.type == "meta":
         return
     if values_unreadable(condition):
-        torch._assert_async(condition, message)
+        torch._assert_async(condition, async_assert_message(message, condition.device))
     elif not bool(condition):
         raise ValueError(message)
 

@@ -311,3 +311,15 @@ def test_overflow_with_a_tensor_tau_names_its_value():
     for backend in cpu_backends():
         with raises(ValueError, "tau (a tensor) = 0.01"):
             eo.evidential_loss(x, x, tau=torch.tensor(0.01), backend=backend)
+
+
+def test_async_assert_messages_fit_a_cuda_device_side_assert():
+    # torch._assert_async on CUDA refuses a message of 255 bytes or more: the graph-mode checks
+    # (launch._overflow_check's is 330 bytes, with "Σα") are cut, on CUDA only, at a character.
+    long = "tau=0.05 is too small for evidence='exp': the line strength Σα overflows. " * 5
+    cut = eo.checks.async_assert_message(long, torch.device("cuda"))
+    assert len(cut.encode()) <= eo.checks.CUDA_ASSERT_MESSAGE_BYTES
+    assert cut.endswith("...") and long.startswith(cut[:-3])
+    assert eo.checks.async_assert_message(long, torch.device("cpu")) == long
+    short = "x contains NaN or Inf"
+    assert eo.checks.async_assert_message(short, torch.device("cuda")) == short
