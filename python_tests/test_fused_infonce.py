@@ -21,8 +21,12 @@ import evidential_ops as eo
 from conftest import hard_pairs, random_pairs
 from fused_backends import fused_cases, run
 
-CASES = fused_cases()
-pytestmark = pytest.mark.skipif(not CASES, reason="no fused backend built")
+# The backends whose op family has InfoNCE kernels for their test device (the cuda family has none:
+# README Limitations); the others are checked to refuse it by name (test_backends_without_kernels_*).
+CASES = [case for case in fused_cases()
+         if eo.infonce._has_infonce_kernels(eo.backends.resolve(case.name, case.device), case.device)]
+WITHOUT_KERNELS = [case for case in fused_cases() if case not in CASES]
+pytestmark = pytest.mark.skipif(not CASES, reason="no fused backend with InfoNCE kernels built")
 
 LOSS_RTOL = 1e-5
 GRAD_RTOL = 1e-4
@@ -427,3 +431,16 @@ def test_meta_tensors_through_the_public_api(fused):
     x = torch.empty(12, 8, device="meta")
     loss = eo.infonce_loss(x, x, backend=fused.name, group=torch.zeros(12, dtype=torch.int64, device="meta"))
     assert loss.shape == () and loss.device.type == "meta"
+
+
+@pytest.mark.parametrize("case", WITHOUT_KERNELS, ids=str)
+def test_backends_without_kernels_are_refused_by_name_and_skipped_by_auto(case, gen):
+    x, y = random_pairs(10, 8, generator=gen)
+    x, y = x.to(case.device), y.to(case.device)
+    with pytest.raises(ValueError, match=f"backend='{case.name}' has no InfoNCE kernels"):
+        eo.infonce_loss(x, y, backend=case.name)
+    auto = eo.infonce_loss(x, y, tau=0.05)
+    ref = eo.reference.infonce_loss(x.double().cpu(), y.double().cpu(), tau=0.05)
+    # a mean of losses, each within compare()'s float32 bound
+    bound = LOSS_RTOL * abs(float(ref)) + 2 * logit_error(8, 0.05) + float32_element_error(0.05)[0]
+    assert torch.isfinite(auto) and abs(float(auto) - float(ref)) <= bound
