@@ -74,8 +74,12 @@ def run(k: int = 37, d: int = 19) -> int:
             config = eo.checks.loss_config(evidence="exp", tau=0.05, weights=TERM_SETS[-1], direction="both",
                                            reduction="none")
             w, mask = eo.ops.weights_tensor(config), eo.ops.terms_mask(config)
+            # Column statistics are summed over every strip (as torch.distributed sums them): one
+            # strip's alone leaves the columns whose positive lies outside it without one.
             a, b = 5, 23
-            rows, cols = ops.line_stats(x[a:b], y, a, "exp", 0.05, mask, True, True)
+            strips = [ops.line_stats(x[lo:hi], y, lo, "exp", 0.05, mask, True, True)
+                      for lo, hi in ((0, a), (a, b), (b, k))]
+            rows, cols = strips[1][0], sum(col for _, col in strips)
             strip_losses, col_losses = ops.line_losses(rows, cols, None, a, w, mask, True, True)
             up = torch.ones(b - a, device="cuda")
             dx, dy = ops.loss_backward(up, torch.ones(k, device="cuda"), x[a:b], y, None, rows, cols, "exp", 0.05, w,
