@@ -251,8 +251,9 @@ def peak_extra_device_mib(fn: Callable[[], None], device) -> float:
 
 
 def fused_backends(device="cpu") -> list[str]:
-    """The built fused backends that run on `device` (a CUDA build lists cuda, not for CPU tensors)."""
-    return [b for b in backends.supporting(torch.device(device)) if b != "reference"]
+    """The built fused backends that run on `device`, the one backend="auto" takes first (a CUDA
+    build lists cuda, not for CPU tensors)."""
+    return [b for b in backends.preferred(torch.device(device)) if b != "reference"]
 
 
 def default_impls(device="cpu") -> list[str]:

@@ -164,3 +164,15 @@ def test_opinion_does_not_overflow_at_small_tau(gen):
     op = eo.opinion(x, y, tau=0.005)  # e up to e^200: beyond float32, not beyond its log
     assert torch.isfinite(op.row_log_strength).all() and torch.isfinite(op.row_uncertainty).all()
     assert float(op.row_log_strength.max()) > math.log(torch.finfo(torch.float32).max)
+
+
+def test_benchmarks_and_the_demo_lead_with_the_backend_auto_takes():
+    # The demo's speed line and bench/device_bench.py's first column are what backend="auto" runs.
+    from evidential_ops import benchmark
+
+    devices = [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available() else [])
+    for device in devices:
+        fused = benchmark.fused_backends(device)
+        if fused:
+            assert eo.backends.resolve("auto", device).name == fused[0]
+        assert sorted(eo.backends.preferred(device)) == sorted(eo.backends.supporting(device))
