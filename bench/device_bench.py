@@ -150,7 +150,26 @@ def main(argv=None) -> int:
     name = device_name(device)
     stem = args.name or f"{device.type}_{slug(name)}"
     print(f"device: {name}; build: {build_info()}; implementations: {impls}", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{stem}.json"
+    earlier = json.loads(path.read_text())["records"] if args.append and path.exists() else []
+
+    def key(r):
+        return r["case"], r["k"], r["d"], r["precision"], r["impl"]
+
+    def write(records) -> str:
+        # After every cell: a run stopped at a lease's time limit keeps what it measured.
+        new = {key(r) for r in records}
+        merged = [r for r in earlier if key(r) not in new] + records
+        payload = {"device": name, "build_info": build_info(), "torch": torch.__version__, "d": args.d,
+                   "repeats": args.repeats, "records": merged}
+        path.write_text(json.dumps(payload, indent=1) + "\n")
+        table = markdown(merged, name, build_info())
+        (args.out / f"{stem}.md").write_text(table)
+        return table
+
     records = []
+    table = write(records)
     for k in args.sizes:
         for precision in args.precisions:
             for case in args.cases:
@@ -161,22 +180,11 @@ def main(argv=None) -> int:
                     record = measure(impl, case, k, args.d, precision, device, args.repeats)
                     record["device"] = name
                     records.append(record)
+                    table = write(records)
                     shown = f"{1e3 * record['median_s']:.2f} ms" if "median_s" in record else \
                         record.get("status", record.get("error", ""))
                     memory = f", {record['peak_extra_mib']:.0f} MiB" if "peak_extra_mib" in record else ""
                     print(f"K={k} {precision} {case} {impl}: {shown}{memory}", flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{stem}.json"
-    if args.append and path.exists():
-        def key(r):
-            return r["case"], r["k"], r["d"], r["precision"], r["impl"]
-        new = {key(r) for r in records}
-        records = [r for r in json.loads(path.read_text())["records"] if key(r) not in new] + records
-    payload = {"device": name, "build_info": build_info(), "torch": torch.__version__, "d": args.d,
-               "repeats": args.repeats, "records": records}
-    path.write_text(json.dumps(payload, indent=1) + "\n")
-    table = markdown(records, name, build_info())
-    (args.out / f"{stem}.md").write_text(table)
     print(table)
     return 0
 
