@@ -50,8 +50,21 @@ nvcc-check:
 # Every Triton kernel configuration compiled ahead of time for sm_90 and sm_80 (registers and
 # spills printed; a spill in a default configuration on sm_90 fails). Needs no GPU; skipped,
 # saying so, where triton cannot compile.
+# Then again with the lent GPU machines' own triton (3.6), installed beside the build, default
+# configurations and the coverage variants: the compiler the GPU runs, whose tl.dot rejected what
+# the newer one accepts (bench/results/gpu_h200_first_lease.md). There its compile failures fail the
+# check and its spills are reported; where it cannot be installed the step says so and skips.
+TRITON_GPU_VERSION ?= 3.6.0
+TRITON_GPU_DIR = build/triton-$(TRITON_GPU_VERSION)
 triton-aot-check:
 	env -u TRITON_INTERPRET $(PYTHON) -m evidential_ops.triton_backend.aot_check
+	@if [ "$$($(PYTHON) -c 'import triton; print(triton.__version__)' 2>/dev/null)" = "$(TRITON_GPU_VERSION)" ]; then \
+	  echo "triton-aot-check: triton $(TRITON_GPU_VERSION) checked above"; \
+	elif [ -d $(TRITON_GPU_DIR)/triton ] || $(PYTHON) -m pip install -q --no-deps --target $(TRITON_GPU_DIR) \
+	    triton==$(TRITON_GPU_VERSION); then \
+	  env -u TRITON_INTERPRET PYTHONPATH=$(TRITON_GPU_DIR) $(PYTHON) -m evidential_ops.triton_backend.aot_check \
+	    --arch 90 --quick --strict-arch; \
+	else echo "triton-aot-check: triton $(TRITON_GPU_VERSION) cannot be installed here: its check skipped"; fi
 
 # Static SASS profile of the element kernels for sm_90, CUDA and Triton (bench/static_profile.py):
 # instructions per element by class in each kernel's hot loop, DMUL/DFMA counts, registers and

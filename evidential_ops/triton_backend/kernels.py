@@ -106,7 +106,7 @@ def _s_tile(a_ptr, b_ptr, rows, cols, rmask, cmask, stride_ai, stride_ak, stride
                         mask=rmask[:, None] & kmask[None, :], other=0.0)
             b = tl.load(b_ptr + cols[:, None] * stride_bj + ks[None, :] * stride_bk,
                         mask=cmask[:, None] & kmask[None, :], other=0.0)
-            acc = tl.dot(a, tl.trans(b), acc, input_precision=PRECISION)
+            acc = tl.dot(a, tl.trans(b), acc, input_precision=PRECISION, out_dtype=ACC)
         return acc
 
 
@@ -288,7 +288,7 @@ def stats_kernel(
             if RESIDENT:
                 b_blk = tl.load(b_ptr + cols.to(tl.int64)[:, None] * stride_bj + ks[None, :] * stride_bk,
                                 mask=cmask[:, None] & kmask[None, :], other=0.0)
-                s = tl.dot(a_blk, tl.trans(b_blk), input_precision=PRECISION).to(CT)
+                s = tl.dot(a_blk, tl.trans(b_blk), input_precision=PRECISION, out_dtype=CT)
             else:
                 s = _s_tile(a_ptr, b_ptr, rows, cols, rmask, cmask, stride_ai, stride_ak, stride_bj, stride_bk, D,
                             FROM_S, PRECISION, CT, BLOCK_M, BLOCK_N, BLOCK_K)
@@ -693,9 +693,9 @@ def grad_fused_kernel(
         g_op = g.to(b_ptr.dtype.element_ty)
         bmask = cmask[:, None] & dmask[None, :]
         b_blk = tl.load(b_ptr + cols64[:, None] * stride_bj + dks[None, :] * stride_bk, mask=bmask, other=0.0)
-        acc = tl.dot(g_op, b_blk, acc, input_precision=PRECISION)
+        acc = tl.dot(g_op, b_blk, acc, input_precision=PRECISION, out_dtype=CT)
         # Gᵀ·a as (aᵀ·G)ᵀ: the product's M is then D (64 rows of a wgmma) rather than BLOCK_N
-        part = tl.trans(tl.dot(tl.trans(a_blk), g_op, input_precision=PRECISION))
+        part = tl.trans(tl.dot(tl.trans(a_blk), g_op, input_precision=PRECISION, out_dtype=CT))
         turn = turn_ptr + c0 // BLOCK_N
         while tl.atomic_add(turn, 0, sem="acquire") != pid:
             pass
