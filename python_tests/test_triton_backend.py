@@ -1039,3 +1039,50 @@ def test_interpreting_reads_the_variable_as_triton_does(monkeypatch, value, inte
 
     monkeypatch.setenv("TRITON_INTERPRET", value)
     assert configs.interpreting() is interpreting
+
+
+CONTRACTION_PROBE = r'''
+import os, re, sys
+os.environ.pop("TRITON_INTERPRET", None)
+sys.path.insert(0, sys.argv[1])
+import triton
+from triton.backends.compiler import GPUTarget
+from evidential_ops.triton_backend import infonce_kernels as ik
+fn = ik.infonce_stats_kernel
+types = dict(q_ptr="*fp32", c_ptr="*fp32", stride_qi="i32", stride_qk="i32", stride_cj="i32", stride_ck="i32",
+             g_ptr="*i64", out_ptr="*fp64", K="i32", D="i32", inv_tau="fp64")
+for group in (0, 1):
+    for drop_self in (0, 1):
+        const = dict(HAS_GROUP=group, DROP_SELF=drop_self, F64=0, BLOCK_M=32, BLOCK_N=32, BLOCK_K=32)
+        sig = {n: "constexpr" if n in const else types[n] for n in fn.arg_names}
+        src = triton.compiler.ASTSource(fn=fn, signature=sig,
+                                        constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
+        ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=3)).asm["ptx"]
+        negated = set(re.findall(r"neg\.f32\s+(%r\d+)", ptx))
+        addends = re.findall(r"fma\.rn\.f32\s+%r\d+, %r\d+, %r\d+, (%r\d+);", ptx)
+        print(group, drop_self, sum(a in negated for a in addends))
+'''
+
+
+def test_infonce_logits_are_rounded_once_in_the_compiled_kernel(tmp_path):
+    """The first GPU run (H200, triton 3.6) had the InfoNCE gradients off by up to 2.8e3x their
+    tolerance: FP fusion contracted v − shift of the candidates' log-sum-exp into fma(s, 1/τ, −shift),
+    the unrounded logit, where the positives' used the rounded one, so ℓ = LSE_D − LSE_P (tiny on a
+    confident line, and every gradient is proportional to 1 − e^{−ℓ}) carried v's rounding, ~1e-6.
+    The interpreter never contracts. Compiled for sm_90 (no GPU needed), no float32 FMA of the stats
+    kernel may take a negated operand as its addend."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "probe.py"
+    script.write_text(CONTRACTION_PROBE)
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, str(script), str(root)], capture_output=True, text=True, env=env)
+    if run.returncode != 0 and ("ModuleNotFoundError" in run.stderr or "cannot compile" in run.stderr):
+        pytest.skip(f"triton cannot compile for sm_90 here: {run.stderr.strip().splitlines()[-1]}")
+    assert run.returncode == 0, run.stderr[-2000:]
+    for line in run.stdout.split("\n"):
+        if line.strip():
+            group, drop_self, contracted = line.split()
+            assert contracted == "0", f"group={group} drop_self={drop_self}: {contracted} contracted logits"

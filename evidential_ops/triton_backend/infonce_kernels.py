@@ -13,6 +13,21 @@ import triton
 import triton.language as tl
 
 from .kernels import _s_tile
+from .special import rounded_product_f32
+
+
+@triton.jit
+def _logits(s, inv_tau, F64: tl.constexpr):
+    """v = s/τ of a tile, rounded once: compiled, a plain float32 product would be contracted
+    (FP fusion) into some of its later uses, e.g. v − shift of one `_merge` as fma(s, 1/τ, −shift)
+    but not the other's, and LSE_D − LSE_P = ℓ, tiny on a confident line, would carry the
+    product's rounding (~|v|·2⁻²⁴). mul.rn is never fused; under the interpreter a plain product.
+    1/τ arrives in float64 (a Python float becomes a float32 argument unless typed): float64
+    inputs' logits keep its digits (τ = 0.07), float32 ones round it once."""
+    if F64:
+        return s * inv_tau
+    else:
+        return rounded_product_f32(s, inv_tau.to(tl.float32))
 
 
 @triton.jit
@@ -44,7 +59,7 @@ def _merge(m, total, v, mask, CT: tl.constexpr):
 
 @triton.jit
 def infonce_stats_kernel(
-    q_ptr, c_ptr, stride_qi, stride_qk, stride_cj, stride_ck, g_ptr, out_ptr, K, D, inv_tau,
+    q_ptr, c_ptr, stride_qi, stride_qk, stride_cj, stride_ck, g_ptr, out_ptr, K, D, inv_tau: tl.float64,
     HAS_GROUP: tl.constexpr, DROP_SELF: tl.constexpr, F64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
@@ -62,7 +77,7 @@ def infonce_stats_kernel(
         cmask = cols < K
         s = _s_tile(q_ptr, c_ptr, rows, cols, rmask, cmask, stride_qi, stride_qk, stride_cj, stride_ck, D,
                     False, "ieee", CT, BLOCK_M, BLOCK_N, BLOCK_K)
-        v = s * inv_tau
+        v = _logits(s, inv_tau, F64)
         candidate, positive = _masks(rows, cols, rmask, cmask, g_ptr, HAS_GROUP, DROP_SELF)
         m_d, sum_d = _merge(m_d, sum_d, v, candidate, CT)
         m_p, sum_p = _merge(m_p, sum_p, v, positive, CT)
@@ -85,7 +100,7 @@ def _softmax_part(v, lse_d, lse_p, miss, weight, candidate, positive, CT: tl.con
 @triton.jit
 def infonce_grad_kernel(
     q_ptr, c_ptr, stride_qi, stride_qk, stride_cj, stride_ck, g_ptr, out_ptr, stride_oi, stride_ok,
-    own_ptr, own_up_ptr, own_miss_ptr, other_ptr, other_up_ptr, other_miss_ptr, K, D, inv_tau,
+    own_ptr, own_up_ptr, own_miss_ptr, other_ptr, other_up_ptr, other_miss_ptr, K, D, inv_tau: tl.float64,
     HAS_GROUP: tl.constexpr, DROP_SELF: tl.constexpr, OWN: tl.constexpr, OTHER: tl.constexpr, F64: tl.constexpr,
     ACCUMULATE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -110,7 +125,7 @@ def infonce_grad_kernel(
         cmask = cols < K
         s = _s_tile(q_ptr, c_ptr, rows, cols, rmask, cmask, stride_qi, stride_qk, stride_cj, stride_ck, D,
                     False, "ieee", CT, BLOCK_M, BLOCK_N, BLOCK_K)
-        v = s * inv_tau
+        v = _logits(s, inv_tau, F64)
         candidate, positive = _masks(rows, cols, rmask, cmask, g_ptr, HAS_GROUP, DROP_SELF)
         g = tl.zeros((BLOCK_M, BLOCK_N), CT)
         if OWN:
@@ -133,14 +148,14 @@ def infonce_grad_kernel(
                 optr = out_ptr + rows64[:, None] * stride_oi + dk[None, :] * stride_ok
                 omask = rmask[:, None] & dmask[None, :]
                 part = tl.load(optr, mask=omask, other=0.0)
-                part = tl.dot(g_op, c, part, input_precision="ieee")
+                part = tl.dot(g_op, c, part, input_precision="ieee", out_dtype=CT)
                 tl.store(optr, part, mask=omask)
                 tl.debug_barrier()  # the next tile reloads this chunk
         else:
             dmask = dks < D
             c = tl.load(c_ptr + cols.to(tl.int64)[:, None] * stride_cj + dks[None, :] * stride_ck,
                         mask=cmask[:, None] & dmask[None, :], other=0.0)
-            acc = tl.dot(g_op, c, acc, input_precision="ieee")
+            acc = tl.dot(g_op, c, acc, input_precision="ieee", out_dtype=CT)
     if not ACCUMULATE:
         tl.store(out_ptr + rows64[:, None] * stride_oi + dks[None, :] * stride_ok,
                  acc.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & (dks < D)[None, :])
