@@ -122,8 +122,9 @@ EO_HOST_DEVICE float exp2_of_int(std::int32_t k) { return float_of(static_cast<s
 // keep NaN themselves. On the GPU: 2^(hi + lo), hi = x·log2 e rounded, lo its rounding error and x
 // times log2 e's (|lo| <= 2^-17), as ex2(hi)·(1 + lo·ln 2): within 3 ulp (ex2's 2, the rest below
 // ½); +inf from x ≈ 88.72 (as here; an α that comes out infinite is redone in double by the
-// kernels), results below 2^-126 flushed to 0 (they enter α = 1 + e, or a ρ, as nothing). x is
-// first raised to kMinExpArgF − 64 (whose result is 0 as well), so that −inf, or an x·log2 e below
+// kernels), results below 2^-126 flushed to 0 (they enter α = 1 + e, or a subnormal ρ, as nothing;
+// exp_tanh's 4q, normal where q is not, comes from exp_and_quadruple_f). x is first raised to
+// kMinExpArgF − 64 (whose result is 0 as well), so that −inf, or an x·log2 e below
 // −FLT_MAX, leaves lo finite; where ex2 is +inf the FMA is skipped: inf·(lo·ln 2) + inf is NaN for
 // lo < 0.
 EO_HOST_DEVICE float exp_f(float x) {
@@ -144,6 +145,43 @@ EO_HOST_DEVICE float exp_f(float x) {
   return emulated_approximation(result, bits_of(x) ^ 0x5bd1e995u);
 #else
   return result;
+#endif
+#endif
+}
+
+// (e^x, 4·e^x) for float x <= 0: exp_tanh's q = e^{-2|x|} and the 4q of ρ = e·4q/((1 + q)²α)
+// (evidence.h). q is subnormal from |x| = 43.67 while ρ stays normal up to |x| = 44.2, so 4q is
+// formed by the exponential itself, never as 4·q: on the GPU ex2.approx.ftz of hi + 2 (exact for
+// hi <= −1: 2 is a multiple of hi's ulp and |hi + 2| <= |hi|), normal down to e^x = 2^-128, where
+// ex2(hi) flushed everything below 2^-126 to 0 (ρ = 0: a relative error of 1); e^x = that / 4
+// (exact where normal; a subnormal q only enters 1 ± q). On the CPU e_r·2^(k + 2), rounded once.
+struct ExpAndQuadrupleF32 {
+  float e, e4;
+};
+
+EO_HOST_DEVICE ExpAndQuadrupleF32 exp_and_quadruple_f(float x) {
+#if defined(__CUDA_ARCH__)
+  constexpr float kLog2eLoF = 1.92596299e-8f;  // log2 e − kLog2eF
+  constexpr float kLn2F = 0.693147182f;
+  x = fmaxf(x, kMinExpArgF - 64.0f);
+  // hi rounded once: contracted into hi + 2 (an FMA) it would round below lo's, counted twice
+  const float hi = __fmul_rn(x, kLog2eF);
+  const float lo = __fmaf_rn(x, kLog2eF, -hi) + x * kLog2eLoF;
+  const bool shift = hi <= -1.0f;
+  float p;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(p) : "f"(shift ? hi + 2.0f : hi));
+  p = __fmaf_rn(p, lo * kLn2F, p);  // x <= 0: p <= 4, never +inf
+  return ExpAndQuadrupleF32{shift ? 0.25f * p : p, shift ? p : 4.0f * p};
+#else
+  const ExpPartsF32 parts = exp_parts_f(min_of(max_of(x, kExpClampLoF), kExpClampHiF));
+  const std::int32_t half = parts.k >> 1;
+  const float e = (parts.e_r * exp2_of_int(half)) * exp2_of_int(parts.k - half);
+  const float e4 = (parts.e_r * exp2_of_int(half)) * exp2_of_int(parts.k + 2 - half);
+#if defined(EO_EMULATED_GPU_APPROXIMATIONS)
+  const float moved = emulated_approximation(e4, bits_of(x) ^ 0x5bd1e995u);
+  return ExpAndQuadrupleF32{0.25f * moved, moved};
+#else
+  return ExpAndQuadrupleF32{e, e4};
 #endif
 #endif
 }

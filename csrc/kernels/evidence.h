@@ -49,6 +49,20 @@ EO_HOST_DEVICE float exp_of(float x) { return exp_f(x); }
 // The same for |x| <= 87 (the float form skips the range handling there, same bits).
 EO_HOST_DEVICE double exp_of_moderate(double x) { return exp_d(x); }
 EO_HOST_DEVICE float exp_of_moderate(float x) { return exp_f_of_moderate(x); }
+// (e^x, 4e^x) for x <= 0 (exp_tanh's q and 4q): 4e^x from the exponential itself in float
+// (elementary_f32.h exp_and_quadruple_f: a subnormal q flushed by the GPU's ex2 would zero ρ).
+template <typename T>
+struct ExpAndQuadrupleOf {
+  T e, e4;
+};
+EO_HOST_DEVICE ExpAndQuadrupleOf<double> exp_and_quadruple_of(double x) {
+  const double e = exp_d(x);
+  return ExpAndQuadrupleOf<double>{e, 4.0 * e};
+}
+EO_HOST_DEVICE ExpAndQuadrupleOf<float> exp_and_quadruple_of(float x) {
+  const ExpAndQuadrupleF32 v = exp_and_quadruple_f(x);
+  return ExpAndQuadrupleOf<float>{v.e, v.e4};
+}
 EO_HOST_DEVICE double log1p_of(double y) { return log1p_d(y); }
 EO_HOST_DEVICE float log1p_of(float y) { return log1p_f(y); }
 // a/b: IEEE in double; in float the GPU's approximate quotient (elementary_f32.h approx_divide):
@@ -82,14 +96,16 @@ EO_HOST_DEVICE EvidenceValueOf<T> evidence_value(T x) {
   } else {
     // With q = e^{-2|x|} <= 1: tanh = ±(1 − q)/(1 + q) and 1 − tanh² = 4q/(1 + q)², the latter
     // without the cancellation of 1 − t·t (which loses all relative accuracy for |x| > 10).
-    const T q = exp_of(static_cast<T>(-2) * (x < kZero ? -x : x));
+    // 4q from the exponential itself: q is subnormal from |x| = 43.67, where ρ is still normal.
+    const ExpAndQuadrupleOf<T> qq = exp_and_quadruple_of(static_cast<T>(-2) * (x < kZero ? -x : x));
+    const T q = qq.e;
     const T inv = quotient_of(kOne, kOne + q);
     const T magnitude = (kOne - q) * inv;
     const T t = select(x < kZero, -magnitude, magnitude);
     out.tanh = t;
     const T e = exp_of_moderate(t);  // t ∈ [−1, 1]
     out.alpha = e + kOne;
-    out.rho = quotient_of(e * (static_cast<T>(4) * q * inv * inv), out.alpha);
+    out.rho = quotient_of(e * (qq.e4 * inv * inv), out.alpha);
   }
   // A NaN similarity (only with check_finite=False) stays NaN instead of being clamped to a
   // plausible evidence: garbage in, visible garbage out, as in the reference.

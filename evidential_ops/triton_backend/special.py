@@ -515,6 +515,15 @@ if INTERPRETED:
         return exp_from_reduction_f32(x, e_r, n)
 
     @triton.jit
+    def exp_and_quadruple_f32(x):
+        """(e^x, 4·e^x) for float32 x <= 0 (exp_tanh's q = e^{-2|x|} and 4q): 4e^x from the same
+        reduction with 2^(n + 2), rounded once, so that 4q keeps float32's relative precision where q
+        itself is subnormal (ρ = e·4q/((1 + q)²α) is normal down to q = FLT_MIN/2.93); e^x as
+        `exp_f32` (compiled: 4e^x from ex2.approx(hi + 2), which flushes only below 2^-126)."""
+        e_r, n = exp_reduction_f32(x)
+        return exp_from_reduction_f32(x, e_r, n), exp_from_reduction_f32(x, e_r, n + 2)
+
+    @triton.jit
     def rounded_product_f32(a, b):
         """a·b rounded to float32, never contracted into a later addition (the interpreter does not
         contract; compiled: mul.rn, which neither LLVM nor ptxas fuses)."""
@@ -552,6 +561,25 @@ else:
         p = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [hi], dtype=tl.float32,
                                       is_pure=True, pack=1)
         return tl.where(p < inf_f32(p), tl.fma(p, lo * LN2_F32, p), p)
+
+    @triton.jit
+    def exp_and_quadruple_f32(x):
+        """(e^x, 4·e^x) for float32 x <= 0 (exp_tanh's q = e^{-2|x|} and 4q), `exp_f32`'s form with
+        one ex2.approx: where hi = x·log2 e <= −1, p = ex2.approx(hi + 2) (hi + 2 exact: 2 is a
+        multiple of hi's ulp and |hi + 2| <= |hi|) is 4e^x, normal down to e^x = 2^-128, where ex2(hi)
+        flushed everything below 2^-126 (ρ = e·4q/((1 + q)²α) is normal down to q = FLT_MIN/2.93);
+        e^x = p/4 (exact where normal; a flushed or rounded subnormal q only enters 1 ± q). For
+        hi > −1, p = ex2.approx(hi) as in `exp_f32`, and 4e^x = 4p."""
+        x = tl.maximum(x, MIN_EXP_ARG_F32 - 64.0)
+        # hi rounded once (mul.rn): contracted into hi + 2 (fma(x, log2 e, 2)) it would be rounded
+        # again below lo's, which then counts that part twice (up to 22 units of 2^-23 at hi ≈ −126)
+        hi = rounded_product_f32(x, LOG2E_F32)
+        lo = tl.fma(x, LOG2E_F32, -hi) + x * LOG2E_LO_F32
+        shift = hi <= -1.0
+        p = tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [tl.where(shift, hi + 2.0, hi)],
+                                      dtype=tl.float32, is_pure=True, pack=1)
+        p = tl.fma(p, lo * LN2_F32, p)  # x <= 0: p <= 4, never +inf
+        return tl.where(shift, p * 0.25, p), tl.where(shift, p, p * 4.0)
 
     @triton.jit
     def rounded_product_f32(a, b):
@@ -728,13 +756,16 @@ def evidence_f32(x, EVIDENCE: tl.constexpr):
             rho = approx_div_f32(sigmoid, alpha)
         else:
             # q = e^{-2|x|}: tanh = ±(1 − q)/(1 + q), 1 − tanh² = 4q/(1 + q)² without cancellation
-            q = exp_f32(-2.0 * tl.abs(x))
+            # 4q formed by the exponential itself (`exp_and_quadruple_f32`): q is subnormal from
+            # |x| = 43.67 while ρ stays normal up to 44.2 (x > 0; 43.70 for x < 0), and the GPU's
+            # ex2.approx.ftz flushes a subnormal q to 0 (ρ = 0, a relative error of 1)
+            q, q4 = exp_and_quadruple_f32(-2.0 * tl.abs(x))
             inv = approx_div_f32(1.0, 1.0 + q)
             magnitude = (1.0 - q) * inv
             t = tl.where(x < 0.0, -magnitude, magnitude)
             e = exp_f32(t)
             alpha = e + 1.0
-            rho = approx_div_f32(e * (4.0 * q * inv * inv), alpha)
+            rho = approx_div_f32(e * (q4 * inv * inv), alpha)
     alpha = tl.where(x == x, alpha, x)
     rho = tl.where(x == x, rho, x)
     return alpha, rho, e_r, n, beyond, t
