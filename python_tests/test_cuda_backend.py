@@ -133,8 +133,9 @@ def test_strips_do_not_change_the_result(budget, gen, dtype):
         # number or a neighbour, and float64 losses keep ~1e-13 (the terms' sensitivity to their
         # statistics is O(1) to O(10): test_fused_backends' strip test bounds it).
         for got, ref in zip(strips_s, whole_s):
-            rtol = 2 * unit_roundoff(got.dtype) if got.dtype != torch.float64 else 1e-12
-            torch.testing.assert_close(got, ref, rtol=rtol, atol=0)
+            # its own name: `rtol` is the from-embeddings check's, which the next budget reuses
+            rtol_s = 2 * unit_roundoff(got.dtype) if got.dtype != torch.float64 else 1e-12
+            torch.testing.assert_close(got, ref, rtol=rtol_s, atol=0)
 
 
 @needs_gpu
