@@ -27,7 +27,7 @@ def _logits(s, inv_tau, F64: tl.constexpr):
     if F64:
         return s * inv_tau
     else:
-        return rounded_product_f32(s, inv_tau.to(tl.float32))
+        return rounded_product_f32(s, tl.cast(inv_tau, tl.float32))
 
 
 @triton.jit
