@@ -3,12 +3,14 @@
 # the time left before a deadline, every log packed into one archive after each stage (so a call
 # stopped at its limit still brings back what it measured).
 #
-#   DEADLINE_S=540 OUT=/some/dir bash bench/gpu_lease.sh
+#   DEADLINE_S=540 OUT=/some/dir bash bench/gpu_lease.sh          # carry: .whl (the peers' wheels)
 #
-# Order: env, build, the cuda and triton tests (the CPU ones run in CI), the K = 16384 table of the
-# fused backends against the floor (the issues' ≤ 3× / ≤ 2× targets), the device ceilings, the
-# K = 65536 table (memory targets), the sanitizers, the demo. The eager and torch.compile baselines,
-# autotuning, Nsight Compute and the distributed check are left to longer leases (gpu_session.sh).
+# Order (what the first lease, an H200 on 2026-11-28, left open: bench/results/gpu_h200_first_lease.md):
+# env, build, the cuda and triton tests (the CPU ones run in CI; 14 workers: Triton compiles
+# dominate), where each step's time goes kernel by kernel (bench/kernel_times.py), the peers at
+# K = 16384 and 65536 (bench/peer_bench.py: Inf-CL, plain InfoNCE, ours), the sanitizers, the
+# K = 65536 cells the first lease did not reach, Nsight Compute on one triton step, the demo.
+# Wheels under .whl/ (inf-cl: pip download --no-deps -d .whl inf-cl==1.2.1) are installed first.
 # Writes $OUT/lease.tgz (every log and table) and $OUT/summary.txt.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -61,7 +63,7 @@ run_for() {
 lease_tests() {
   local deselect=() PLUGINS=()
   # Parallel workers compile the Triton variants side by side; a hung kernel fails its test alone.
-  in_out "$PY" -c "import xdist" 2>/dev/null && PLUGINS+=(-n 8)
+  in_out "$PY" -c "import xdist" 2>/dev/null && PLUGINS+=(-n 14)
   in_out "$PY" -c "import pytest_timeout" 2>/dev/null && PLUGINS+=(--timeout 150)
   for t in "${POISONING[@]}"; do deselect+=(--deselect "$ROOT/python_tests/$t"); done
   in_out "$PY" -m pytest "$ROOT/python_tests/test_cuda_backend.py" "$ROOT/python_tests/test_fused_backends.py" \
@@ -94,13 +96,31 @@ lease_demo() {
   in_out "$PY" -m evidential_ops demo --method tcl --device cuda --out "$WORK/demo_cuda" >"$WORK/demo_cuda.log" 2>&1
 }
 
+lease_kernel_times() {
+  in_out "$PY" "$ROOT/bench/kernel_times.py" --backends cuda triton --cases tcl uml --precisions tf32 bf16 ieee \
+    --k 16384 --d 1024 --repeats 3 --out "$WORK/kernel_times.json" >"$WORK/kernel_times.log" 2>&1
+}
+
+lease_peers() {
+  in_out "$PY" "$ROOT/bench/peer_bench.py" --sizes 16384 65536 --d 1024 --precisions bf16 tf32 \
+    --out "$WORK/peers.json" >"$WORK/peers.log" 2>&1
+  local rc=$?
+  note "peers: $(grep -c ': ' "$WORK/peers.log") cells; $(grep 'K=65536' "$WORK/peers.log" | tr '\n' ';')"
+  return $rc
+}
+
+if compgen -G "$ROOT/.whl/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$ROOT"/.whl/*.whl &&
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 run_for 30 env stage_env
 run_for 240 build stage_build || { pack; cat "$SUMMARY"; exit 1; }
-run_for 170 tests lease_tests
-run_for 150 bench16k lease_bench 16384 tf32 bf16 ieee
-run_for 45 ceilings stage_ceilings
-run_for 90 bench64k lease_bench 65536 bf16 ieee
-for tool in memcheck racecheck; do run_for 45 "sanitize $tool" lease_sanitize "$tool"; done
+run_for 200 tests lease_tests
+run_for 80 "kernel times" lease_kernel_times
+run_for 120 peers lease_peers
+for tool in memcheck racecheck synccheck initcheck; do run_for 30 "sanitize $tool" lease_sanitize "$tool"; done
+run_for 120 bench64k lease_bench 65536 tf32
+run_for 60 ncu stage_ncu
 run_for 60 demo lease_demo
 pack
 echo
