@@ -9,7 +9,9 @@ For each (backend, loss case, precision): warm-up steps (compiling the kernels),
 every kernel's name, launches and summed device time, and their total. The step's time minus that
 total is what the GPU spent waiting (launch gaps, host work between launches, host syncs), which the
 performance model (bench/gpu_model.py) charges as its "launch" term; each kernel's time sits beside
-the model's term for it (bench/results/gpu_h200_first_lease.md says how the first run read it).
+the model's term for it. The host's time to return from a step (before the device finishes) says
+whether launching itself bounds the step: the triton rows of the first GPU run took 2.2-3.5x the
+model's time, and its demo 4.5 ms a step at K = 1024 (bench/results/gpu_h200_first_lease.md).
 Prints one table per step (largest kernels first) and writes every number to --out (JSON).
 """
 
@@ -30,6 +32,19 @@ sys.path.insert(0, os.path.dirname(HERE))
 from device_bench import PRECISIONS  # noqa: E402
 
 from evidential_ops.benchmark import LOSS_CASES, make_inputs, step_function, timings  # noqa: E402
+
+
+def enqueue_ms(step, inputs, repeats: int = 3) -> float:
+    """Host milliseconds until step() returns, before the device finishes (median of `repeats`):
+    near the step's time, the host's launching (Python, Triton's binder, torch ops) is what bounds it."""
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        step(*inputs)
+        times.append(1e3 * (time.perf_counter() - start))
+        torch.cuda.synchronize()
+    return sorted(times)[len(times) // 2]
 
 
 def profile_step(step, inputs) -> tuple[list[dict], float]:
@@ -74,15 +89,17 @@ def main(argv=None) -> int:
                 step = step_function(backend, LOSS_CASES[case], device=device, precision=matmul)
                 seconds = timings(lambda: step(*inputs), repeats=args.repeats, warmup=1, device=device)
                 step_ms = 1e3 * sorted(seconds)[len(seconds) // 2]
+                enqueue = enqueue_ms(step, inputs)
                 kernels, host_ms = profile_step(step, inputs)
                 kernel_ms = sum(k["ms"] for k in kernels)
                 record = {"backend": backend, "case": case, "precision": precision, "k": args.k, "d": args.d,
-                          "step_ms": step_ms, "profiled_host_ms": host_ms, "kernel_ms": kernel_ms,
+                          "step_ms": step_ms, "enqueue_ms": enqueue, "profiled_host_ms": host_ms, "kernel_ms": kernel_ms,
                           "launches": sum(k["launches"] for k in kernels), "kernels": kernels}
                 records.append(record)
                 print(f"\n{backend} {case} {precision} K={args.k} D={args.d}: step {step_ms:.2f} ms (events), "
                       f"kernels {kernel_ms:.2f} ms in {record['launches']} launches, GPU idle "
-                      f"{max(step_ms - kernel_ms, 0.0):.2f} ms; profiled step {host_ms:.2f} ms on the host")
+                      f"{max(step_ms - kernel_ms, 0.0):.2f} ms; the host returns from the step after {enqueue:.2f} ms "
+                      f"(profiled step {host_ms:.2f} ms)")
                 for k in kernels[:12]:
                     print(f"  {k['ms']:9.3f} ms {k['launches']:5d}x  {k['name'][:110]}")
                 with open(args.out, "w") as f:  # after every step: a run stopped at its limit keeps them
