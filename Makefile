@@ -87,6 +87,7 @@ gpu-model:
 # suites' triton cases (evidential losses and InfoNCE) and the Triton-specific tests.
 triton-test:
 	TRITON_INTERPRET=1 $(PYTHON) -m pytest python_tests/test_fused_backends.py python_tests/test_fused_infonce.py python_tests/test_triton_backend.py \
+		python_tests/test_triton_compile_analysis.py \
 		-q -k triton $(PYTEST_ARGS)
 
 clean:

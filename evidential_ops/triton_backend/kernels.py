@@ -400,7 +400,7 @@ def stats_kernel(
 @triton.jit
 def reduce_partials_kernel(part_ptr, n_partials, stats_ptr, n, stats_stride,
                            MSE: tl.constexpr, KL: tl.constexpr, FMSE: tl.constexpr, LOGDET: tl.constexpr,
-                           BLOCK: tl.constexpr, CLEAR: tl.constexpr = 0):
+                           BLOCK: tl.constexpr, CLEAR: tl.constexpr):
     """stats[LineStat of slot, j] = Σ_g part[g, slot, j], g in order: the second, deterministic pass
     of the column statistics (float64). stats_stride: between LineStats in stats (n, or the whole
     statistics' line count where stats_ptr is a strip's first line). CLEAR: each partial read is
@@ -616,8 +616,12 @@ def grad_block_kernel(
     way (their launches: SCALED_P = 0 with a zero flag)."""
     CT: tl.constexpr = tl.float64 if F64 else tl.float32
     PRECISION: tl.constexpr = "tf32" if TF32 else "ieee"
+    # 1/τ as a float64 scalar under its own name, before the branch: a branch may not rebind an
+    # argument to another type, and torch.compile's mutation analysis (identify_mutated_tensors)
+    # types a float argument from its value (fp32, or a constexpr in torch 2.11), not from the
+    # annotation; where it cannot build the TTIR it takes every tensor argument as written.
+    inv_tau64 = tl.full([], inv_tau, tl.float64)
     if tl.load(scaled_ptr) == SCALED_P:
-        inv_tau = tl.full([], inv_tau, tl.float64)
         local = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
         rows = row0 + local
         rmask = local < n_rows
@@ -633,7 +637,7 @@ def grad_block_kernel(
                         stride_ai, stride_ak, stride_bj, stride_bk, D, FROM_S, PRECISION, CT, BLOCK_M, BLOCK_N,
                         BLOCK_K)
             valid = rmask[:, None] & cmask[None, :]
-            g = _gradient_tile(s, rows, cols, valid, cmask, t_off, inv_tau,
+            g = _gradient_tile(s, rows, cols, valid, cmask, t_off, inv_tau64,
                                o_inv_m, o_inv_k, o_all, o_off, o_sq, o_fi, o_kv, o_lr, o_lrem, o_t, other_ptr,
                                n_other, EVIDENCE, MSE, KL, FMSE, LOGDET, CT, SCALED_P)
             tl.store(g_rows + col_local.to(tl.int64)[None, :] * stride_gj, g.to(g_ptr.dtype.element_ty),

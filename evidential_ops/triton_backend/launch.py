@@ -398,7 +398,8 @@ def _line_statistics(source: _Source, t_off: int, evidence: int, inv_tau: float,
             _stats_pass(source, row_stats, col_stats, partials, t_off, evidence, inv_tau, terms, has_target, precision)
             flags = _stat_flags(terms)
             _launch(kernels.reduce_partials_kernel, (triton_cdiv(source.n_other, LINE_BLOCK),),
-                    partials, programs, col_stats, source.n_other, source.n_other, **flags, BLOCK=LINE_BLOCK)
+                    partials, programs, col_stats, source.n_other, source.n_other, **flags, BLOCK=LINE_BLOCK,
+                    CLEAR=0)
             return row_stats, col_stats
     if rows:
         _stats_pass(source, row_stats, col_stats, None, t_off, evidence, inv_tau, terms, has_target, precision)
