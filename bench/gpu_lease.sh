@@ -6,7 +6,8 @@
 #   DEADLINE_S=540 OUT=/some/dir bash bench/gpu_lease.sh          # carry: .whl (the peers' wheels)
 #
 # Order (what the first lease, an H200 on 2026-11-28, left open: bench/results/gpu_h200_first_lease.md):
-# env, build, the cuda and triton tests (the CPU ones run in CI; 14 workers: Triton compiles
+# env, build, whether a C++ op's ValueError crashes the process (bench/exception_probe.py: every
+# cuda test expecting one segfaulted its worker), the cuda and triton tests (14 workers: Triton compiles
 # dominate), where each step's time goes kernel by kernel (bench/kernel_times.py), the peers at
 # K = 16384 and 65536 (bench/peer_bench.py: Inf-CL, plain InfoNCE, ours), the sanitizers, the
 # K = 65536 cells the first lease did not reach, Nsight Compute on one triton step, the demo.
@@ -96,6 +97,13 @@ lease_demo() {
   in_out "$PY" -m evidential_ops demo --method tcl --device cuda --out "$WORK/demo_cuda" >"$WORK/demo_cuda.log" 2>&1
 }
 
+lease_exceptions() {
+  in_out "$PY" "$ROOT/bench/exception_probe.py" >"$WORK/exceptions.log" 2>&1
+  local rc=$?
+  note "exceptions: $(head -n 3 "$WORK/exceptions.log" | tr -s ' ' | tr '\n' ';')"
+  return $rc
+}
+
 lease_kernel_times() {
   in_out "$PY" "$ROOT/bench/kernel_times.py" --backends cuda triton --cases tcl uml --precisions tf32 bf16 ieee \
     --k 16384 --d 1024 --repeats 3 --out "$WORK/kernel_times.json" >"$WORK/kernel_times.log" 2>&1
@@ -115,6 +123,7 @@ if compgen -G "$ROOT/.whl/*.whl" >/dev/null; then
 fi
 run_for 30 env stage_env
 run_for 240 build stage_build || { pack; cat "$SUMMARY"; exit 1; }
+run_for 60 exceptions lease_exceptions
 run_for 200 tests lease_tests
 run_for 80 "kernel times" lease_kernel_times
 run_for 120 peers lease_peers
