@@ -8,7 +8,8 @@
 # Order (what the first lease, an H200 on 2026-11-28, left open: bench/results/gpu_h200_first_lease.md):
 # env, build, whether a C++ op's ValueError crashes the process (bench/exception_probe.py: every
 # cuda test expecting one segfaulted its worker), the cuda and triton tests (14 workers: Triton compiles
-# dominate), where each step's time goes kernel by kernel (bench/kernel_times.py), the peers at
+# dominate), where each step's time goes kernel by kernel (bench/kernel_times.py), the ceilings
+# (GEMMs of the floor's own shapes), the peers at
 # K = 16384 and 65536 (bench/peer_bench.py: Inf-CL, plain InfoNCE, ours), the sanitizers, the
 # K = 65536 cells the first lease did not reach, Nsight Compute on one triton step, the demo.
 # Wheels under .whl/ (inf-cl: pip download --no-deps -d .whl inf-cl==1.2.1) are installed first.
@@ -126,6 +127,7 @@ run_for 240 build stage_build || { pack; cat "$SUMMARY"; exit 1; }
 run_for 60 exceptions lease_exceptions
 run_for 200 tests lease_tests
 run_for 80 "kernel times" lease_kernel_times
+run_for 30 ceilings stage_ceilings
 run_for 120 peers lease_peers
 for tool in memcheck racecheck synccheck initcheck; do run_for 30 "sanitize $tool" lease_sanitize "$tool"; done
 run_for 120 bench64k lease_bench 65536 tf32

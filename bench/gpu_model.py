@@ -995,7 +995,9 @@ ASSUMPTIONS = [
 
 def measure_ceilings(path: str) -> dict:
     """On a CUDA GPU: HBM bandwidth (a 4 GiB device copy), L2 bandwidth (a copy of a buffer a
-    quarter of L2, repeated), a large torch/cuBLAS GEMM per precision (8192³), the time of an
+    quarter of L2, repeated), the torch/cuBLAS GEMM rate per precision on the step's own shapes (the
+    floor's three products at K = 16384, D = 1024: s = x·yᵀ, s·y, sᵀ·x; an 8192³ product ran 26 %
+    faster in TF32 on the H200 than these, bench/results/gpu_h200_first_lease.md), the time of an
     empty launch, and of a host read (.item()). Written to `path` as JSON for --ceilings."""
     import torch
 
@@ -1025,22 +1027,30 @@ def measure_ceilings(path: str) -> dict:
     # two buffers of an eighth of L2 each: both stay resident across the repeats
     l2 = copy_bandwidth(max(1024, getattr(props, "L2_cache_size", 50 * MIB) // 8 // 4), 200)
     gemm = {}
-    n = 8192
+    k, d = 16384, 1024
     previous = torch.backends.cuda.matmul.allow_tf32
     try:
         for precision, dtype, tf32 in (("ieee", torch.float32, False), ("tf32", torch.float32, True),
                                        ("bf16", torch.bfloat16, False)):
             torch.backends.cuda.matmul.allow_tf32 = tf32
-            a = torch.randn(n, n, device=device, dtype=dtype)
-            b = torch.randn(n, n, device=device, dtype=dtype)
-            gemm[precision] = 2.0 * n**3 / timed(lambda: a @ b, 5) / 1e12
+            x = torch.randn(k, d, device=device, dtype=dtype)
+            y = torch.randn(k, d, device=device, dtype=dtype)
+
+            def floor_products():
+                s = x @ y.T
+                s @ y
+                s.T @ x
+
+            gemm[precision] = 3 * 2.0 * k * k * d / timed(floor_products, 3) / 1e12
+            del x, y
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
     tiny = torch.zeros(1, device=device)
     launch = timed(lambda: tiny.add_(1.0), 1000) * 1e6
     sync = min(_host_read(tiny) for _ in range(50)) * 1e6
     result = dict(device=props.name, sms=props.multi_processor_count, hbm_tbs=round(hbm, 3), l2_tbs=round(l2, 3),
-                  gemm_tflops={p: round(v, 1) for p, v in gemm.items()}, launch_us=round(launch, 2),
+                  gemm_tflops={p: round(v, 1) for p, v in gemm.items()}, gemm_shape=f"floor K={k} D={d}",
+                  launch_us=round(launch, 2),
                   sync_us=round(sync, 2), torch=torch.__version__)
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(result, handle, indent=1)

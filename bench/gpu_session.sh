@@ -31,8 +31,9 @@
 #   demo        `python -m evidential_ops demo --method tcl --device cuda`, then on the CPU
 #   distributed bench/distributed_check.py over NCCL (one process per GPU)
 #   ceilings    this GPU's real ceilings for the performance model (bench/gpu_model.py
-#               --measure-ceilings: a 4 GiB device copy, an L2-resident copy, an 8192³ torch GEMM
-#               per precision, an empty launch, a host read) into ceilings.json
+#               --measure-ceilings: a 4 GiB device copy, an L2-resident copy, the floor's three
+#               torch GEMMs at K = 16384, D = 1024 per precision, an empty launch, a host read) into
+#               ceilings.json
 #   model       the model (predicted, from the code and its static SASS profile) with those
 #               ceilings, printed beside what bench4k/bench16k/bench64k measured, row by row:
 #               gpu_model_compare.md; the first lent GPU calibrates the model with it
