@@ -98,6 +98,28 @@ def _variants(default: bool, quick: bool):
     return [] if quick else [("all", d) for d in DTYPE_PATHS] + [("tcl", "bf16")]
 
 
+def _stats_types(dtype: str) -> dict:
+    """stats_kernel's runtime arguments for inputs of `dtype` ("fp32", "bf16", "fp64")."""
+    return dict(a_ptr=f"*{dtype}", b_ptr=f"*{dtype}", stride_ai="i32", stride_ak="i32", stride_bj="i32",
+                stride_bk="i32", own_ptr="*fp64", n_own="i32", other_ptr="*fp64", n_other="i32", part_ptr="*fp64",
+                n_programs="i32", blocks_per_program="i32", D="i32", t_off="i32", inv_tau="fp64")
+
+
+def _grad_types(dtype: str) -> dict:
+    """grad_block_kernel's runtime arguments for inputs of `dtype`."""
+    return dict(a_ptr=f"*{dtype}", b_ptr=f"*{dtype}", stride_ai="i32", stride_ak="i32", stride_bj="i32",
+                stride_bk="i32", g_ptr=f"*{dtype}", stride_gi="i32", stride_gj="i32", own_ptr="*fp64", n_own="i32",
+                other_ptr="*fp64", n_other="i32", row0="i32", n_rows="i32", col0="i32", n_cols="i32",
+                n_col_programs="i32", col_blocks_per_program="i32", D="i32", t_off="i32", inv_tau="fp64",
+                scaled_ptr="*i32")
+
+
+def _similarity_types(dtype: str) -> dict:
+    """grad_similarity_kernel's runtime arguments for a given s of `dtype`."""
+    return dict(s_ptr=f"*{dtype}", stride_si="i32", stride_sj="i32", ds_ptr=f"*{dtype}", stride_di="i32",
+                stride_dj="i32", row_ptr="*fp64", n_rows="i32", col_ptr="*fp64", n_cols="i32", inv_tau="fp64")
+
+
 def jobs(arch: int, quick: bool = False) -> list[Job]:
     """What to compile for sm_<arch>: that generation's default configurations (configs.
     DEFAULTS_BY_ARCH) in every required variant, and the autotuning space."""
@@ -137,22 +159,13 @@ def jobs(arch: int, quick: bool = False) -> list[Job]:
                                           BLOCK_N=config.block_n, BLOCK_K=max(config.block_k, 16), RESIDENT=0)
                         if mode == "resident":
                             constexprs.update(BLOCK_K=configs.RESIDENT_D, RESIDENT=1)
-                        types = dict(a_ptr=f"*{dtype}", b_ptr=f"*{dtype}", stride_ai="i32", stride_ak="i32",
-                                     stride_bj="i32", stride_bk="i32", own_ptr="*fp64", n_own="i32",
-                                     other_ptr="*fp64", n_other="i32", part_ptr="*fp64", n_programs="i32",
-                                     blocks_per_program="i32", D="i32", t_off="i32", inv_tau="fp64")
+                        types = _stats_types(dtype)
                     elif kernel == "grad":
                         fn = kernels.grad_block_kernel
                         constexprs = dict(EVIDENCE=evidence, **flags, F64=0, TF32=tf32, BLOCK_M=config.block_m,
                                           BLOCK_N=config.block_n, BLOCK_K=max(config.block_k, 16),
                                           FROM_S=int(from_s), SCALED_P=scaled_p)
-                        types = dict(a_ptr=f"*{dtype}", b_ptr=f"*{dtype}", stride_ai="i32", stride_ak="i32",
-                                     stride_bj="i32", stride_bk="i32", g_ptr=f"*{dtype}", stride_gi="i32",
-                                     stride_gj="i32", own_ptr="*fp64", n_own="i32", other_ptr="*fp64",
-                                     n_other="i32", row0="i32", n_rows="i32", col0="i32", n_cols="i32",
-                                     n_col_programs="i32",
-                                     col_blocks_per_program="i32", D="i32", t_off="i32", inv_tau="fp64",
-                                     scaled_ptr="*i32")
+                        types = _grad_types(dtype)
                     else:
                         fn = kernels.grad_fused_kernel
                         constexprs = dict(EVIDENCE=evidence, **flags, F64=0, TF32=tf32, BLOCK_M=config.block_m,
@@ -180,9 +193,7 @@ def jobs(arch: int, quick: bool = False) -> list[Job]:
             flags, evidence = TERM_SETS[term_set]
             fn = kernels.grad_similarity_kernel
             constexprs = dict(EVIDENCE=evidence, **flags, F64=0, BLOCK_M=config.block_m, BLOCK_N=config.block_n)
-            types = dict(s_ptr="*fp32", stride_si="i32", stride_sj="i32", ds_ptr="*fp32", stride_di="i32",
-                         stride_dj="i32", row_ptr="*fp64", n_rows="i32", col_ptr="*fp64", n_cols="i32",
-                         inv_tau="fp64")
+            types = _similarity_types("fp32")
             out.append(Job("grad_similarity", config.name(), f"{term_set} f32", is_default and term_set in REQUIRED,
                            fn, _signature(fn, types, constexprs), constexprs, config.num_warps, config.num_stages))
     # per-line kernels (fixed launch: BLOCK = 128 lines, 4 warps), every term
@@ -214,29 +225,21 @@ def coverage_jobs(defaults: dict) -> list[Job]:
     for from_s in (0, 1):
         constexprs = dict(EVIDENCE=evidence, HAS_TARGET=1, **flags, OWN=1, OTHER=1, FROM_S=from_s, F64=1, TF32=0,
                           BLOCK_M=stats.block_m, BLOCK_N=stats.block_n, BLOCK_K=max(stats.block_k, 16), RESIDENT=0)
-        types = dict(a_ptr="*fp64", b_ptr="*fp64", stride_ai="i32", stride_ak="i32", stride_bj="i32",
-                     stride_bk="i32", own_ptr="*fp64", n_own="i32", other_ptr="*fp64", n_other="i32",
-                     part_ptr="*fp64", n_programs="i32", blocks_per_program="i32", D="i32", t_off="i32",
-                     inv_tau="fp64")
         fn = kernels.stats_kernel
         out.append(Job("stats", stats.name(), "all f64" + (" from-s" if from_s else ""), False, fn,
-                       _signature(fn, types, constexprs), constexprs, stats.num_warps, stats.num_stages, coverage=True))
+                       _signature(fn, _stats_types("fp64"), constexprs), constexprs, stats.num_warps,
+                       stats.num_stages, coverage=True))
     constexprs = dict(EVIDENCE=evidence, **flags, F64=1, TF32=0, BLOCK_M=grad.block_m, BLOCK_N=grad.block_n,
                       BLOCK_K=max(grad.block_k, 16), FROM_S=0, SCALED_P=0)
-    types = dict(a_ptr="*fp64", b_ptr="*fp64", stride_ai="i32", stride_ak="i32", stride_bj="i32", stride_bk="i32",
-                 g_ptr="*fp64", stride_gi="i32", stride_gj="i32", own_ptr="*fp64", n_own="i32", other_ptr="*fp64",
-                 n_other="i32", row0="i32", n_rows="i32", col0="i32", n_cols="i32", n_col_programs="i32",
-                 col_blocks_per_program="i32", D="i32", t_off="i32", inv_tau="fp64", scaled_ptr="*i32")
     fn = kernels.grad_block_kernel
-    out.append(Job("grad", grad.name(), "all f64", False, fn, _signature(fn, types, constexprs), constexprs,
-                   grad.num_warps, grad.num_stages, coverage=True))
+    out.append(Job("grad", grad.name(), "all f64", False, fn, _signature(fn, _grad_types("fp64"), constexprs),
+                   constexprs, grad.num_warps, grad.num_stages, coverage=True))
     similarity = defaults["grad_similarity"]
     constexprs = dict(EVIDENCE=evidence, **flags, F64=1, BLOCK_M=similarity.block_m, BLOCK_N=similarity.block_n)
-    types = dict(s_ptr="*fp64", stride_si="i32", stride_sj="i32", ds_ptr="*fp64", stride_di="i32", stride_dj="i32",
-                 row_ptr="*fp64", n_rows="i32", col_ptr="*fp64", n_cols="i32", inv_tau="fp64")
     fn = kernels.grad_similarity_kernel
-    out.append(Job("grad_similarity", similarity.name(), "all f64", False, fn, _signature(fn, types, constexprs),
-                   constexprs, similarity.num_warps, similarity.num_stages, coverage=True))
+    out.append(Job("grad_similarity", similarity.name(), "all f64", False, fn,
+                   _signature(fn, _similarity_types("fp64"), constexprs), constexprs, similarity.num_warps,
+                   similarity.num_stages, coverage=True))
     tiles = dict(BLOCK_M=infonce_launch.BLOCK_M, BLOCK_N=infonce_launch.BLOCK_N, BLOCK_K=infonce_launch.BLOCK_K)
     config = f"m{tiles['BLOCK_M']}n{tiles['BLOCK_N']}k{tiles['BLOCK_K']}"
     for dtype, f64 in (("fp32", 0), ("fp64", 1)):
