@@ -28,6 +28,9 @@
 #               strips (EO_TRITON_STRIPS_ABOVE_D beyond D): measures launch.similarity_strips' choice
 #   ncu         Nsight Compute on one triton TCL step, K = 16384, D = 1024 (bench/ncu_step.py), bf16
 #               (tile kernels) and tf32 (strip sweeps): tensor pipe beside issue activity, warp stalls
+#   exceptions  bench/exception_probe.py: does a C++ op's ValueError raise, or crash the process
+#   kernel_times  bench/kernel_times.py: each kernel's device time in one step, GPU idle, host time
+#   peers       bench/peer_bench.py: Inf-CL, plain InfoNCE, our InfoNCE and TCL (carry .whl)
 #   demo        `python -m evidential_ops demo --method tcl --device cuda`, then on the CPU
 #   distributed bench/distributed_check.py over NCCL (one process per GPU)
 #   ceilings    this GPU's real ceilings for the performance model (bench/gpu_model.py
@@ -52,6 +55,12 @@ touch "$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
 # Run from $OUT so that the installed package (with its CUDA kernels) is imported, not the checkout.
 in_out() { (cd "$OUT" && "$@"); }
+# Python packages the machine lacks travel as wheels under .whl/ (the device tool's carry): the
+# peers' (inf-cl: pip download --no-deps -d .whl inf-cl==1.2.1).
+if compgen -G "$ROOT/.whl/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$ROOT"/.whl/*.whl &&
+    export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 
 stage_env() {
   {
@@ -83,12 +92,17 @@ POISONING=(
   "test_fused_backends.py::test_torch_compile_fullgraph_training_step_with_check_finite[triton]"
 )
 
+# stage_test [pytest selection...]: the whole python_tests suite by default
 stage_test() {
   need_build || return 1
-  local start=$SECONDS deselect=()
+  local start=$SECONDS deselect=() plugins=() selection=("$@")
+  [[ ${#selection[@]} -eq 0 ]] && selection=("$ROOT/python_tests")
   for t in "${POISONING[@]}"; do deselect+=(--deselect "$ROOT/python_tests/$t"); done
-  in_out "$PY" -m pytest "$ROOT/python_tests" -q -p no:cacheprovider -rfE --durations=10 "${deselect[@]}" \
-    >"$OUT/tests.log" 2>&1
+  # Parallel workers compile the Triton variants side by side; a hung kernel fails its test alone.
+  in_out "$PY" -c "import xdist" 2>/dev/null && plugins+=(-n 14)
+  in_out "$PY" -c "import pytest_timeout" 2>/dev/null && plugins+=(--timeout 150)
+  in_out "$PY" -m pytest "${selection[@]}" "${plugins[@]}" -q -p no:cacheprovider -rfE --durations=15 \
+    "${deselect[@]}" >"$OUT/tests.log" 2>&1
   note "test: $(tail -n 1 "$OUT/tests.log") ($((SECONDS - start)) s)"
   for t in "${POISONING[@]}"; do
     in_out "$PY" -m pytest "$ROOT/python_tests/$t" -q -p no:cacheprovider >>"$OUT/tests.log" 2>&1
@@ -101,10 +115,12 @@ stage_aot() {
   note "aot: $(tail -n 1 "$OUT/aot.log")"
 }
 
+# stage_sanitize [tools...]: all four by default
 stage_sanitize() {
   need_build || return 1
-  local tool flags
-  for tool in memcheck racecheck synccheck initcheck; do
+  local tool flags tools=("$@")
+  [[ ${#tools[@]} -eq 0 ]] && tools=(memcheck racecheck synccheck initcheck)
+  for tool in "${tools[@]}"; do
     flags=(--tool "$tool" --error-exitcode 7)
     [[ $tool != memcheck ]] && flags+=(--kernel-name kns=evidential_ops)
     if [[ $tool == memcheck || $tool == initcheck ]]; then
@@ -152,10 +168,12 @@ stage_ncu() {
   done
 }
 
+# stage_demo [devices...]: cuda, then cpu, by default
 stage_demo() {
   need_build || return 1
-  local device
-  for device in cuda cpu; do
+  local device devices=("$@")
+  [[ ${#devices[@]} -eq 0 ]] && devices=(cuda cpu)
+  for device in "${devices[@]}"; do
     in_out "$PY" -m evidential_ops demo --method tcl --device "$device" --out "$OUT/demo_$device" \
       >"$OUT/demo_$device.log" 2>&1
     note "demo $device: $(grep -m1 '^trained' "$OUT/demo_$device.log")"
@@ -169,6 +187,30 @@ stage_distributed() {
   in_out torchrun --standalone --nproc-per-node "$gpus" "$ROOT/bench/distributed_check.py" --device cuda \
     --out "$OUT/nccl_check.json" >"$OUT/distributed.log" 2>&1
   note "distributed ($gpus GPU): exit $? ($(tail -n 1 "$OUT/distributed.log"))"
+}
+
+stage_exceptions() {
+  need_build || return 1
+  in_out "$PY" "$ROOT/bench/exception_probe.py" >"$OUT/exceptions.log" 2>&1
+  local rc=$?
+  note "exceptions: $(head -n 3 "$OUT/exceptions.log" | tr -s ' ' | tr '\n' ';')"
+  return $rc
+}
+
+stage_kernel_times() {
+  need_build || return 1
+  in_out "$PY" "$ROOT/bench/kernel_times.py" --backends cuda triton --cases tcl uml --precisions tf32 bf16 ieee \
+    --k 16384 --d 1024 --repeats 3 --out "$OUT/kernel_times.json" >"$OUT/kernel_times.log" 2>&1
+  note "kernel times: exit $? ($(grep -c ' ms (events)' "$OUT/kernel_times.log") steps)"
+}
+
+stage_peers() {
+  need_build || return 1
+  in_out "$PY" "$ROOT/bench/peer_bench.py" --sizes 16384 65536 --d 1024 --precisions bf16 tf32 \
+    --out "$OUT/peers.json" >"$OUT/peers.log" 2>&1
+  local rc=$?
+  note "peers: $(grep -c ': ' "$OUT/peers.log") cells; $(grep 'K=65536' "$OUT/peers.log" | tr '\n' ';')"
+  return $rc
 }
 
 stage_ceilings() {
@@ -195,6 +237,8 @@ stage_model() {
   cat "$OUT/gpu_model_compare.md"
 }
 
+# Sourced (bench/gpu_lease.sh), the stages are defined and nothing runs.
+[[ "${BASH_SOURCE[0]}" != "$0" ]] && return 0
 stages=("$@")
 [[ ${#stages[@]} -eq 0 ]] && stages=(env build test)
 for stage in "${stages[@]}"; do
