@@ -684,9 +684,10 @@ def profile_cuda(nvcc: str, nvdisasm: str, methods, directions, builds, workdir:
 
 def profile_triton(methods, directions, dtype_path: str, nvdisasm: str, workdir: str) -> list:
     """Rows of the Triton default configurations (stats_kernel forward; grad_fused_kernel and
-    grad_block_kernel backward), and of the same kernels sweeping stored strips of s (float32 with
-    TF32 at wide D, launch.similarity_strips: row "variant" "strip", whose element loop is the
-    innermost loop that loads s)."""
+    grad_block_kernel backward), and of the same kernels sweeping stored strips of s (float32
+    inputs with IEEE products, or TF32 ones at wide D, launch.similarity_strips: row "variant"
+    "strip", whose element loop is the innermost loop that loads s; compiled from the TF32 jobs,
+    a strip's sweep issues no product)."""
     sys.path.insert(0, ROOT)
     from evidential_ops.triton_backend import aot_check
     from triton.backends.compiler import GPUTarget

@@ -8,7 +8,7 @@ interpreter, for instance, runs float32 only and slowly): the tests themselves a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -27,6 +27,9 @@ class FusedCase:
     realistic: (K, D) of the realistic-size accuracy test.
     products: whose float32 matmul forms its tile products: "torch", or "numpy" for Triton's
         interpreter (its tl.dot), which rounds differently on some machines.
+    variant: "" or "tiles": Triton with float32 embeddings' s from its tile kernels, as traced
+        graphs take it, instead of the cuBLAS strips eager launches take
+        (launch.similarity_strips; the `fused` fixtures that ask for variants apply it).
     """
 
     name: str
@@ -35,9 +38,10 @@ class FusedCase:
     max_k: int = 4096
     realistic: tuple[int, int] = (1024, 512)
     products: str = "torch"
+    variant: str = ""
 
     def __str__(self) -> str:  # pytest ids
-        return self.name
+        return f"{self.name}-{self.variant}" if self.variant else self.name
 
 
 def _case(name: str) -> FusedCase | None:
@@ -55,10 +59,26 @@ def _case(name: str) -> FusedCase | None:
     raise AssertionError(f"no test case for fused backend {name!r}: add one here")
 
 
-def fused_cases() -> list[FusedCase]:
-    """Every registered fused backend that can run on this machine."""
-    cases = [_case(name) for name in eo.available_backends() if name != "reference"]
-    return [case for case in cases if case is not None]
+def fused_cases(tile_variants: bool = False) -> list[FusedCase]:
+    """Every registered fused backend that can run on this machine; with `tile_variants`, Triton's
+    interpreter case again as "tiles" (float32 embeddings take cuBLAS strips of s in eager
+    launches, so its tile kernels' products would otherwise run here only in the tests that
+    force them)."""
+    cases = [case for case in (_case(name) for name in eo.available_backends() if name != "reference") if case]
+    if tile_variants:
+        cases += [replace(case, variant="tiles") for case in cases
+                  if case.name == "triton" and case.device.type == "cpu"]
+    return cases
+
+
+def use_case(case: FusedCase, monkeypatch) -> FusedCase:
+    """Applies the case's variant for one test (monkeypatch undoes it) and returns the case."""
+    if case.variant == "tiles":
+        from evidential_ops.triton_backend import launch
+
+        monkeypatch.setattr(launch, "IEEE_SIMILARITY_STRIPS_ABOVE_D", 1 << 30)
+        monkeypatch.setattr(launch, "SIMILARITY_STRIPS_ABOVE_D", 1 << 30)
+    return case
 
 
 def run(fn, inputs, upstream):

@@ -19,9 +19,9 @@ import torch
 
 import evidential_ops as eo
 from conftest import hard_pairs, on_exact_grid, random_pairs, reordered_sum_bound, unit_roundoff
-from fused_backends import fused_cases, run
+from fused_backends import fused_cases, run, use_case
 
-CASES = fused_cases()
+CASES = fused_cases(tile_variants=True)
 pytestmark = pytest.mark.skipif(not CASES, reason="no fused backend built")
 
 ALL_WEIGHTS = {"risk": 1.0, "kl": 0.1, "mse": 0.5, "fmse": 0.7, "logdet": -0.01}
@@ -32,8 +32,8 @@ LOG_TRIGAMMA_STAT = 5  # row of Σ ln ψ1(α) in the line statistics (csrc/kerne
 
 
 @pytest.fixture(params=CASES, ids=str)
-def fused(request):
-    return request.param
+def fused(request, monkeypatch):
+    return use_case(request.param, monkeypatch)
 
 
 def need(fused, *, dtype=torch.float32, k: int = 0):

@@ -26,6 +26,17 @@ def device():
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+@pytest.fixture(autouse=True)
+def tile_kernels_for_ieee(monkeypatch):
+    """These tests are about the tile kernels unless they say otherwise: eager launches would take
+    float32 IEEE embeddings' s from cuBLAS strips (launch.similarity_strips), and a test that forces
+    a tile sweep's partials, passes or plans would then pass without running them. The strips'
+    own tests set the width back (or replace similarity_strips)."""
+    from evidential_ops.triton_backend import launch
+
+    monkeypatch.setattr(launch, "IEEE_SIMILARITY_STRIPS_ABOVE_D", 1 << 30)
+
+
 # ------------------------------------------------------------------------- special functions
 
 
@@ -424,7 +435,9 @@ def test_triton_backward_beyond_one_register_block(gen):
 
 def test_triton_graph_mode_paths_match_eager(gen, monkeypatch):
     """What the ops do inside a torch.compile graph (weights read by the kernels from a device
-    tensor, value checks as asynchronous asserts), exercised on real tensors."""
+    tensor, value checks as asynchronous asserts), exercised on real tensors: bitwise the eager
+    results where both take s from the tile kernels (eager float32 IEEE launches would take cuBLAS
+    strips, a graph never: test_triton_traced_graph_keeps_the_tile_kernels_at_wide_d)."""
     from evidential_ops.triton_backend import launch
 
     x, y = hard_pairs(70, 24, generator=gen)
@@ -964,37 +977,45 @@ def test_triton_similarity_strips_of_row_strips_with_a_target_offset(gen, monkey
 
 def test_triton_similarity_strips_where_float32_tiles_would_read_their_rows_again(monkeypatch):
     """Which inputs take s from strips: float32 with TF32 products wider than
-    SIMILARITY_STRIPS_ABOVE_D (512: 64 float32 rows beyond half an H100 SM's L1), in both
-    directions; not IEEE products, 16-bit inputs, narrower D or a given s (whose source has D = 1)."""
+    SIMILARITY_STRIPS_ABOVE_D (512: 64 float32 rows beyond half an H100 SM's L1), and float32 with
+    IEEE products at every D (the tiles' FFMA products ran at an eighth of cuBLAS's on an H200), in
+    both directions; not 16-bit inputs or narrower TF32 D. (A given s is never re-formed: the
+    from-similarity tests fail if _line_statistics asks for strips of it.)"""
     from evidential_ops.triton_backend import launch
 
     def strips(d, precision="tf32", dtype=torch.float32):
         source = launch._Source(torch.zeros(2, d, dtype=dtype), torch.zeros(3, d, dtype=dtype))
         return launch.similarity_strips(source.dtype, source.d, precision, source.a)
 
-    monkeypatch.setattr(launch, "SIMILARITY_STRIPS_ABOVE_D", 512)  # the default (EO_TRITON_STRIPS_ABOVE_D)
+    monkeypatch.setattr(launch, "SIMILARITY_STRIPS_ABOVE_D", 512)  # the defaults (EO_TRITON_STRIPS_ABOVE_D,
+    monkeypatch.setattr(launch, "IEEE_SIMILARITY_STRIPS_ABOVE_D", 0)  # EO_TRITON_IEEE_STRIPS_ABOVE_D)
     assert strips(1024)
     assert strips(513)
     assert not strips(512)
-    assert not strips(1024, "ieee")
+    assert strips(1024, "ieee") and strips(16, "ieee") and strips(1, "ieee")
     assert not strips(1024, dtype=torch.bfloat16)
-    given_s = launch._Source(torch.zeros(4, 1024), None)
-    assert not launch.similarity_strips(given_s.dtype, given_s.d, "tf32", given_s.a)
+    assert not strips(1024, "ieee", dtype=torch.float16)
+    assert not strips(1024, "ieee", dtype=torch.float64)
+    monkeypatch.setattr(launch, "IEEE_SIMILARITY_STRIPS_ABOVE_D", 64)
+    assert strips(65, "ieee") and not strips(64, "ieee")
     assert launch.BackwardPlan(16384, 16384, 1024, torch.float32, strips_of_s=True).from_s
     assert not launch.BackwardPlan(16384, 16384, 1024, torch.float32).from_s
     # A traced graph keeps the tile kernels: the strips' cuBLAS products would take torch's TF32
     # switch when the graph runs, not the op's precision.
     monkeypatch.setattr(launch, "_tracing", lambda t: True)
-    assert not strips(1024)
+    assert not strips(1024) and not strips(1024, "ieee")
 
 
-def test_triton_traced_graph_keeps_the_tile_kernels_at_wide_d(gen, monkeypatch):
-    """What a traced graph does with float32 TF32 inputs wider than SIMILARITY_STRIPS_ABOVE_D (lowered
-    here to 16): no cuBLAS strips of s in the forward or the backward, and the same results as the
-    eager launches (strips) within what the two ways of forming s may differ by."""
+@pytest.mark.parametrize("precision", ["tf32", "ieee"])
+def test_triton_traced_graph_keeps_the_tile_kernels_at_wide_d(gen, monkeypatch, precision):
+    """What a traced graph does with float32 inputs that eager launches take through strips (TF32
+    products wider than SIMILARITY_STRIPS_ABOVE_D, lowered here to 16; IEEE products at every D):
+    no cuBLAS strips of s in the forward or the backward, and the same results as the eager
+    launches (strips) within what the two ways of forming s may differ by."""
     from evidential_ops.triton_backend import launch
 
     monkeypatch.setattr(launch, "SIMILARITY_STRIPS_ABOVE_D", 16)
+    monkeypatch.setattr(launch, "IEEE_SIMILARITY_STRIPS_ABOVE_D", 0)
     x, y = hard_pairs(70, 24, generator=gen)
     x, y = x.to(device()), y.to(device())
     ops = eo.backends.resolve("triton", x.device).ops
@@ -1007,16 +1028,17 @@ def test_triton_traced_graph_keeps_the_tile_kernels_at_wide_d(gen, monkeypatch):
         if traced:
             monkeypatch.setattr(launch, "_tracing", lambda t: True)
             monkeypatch.setattr(eo.checks, "values_unreadable", lambda t: True)
-        out = ops.loss_forward(x, y, None, "exp", 0.05, w, mask, True, True, "tf32")
+        out = ops.loss_forward(x, y, None, "exp", 0.05, w, mask, True, True, precision)
         grads = ops.loss_backward(out[0], out[1], x, y, None, out[2], out[3], "exp", 0.05, w, mask, True, True, 0,
-                                  [True, True], "tf32")
+                                  [True, True], precision)
         runs.append((*out[:2], *grads))
     assert strips == [1] and [p.from_s for p in plans] == [True, False]  # eager: strips; traced: tiles
     # Each way's s is within D·2^-24 of the exact one for unit vectors (float32 sums), plus 2^-10 on
-    # a GPU (TF32 rounds both operands to 2^-11 relative, cuBLAS and the tiles each in its own way;
-    # the interpreter's products are float32). So |Δ(s/τ)| <= 2·(2^-10 + D·2^-24)/τ, the relative
-    # change of each α and of what is built from them.
-    bound = 2 * ((2.0**-10 if COMPILED else 0.0) + 24 * 2.0**-24) / 0.05
+    # a GPU with TF32 (it rounds both operands to 2^-11 relative, cuBLAS and the tiles each in its
+    # own way; the interpreter's products are float32). So |Δ(s/τ)| <= 2·(2^-10 + D·2^-24)/τ, the
+    # relative change of each α and of what is built from them.
+    tf32_rounding = 2.0**-10 if COMPILED and precision == "tf32" else 0.0
+    bound = 2 * (tf32_rounding + 24 * 2.0**-24) / 0.05
     for a, b in zip(*runs):
         torch.testing.assert_close(a, b, rtol=bound, atol=bound * float(b.abs().max()))
 

@@ -140,12 +140,13 @@ def jobs(arch: int, quick: bool = False) -> list[Job]:
                 # How the sweeps get their s tiles: stepping through D ("tiled"), from a given s
                 # (float32), with the row block resident across the sweep (D <= RESIDENT_D,
                 # tensor-core paths: launch._resident_d), compiled at the widest such D, or from
-                # stored strips of cuBLAS products ("strip": TF32 products of float32 inputs wider
-                # than that, launch.similarity_strips; the stats sweep reads its strip by columns).
+                # stored strips of cuBLAS products ("strip": float32 inputs with IEEE products, or
+                # with TF32 ones wider than that, launch.similarity_strips; the stats sweep reads
+                # its strip by columns).
                 modes = ["tiled"]
                 if kernel == "stats" and is_default:
                     modes += ["from-s"] if path == "f32" else ["resident"] if arch >= 90 else []
-                if kernel in ("stats", "grad") and is_default and path == "tf32":
+                if kernel in ("stats", "grad") and is_default and path in ("f32", "tf32"):
                     modes += ["strip"]
                 # exp evidence's gradient kernel also in its second variant, p = α/S from mantissas
                 # and exponents (line strengths beyond 2^126: grad_block_kernel SCALED_P)

@@ -35,7 +35,7 @@ LINE_BLOCK = 128  # lines per program of the per-line kernels
 # K = 65536) the forward stays below 64 MiB.
 PARTIAL_BUDGET_BYTES = int(float(os.environ.get("EO_TRITON_PARTIAL_MIB", "48")) * 2**20)
 # The backward where D is wider than a register block stages G = ∂L/∂s through a strip of rows
-# (BackwardPlan), and float32 inputs with TF32 products wide D take s through one
+# (BackwardPlan), and float32 inputs (IEEE products, or TF32 ones at wide D) take s through one
 # (similarity_strips). A strip takes what EXTRA_MEMORY_BYTES, the bound on what the ops add to
 # device memory, leaves beside the per-line buffers held with it (`strip_budget`), or
 # EO_TRITON_STRIP_MIB where that is set (STRIP_BUDGET_BYTES). A float32 dy for 16-bit inputs
@@ -64,6 +64,15 @@ RECOMPUTE_BYTES_PER_ELEMENT = 16
 # strips at D = 1024, 2.3x against 5.6x). EO_TRITON_STRIPS_ABOVE_D moves it (a GPU session times
 # both sides: bench/gpu_session.sh tiles16k).
 SIMILARITY_STRIPS_ABOVE_D = int(os.environ.get("EO_TRITON_STRIPS_ABOVE_D", "512"))
+# Float32 embeddings with IEEE products take s from cuBLAS strips wider than this, by default at
+# every D. The tiles' IEEE tl.dot is FFMA fed from shared memory, 8 outputs a thread: on the H200
+# (bench/results/cuda_nvidia-h200.json, K = 16384, D = 1024, one run) the TCL step with IEEE tiles
+# took 214.8 ms against 30.1 ms with TF32 strips; less the two runs' cuBLAS products (floor / 3 a
+# product: 10.8 ms IEEE, 1.7 ms TF32) that leaves 170 ms for the two tile products (the forward's s
+# and the backward's s again), ~6.5 TFLOP/s against cuBLAS's 51 at the same shape: 2 × 2·K²·D flops
+# in 170 ms (UML 222 ms, DUQ 166 ms the same way). Nothing in that ratio depends on D, so no
+# width is exempt. EO_TRITON_IEEE_STRIPS_ABOVE_D moves it.
+IEEE_SIMILARITY_STRIPS_ABOVE_D = int(os.environ.get("EO_TRITON_IEEE_STRIPS_ABOVE_D", "0"))
 
 
 # ----------------------------------------------------------------------------------- launching
@@ -385,7 +394,7 @@ def _line_statistics(source: _Source, t_off: int, evidence: int, inv_tau: float,
     like = source.a
     row_stats = torch.zeros((NUM_LINE_STATS, source.n_own), dtype=torch.float64, device=like.device)
     col_stats = torch.zeros((NUM_LINE_STATS, source.n_other), dtype=torch.float64, device=like.device)
-    if rows and cols and similarity_strips(source.dtype, source.d, precision, like):
+    if rows and cols and not source.from_s and similarity_strips(source.dtype, source.d, precision, like):
         _strip_statistics(source, t_off, evidence, inv_tau, terms, has_target, precision, row_stats, col_stats)
         return row_stats, col_stats
     if rows and cols:
@@ -427,18 +436,22 @@ def one_pass_programs(row_blocks: int, n_other: int, num_partials: int, sms: int
 
 def similarity_strips(dtype: torch.dtype, d: int, precision: str, like: Tensor | None = None) -> bool:
     """Whether s comes from stored strips of cuBLAS products rather than from the tile kernels' own,
-    in the forward and the backward: float32 embeddings with TF32 products wider than
-    SIMILARITY_STRIPS_ABOVE_D, whose 64 rows then exceed half an SM's L1. Their tiles step through D
-    and read 4-byte operands again for every tile: at K = 16384, D = 1024 a stats sweep moves 48 GiB
-    through L2 (a 64 × 32 tile reads 384 KiB of operands for 2048 elements), ~7 ms on an H100
-    against 1.1 ms of TF32 product, while a strip of s is written and read once, 4 bytes an element
-    (docs/backends.md "How the triton backend works", bench/results/gpu_model.md). 16-bit embeddings
-    keep their own tiles: half the bytes, and the element work, not L2, bounds those sweeps (a given
-    s has D = 1: never). Eager launches only (`like`, a tensor of the call, not traced): in a traced
-    graph the strips' cuBLAS products would run as torch's TF32 switch says when the graph runs, not
-    as `precision` says, and the tile kernels take it as a compile-time argument."""
-    return ((like is None or not _tracing(like)) and dtype == torch.float32 and bool(_tf32(dtype, precision))
-            and d > SIMILARITY_STRIPS_ABOVE_D)
+    in the forward and the backward: float32 embeddings with IEEE products wider than
+    IEEE_SIMILARITY_STRIPS_ABOVE_D (every D by default), and with TF32 products wider than
+    SIMILARITY_STRIPS_ABOVE_D. IEEE: the tiles' FFMA products ran at an eighth of cuBLAS's on the
+    H200 (IEEE_SIMILARITY_STRIPS_ABOVE_D's note). TF32: where a program's 64 rows exceed half an
+    SM's L1 the tiles step through D and read 4-byte operands again for every tile: at K = 16384,
+    D = 1024 a stats sweep moves 48 GiB through L2 (a 64 × 32 tile reads 384 KiB of operands for
+    2048 elements), ~7 ms on an H100 against 1.1 ms of TF32 product, while a strip of s is written
+    and read once, 4 bytes an element (docs/backends.md "How the triton backend works",
+    bench/results/gpu_model.md). 16-bit embeddings keep their own tiles: half the bytes, and the
+    element work, not L2, bounds those sweeps. Embeddings only: a given s is its own strip. Eager launches only
+    (`like`, a tensor of the call, not traced): in a traced graph the strips' cuBLAS products would
+    run as torch's TF32 switch says when the graph runs, not as `precision` says, and the tile
+    kernels take it as a compile-time argument."""
+    if dtype != torch.float32 or (like is not None and _tracing(like)):
+        return False
+    return d > (SIMILARITY_STRIPS_ABOVE_D if _tf32(dtype, precision) else IEEE_SIMILARITY_STRIPS_ABOVE_D)
 
 
 def strip_budget(lines: int, reserved: int = 0) -> int:
@@ -460,7 +473,7 @@ def strip_rows(m: int, n: int, size: int) -> int:
 def _strip_statistics(source: "_Source", t_off: int, evidence: int, inv_tau: float, terms: _Terms | None,
                       has_target: bool, precision: str, row_stats: Tensor, col_stats: Tensor) -> None:
     """Both directions' statistics from strips of s (similarity_strips; row i's target is column
-    i + t_off): s[strip] = a[strip]·bᵀ (cuBLAS, TF32, float32 result), then one stats_kernel sweep
+    i + t_off): s[strip] = a[strip]·bᵀ (cuBLAS, as `precision` says, float32 result), then one stats_kernel sweep
     of it read by columns. The columns (every other line, N of them: enough programs for every SM)
     are the own lines, their sums of the strip added to col_stats strip after strip; the strip's
     rows are the other lines, summed per program into partials that reduce_partials_kernel adds up
