@@ -8,7 +8,8 @@
 # Order (what the first lease, an H200 on 2026-11-28, left open: bench/results/gpu_h200_first_lease.md):
 # env, build, whether a C++ op's ValueError crashes the process (bench/exception_probe.py: every
 # cuda test expecting one segfaulted its worker), the cuda and triton tests (14 workers: Triton compiles
-# dominate), where each step's time goes kernel by kernel (bench/kernel_times.py), the ceilings
+# dominate), where each step's time goes kernel by kernel (bench/kernel_times.py), the K = 16384
+# ieee rows (float32 IEEE now takes s from cuBLAS strips on triton), the ceilings
 # (GEMMs of the floor's own shapes), the peers at
 # K = 16384 and 65536 (bench/peer_bench.py: Inf-CL, plain InfoNCE, ours), the sanitizers, the
 # K = 65536 cells the first lease did not reach, Nsight Compute on one triton step, the demo.
@@ -64,6 +65,7 @@ run_for 60 exceptions stage_exceptions
 run_for 200 tests stage_test "$ROOT/python_tests/test_cuda_backend.py" "$ROOT/python_tests/test_fused_backends.py" \
   "$ROOT/python_tests/test_triton_backend.py" "$ROOT/python_tests/test_fused_infonce.py" -k "cuda or triton"
 run_for 80 "kernel times" stage_kernel_times
+run_for 60 "bench16k ieee" bench bench16k_ieee --sizes 16384 --precisions ieee --impls triton cuda floor --repeats 3
 run_for 30 ceilings stage_ceilings
 run_for 120 peers stage_peers
 for tool in memcheck racecheck synccheck initcheck; do run_for 30 "sanitize $tool" stage_sanitize "$tool"; done
