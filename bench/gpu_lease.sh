@@ -9,7 +9,8 @@
 # env, build, whether a C++ op's ValueError crashes the process (bench/exception_probe.py: every
 # cuda test expecting one segfaulted its worker), the cuda and triton tests (14 workers: Triton compiles
 # dominate), where each step's time goes kernel by kernel (bench/kernel_times.py), the K = 16384
-# ieee rows (float32 IEEE now takes s from cuBLAS strips on triton), the ceilings
+# ieee rows (float32 IEEE now takes s from cuBLAS strips on triton), what is live at a K = 65536
+# step's memory peak (bench/memory_peak.py: triton measured 69-71 MiB against 62 modelled), the ceilings
 # (GEMMs of the floor's own shapes), the peers at
 # K = 16384 and 65536 (bench/peer_bench.py: Inf-CL, plain InfoNCE, ours), the sanitizers, the
 # K = 65536 cells the first lease did not reach, Nsight Compute on one triton step, the demo.
@@ -66,6 +67,7 @@ run_for 200 tests stage_test "$ROOT/python_tests/test_cuda_backend.py" "$ROOT/py
   "$ROOT/python_tests/test_triton_backend.py" "$ROOT/python_tests/test_fused_infonce.py" -k "cuda or triton"
 run_for 80 "kernel times" stage_kernel_times
 run_for 60 "bench16k ieee" bench bench16k_ieee --sizes 16384 --precisions ieee --impls triton cuda floor --repeats 3
+run_for 60 "memory peak" stage_memory_peak
 run_for 30 ceilings stage_ceilings
 run_for 120 peers stage_peers
 for tool in memcheck racecheck synccheck initcheck; do run_for 30 "sanitize $tool" stage_sanitize "$tool"; done

@@ -31,6 +31,7 @@
 #               (tile kernels) and tf32 (strip sweeps): tensor pipe beside issue activity, warp stalls
 #   exceptions  bench/exception_probe.py: does a C++ op's ValueError raise, or crash the process
 #   kernel_times  bench/kernel_times.py: each kernel's device time in one step, GPU idle, host time
+#   memory_peak bench/memory_peak.py: what is live at a K = 65536 step's memory peak, by call site
 #   peers       bench/peer_bench.py: Inf-CL, plain InfoNCE, our InfoNCE and TCL (carry .whl)
 #   demo        `python -m evidential_ops demo --method tcl --device cuda`, then on the CPU
 #   distributed bench/distributed_check.py over NCCL (one process per GPU)
@@ -195,7 +196,7 @@ stage_exceptions() {
   need_build || return 1
   in_out "$PY" "$ROOT/bench/exception_probe.py" >"$OUT/exceptions.log" 2>&1
   local rc=$?
-  note "exceptions: $(head -n 3 "$OUT/exceptions.log" | tr -s ' ' | tr '\n' ';')"
+  note "exceptions: $(head -n 6 "$OUT/exceptions.log" | tr -s ' ' | tr '\n' ';')"
   return $rc
 }
 
@@ -204,6 +205,13 @@ stage_kernel_times() {
   in_out "$PY" "$ROOT/bench/kernel_times.py" --backends cuda triton --cases tcl uml --precisions tf32 bf16 ieee \
     --k 16384 --d 1024 --repeats 3 --out "$OUT/kernel_times.json" >"$OUT/kernel_times.log" 2>&1
   note "kernel times: exit $? ($(grep -c ' ms (events)' "$OUT/kernel_times.log") steps)"
+}
+
+stage_memory_peak() {
+  need_build || return 1
+  in_out "$PY" "$ROOT/bench/memory_peak.py" --backends triton cuda --precisions bf16 ieee --k 65536 --d 1024 \
+    --out "$OUT/memory_peak.json" >"$OUT/memory_peak.log" 2>&1
+  note "memory peak: exit $? ($(grep -c ' beyond the two gradients' "$OUT/memory_peak.log") steps)"
 }
 
 stage_peers() {
