@@ -858,6 +858,50 @@ def test_triton_similarity_strips_match_the_reference(gen, monkeypatch, strips):
                     "strips, dx only": ("strips", True, 16, 0, 0)}[strips]]
 
 
+@pytest.mark.parametrize("strips", ["one strip", "strips"])
+@pytest.mark.parametrize("direction", ["rows", "cols"])
+def test_triton_similarity_strips_of_one_direction_match_the_reference(gen, monkeypatch, direction, strips):
+    """One direction's statistics from strips of s (TCL takes one direction a model): each strip's
+    rows are whole own lines, swept by rows with no partials (the columns' lines from strips of
+    the transposed problem). Strips forced for every float32 input; hard regime, every term, a
+    target scale, K = 113, D = 203, one strip or eight: the losses against the float64 reference
+    within 1e-4 + 8·√D·2^-24/τ. A strip of lines with a target offset (the distributed loss's
+    line_stats) gives the statistics the tile kernels give, within what the two products' orders
+    may differ by."""
+    from evidential_ops.triton_backend import launch
+
+    monkeypatch.setattr(launch, "similarity_strips", lambda dtype, d, precision, like=None: dtype == torch.float32)
+    if strips != "one strip":
+        monkeypatch.setattr(launch, "STRIP_BUDGET_BYTES", 16 * 113 * 4)
+    calls, original = [], launch._strip_statistics_one_way
+    monkeypatch.setattr(launch, "_strip_statistics_one_way", lambda *a: (calls.append((a[0].n_own, a[1])),
+                                                                           original(*a)))
+    k, d, tau = 113, 203, 0.05
+    x, y = hard_pairs(k, d, generator=gen)
+    c = torch.rand(k, generator=gen)
+    kwargs = dict(evidence="exp", tau=tau, weights=ALL_WEIGHTS, reduction="none", direction=direction)
+    pick = 0 if direction == "rows" else 1  # (row losses, column losses), the other one empty
+    got = eo.evidential_loss(x.to(device()), y.to(device()), backend="triton", target_scale=c.to(device()),
+                             **kwargs)[pick]
+    want = eo.reference.evidential_loss(x.double(), y.double(), target_scale=c.double(), **kwargs)[pick]
+    allowance = 8 * math.sqrt(d) * 2.0**-24 / tau
+    error = (got.double().cpu() - want).abs() / want.abs().clamp_min(1e-3)
+    assert got.shape == (k,) and float(error.max()) <= 1e-4 + allowance
+    assert calls == [(k, 0)]
+    # rows 30..113 of the problem, targets at columns 30..113: the one-way sweep with t_off = 30,
+    # TCL's terms (the statistics of the others stay 0), strips of 14 rows but a last one of 13
+    tcl = eo.checks.loss_config(evidence="exp", tau=tau, weights={"risk": 1.0, "kl": 0.1}, direction="rows",
+                                reduction="none")
+    ops, mask = eo.backends.resolve("triton", torch.device(device())).ops, eo.ops.terms_mask(tcl)
+    xs, yd = x[30:].to(device()), y.to(device())
+    strip_rows, _ = ops.line_stats(xs, yd, 30, "exp", tau, mask, True, False)
+    assert calls[-1] == (k - 30, 30)
+    monkeypatch.setattr(launch, "similarity_strips", lambda dtype, d, precision, like=None: False)
+    tile_rows, _ = ops.line_stats(xs, yd, 30, "exp", tau, mask, True, False)
+    assert bool((tile_rows[3:] == 0).all())  # MSE, Fisher, logdet: not asked for
+    torch.testing.assert_close(strip_rows, tile_rows, rtol=4 * math.sqrt(d) * 2.0**-24 / tau, atol=0)
+
+
 @pytest.mark.parametrize("strips", [False, True])
 def test_triton_reads_no_buffer_before_writing_it(gen, monkeypatch, strips):
     """No buffer is read before it is written: with every torch.empty of the op filled with NaN,

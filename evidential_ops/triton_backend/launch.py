@@ -394,8 +394,14 @@ def _line_statistics(source: _Source, t_off: int, evidence: int, inv_tau: float,
     like = source.a
     row_stats = torch.zeros((NUM_LINE_STATS, source.n_own), dtype=torch.float64, device=like.device)
     col_stats = torch.zeros((NUM_LINE_STATS, source.n_other), dtype=torch.float64, device=like.device)
-    if rows and cols and not source.from_s and similarity_strips(source.dtype, source.d, precision, like):
-        _strip_statistics(source, t_off, evidence, inv_tau, terms, has_target, precision, row_stats, col_stats)
+    if (rows or cols) and not source.from_s and similarity_strips(source.dtype, source.d, precision, like):
+        if rows and cols:
+            _strip_statistics(source, t_off, evidence, inv_tau, terms, has_target, precision, row_stats, col_stats)
+        elif rows:
+            _strip_statistics_one_way(source, t_off, evidence, inv_tau, terms, has_target, precision, row_stats)
+        else:
+            _strip_statistics_one_way(source.transposed(), -t_off, evidence, inv_tau, terms, has_target, precision,
+                                      col_stats)
         return row_stats, col_stats
     if rows and cols:
         ns = terms.num_partials() if terms is not None else 1
@@ -505,6 +511,34 @@ def _strip_statistics(source: "_Source", t_off: int, evidence: int, inv_tau: flo
             _launch(kernels.reduce_partials_kernel, (triton_cdiv(rows, STRIP_REDUCE_BLOCK),),
                     strip_partials, programs, row_stats[:, r0:], rows, m, **flags, BLOCK=STRIP_REDUCE_BLOCK,
                     CLEAR=1)
+
+
+def _strip_statistics_one_way(source: "_Source", t_off: int, evidence: int, inv_tau: float, terms: _Terms | None,
+                              has_target: bool, precision: str, own_stats: Tensor) -> None:
+    """The own lines' statistics alone from strips of s (similarity_strips; own line i's target is
+    other line i + t_off; TCL's losses take one direction a model): s[strip] = a[strip]·bᵀ (cuBLAS,
+    as `precision` says, float32 result), then one stats_kernel sweep of it by its rows, which are
+    whole own lines: no partials, every sum in the kernel's order. Extra memory: one strip and its
+    lines' statistics."""
+    a, b = source.a, source.b
+    m, n = source.n_own, source.n_other
+    rows_per_strip = strip_rows(m, n, 4)
+    s = torch.empty((rows_per_strip, n), dtype=torch.float32, device=a.device)
+    # The sweep stores every statistic it computes for every line of the strip and never writes
+    # the others, so one zeroed buffer serves every strip of the same row count; a shorter last
+    # strip's view puts the statistics the sweep skips where others were: zeroed again.
+    lines = torch.zeros((NUM_LINE_STATS * rows_per_strip,), dtype=torch.float64, device=a.device)
+    with _float32_products(a, precision):
+        for r0 in range(0, m, rows_per_strip):
+            rows = min(rows_per_strip, m - r0)
+            if rows < rows_per_strip:
+                lines.zero_()
+            strip, strip_lines = s[:rows], lines[:NUM_LINE_STATS * rows].view(NUM_LINE_STATS, rows)
+            torch.mm(a[r0:r0 + rows], b.t(), out=strip)
+            # row r0 + i's target is column r0 + i + t_off: the strip's row i's
+            _stats_pass(_Source(strip, None), strip_lines, strip_lines, None, t_off + r0, evidence, inv_tau, terms,
+                        has_target, precision)
+            own_stats[:, r0:r0 + rows] = strip_lines
 
 
 # Lines per program of a strip's partial reduction: each program adds up one partial per stats
