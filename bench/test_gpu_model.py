@@ -233,9 +233,15 @@ def test_profile_is_reused_only_when_newer_than_the_sources(tmp_path, monkeypatc
     assert calls == [["--out", str(tmp_path / "static_profile.md")]]
 
 
-def test_triton_forward_pass_count_follows_the_partial_budget():
+def test_triton_forward_pass_count_follows_the_partial_budget(monkeypatch):
     pytest.importorskip("triton")
+    from evidential_ops.triton_backend import launch
+
     profile = fake_profile()
+    # float32 IEEE embeddings take strips of s by default (launch.similarity_strips); the tile
+    # kernels' passes are what a traced graph, or EO_TRITON_IEEE_STRIPS_ABOVE_D beyond D, takes
+    assert gm.predict("triton", "tcl", "ieee", 16384, 1024, H100, profile)["plans"]["forward"]["strips_of_s"]
+    monkeypatch.setattr(launch, "IEEE_SIMILARITY_STRIPS_ABOVE_D", 1 << 30)
     small = gm.predict("triton", "tcl", "ieee", 16384, 1024, H100, profile)
     large = gm.predict("triton", "tcl", "ieee", 65536, 1024, H100, profile)
     assert small["plans"]["forward"]["one_pass"] and not large["plans"]["forward"]["one_pass"]
@@ -247,8 +253,6 @@ def test_triton_forward_pass_count_follows_the_partial_budget():
     # block after the first (5 times, from L2: 21 MiB of them at a time), dy's by each row block
     # after the first (twice, from device memory), G written once.
     import torch
-
-    from evidential_ops.triton_backend import launch
 
     plan = launch.BackwardPlan(16384, 16384, 1024, torch.float32)
     assert small["plans"]["backward"]["kind"] == plan.kind == "blocks"
