@@ -46,6 +46,29 @@ from evidential_ops.benchmark import (
 PRECISIONS = {"ieee": (torch.float32, "ieee"), "tf32": (torch.float32, "tf32"), "bf16": (torch.bfloat16, "ieee")}
 
 
+def write_gpu_records(path: str, records: list[dict]) -> None:
+    """records with the GPU's name and torch's version, as JSON at path: written after every
+    measured step, so that a run stopped at its limit keeps what it measured."""
+    with open(path, "w") as f:
+        json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "records": records}, f,
+                  indent=1)
+
+
+def each_gpu_step(precisions: list[str], cases: list[str], backends: list[str], k: int, d: int, device):
+    """(precision, case, backend, step, inputs) for every combination: a step of
+    evidential_ops.benchmark.step_function, the (K, D) inputs made once a precision (released,
+    with the cache, before the next)."""
+    for precision in precisions:
+        dtype, matmul = PRECISIONS[precision]
+        inputs = list(make_inputs(k, d, dtype=dtype, device=device))
+        for case in cases:
+            for backend in backends:
+                yield precision, case, backend, step_function(backend, LOSS_CASES[case], device=device,
+                                                              precision=matmul), inputs
+        del inputs
+        torch.cuda.empty_cache()
+
+
 def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in str(error).lower()
 

@@ -18,7 +18,6 @@ Prints one table per step (largest kernels first) and writes every number to --o
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -29,9 +28,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-from device_bench import PRECISIONS  # noqa: E402
+from device_bench import PRECISIONS, each_gpu_step, write_gpu_records  # noqa: E402
 
-from evidential_ops.benchmark import LOSS_CASES, make_inputs, step_function, timings  # noqa: E402
+from evidential_ops.benchmark import LOSS_CASES, timings  # noqa: E402
 
 
 def enqueue_ms(step, inputs, repeats: int = 3) -> float:
@@ -81,32 +80,24 @@ def main(argv=None) -> int:
         return 1
     device = torch.device("cuda")
     records = []
-    for precision in args.precisions:
-        dtype, matmul = PRECISIONS[precision]
-        inputs = list(make_inputs(args.k, args.d, dtype=dtype, device=device))
-        for case in args.cases:
-            for backend in args.backends + ["floor"]:
-                step = step_function(backend, LOSS_CASES[case], device=device, precision=matmul)
-                seconds = timings(lambda: step(*inputs), repeats=args.repeats, warmup=1, device=device)
-                step_ms = 1e3 * sorted(seconds)[len(seconds) // 2]
-                enqueue = enqueue_ms(step, inputs)
-                kernels, host_ms = profile_step(step, inputs)
-                kernel_ms = sum(k["ms"] for k in kernels)
-                record = {"backend": backend, "case": case, "precision": precision, "k": args.k, "d": args.d,
-                          "step_ms": step_ms, "enqueue_ms": enqueue, "profiled_host_ms": host_ms, "kernel_ms": kernel_ms,
-                          "launches": sum(k["launches"] for k in kernels), "kernels": kernels}
-                records.append(record)
-                print(f"\n{backend} {case} {precision} K={args.k} D={args.d}: step {step_ms:.2f} ms (events), "
-                      f"kernels {kernel_ms:.2f} ms in {record['launches']} launches, GPU idle "
-                      f"{max(step_ms - kernel_ms, 0.0):.2f} ms; the host returns from the step after {enqueue:.2f} ms "
-                      f"(profiled step {host_ms:.2f} ms)")
-                for k in kernels[:12]:
-                    print(f"  {k['ms']:9.3f} ms {k['launches']:5d}x  {k['name'][:110]}")
-                with open(args.out, "w") as f:  # after every step: a run stopped at its limit keeps them
-                    json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                               "records": records}, f, indent=1)
-        del inputs
-        torch.cuda.empty_cache()
+    for precision, case, backend, step, inputs in each_gpu_step(args.precisions, args.cases, args.backends + ["floor"],
+                                                                args.k, args.d, device):
+        seconds = timings(lambda: step(*inputs), repeats=args.repeats, warmup=1, device=device)
+        step_ms = 1e3 * sorted(seconds)[len(seconds) // 2]
+        enqueue = enqueue_ms(step, inputs)
+        kernels, host_ms = profile_step(step, inputs)
+        kernel_ms = sum(k["ms"] for k in kernels)
+        record = {"backend": backend, "case": case, "precision": precision, "k": args.k, "d": args.d,
+                  "step_ms": step_ms, "enqueue_ms": enqueue, "profiled_host_ms": host_ms, "kernel_ms": kernel_ms,
+                  "launches": sum(k["launches"] for k in kernels), "kernels": kernels}
+        records.append(record)
+        print(f"\n{backend} {case} {precision} K={args.k} D={args.d}: step {step_ms:.2f} ms (events), "
+              f"kernels {kernel_ms:.2f} ms in {record['launches']} launches, GPU idle "
+              f"{max(step_ms - kernel_ms, 0.0):.2f} ms; the host returns from the step after {enqueue:.2f} ms "
+              f"(profiled step {host_ms:.2f} ms)")
+        for k in kernels[:12]:
+            print(f"  {k['ms']:9.3f} ms {k['launches']:5d}x  {k['name'][:110]}")
+        write_gpu_records(args.out, records)
     return 0
 
 

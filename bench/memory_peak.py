@@ -17,7 +17,6 @@ Prints one table per step and writes every group to --out (JSON).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
@@ -27,9 +26,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-from device_bench import PRECISIONS  # noqa: E402
+from device_bench import PRECISIONS, each_gpu_step, write_gpu_records  # noqa: E402
 
-from evidential_ops.benchmark import LOSS_CASES, make_inputs, step_function  # noqa: E402
+from evidential_ops.benchmark import LOSS_CASES  # noqa: E402
 
 MIB = 2**20
 
@@ -106,30 +105,22 @@ def main(argv=None) -> int:
         return 1
     device = torch.device("cuda", torch.cuda.current_device())
     records = []
-    for precision in args.precisions:
-        dtype, matmul = PRECISIONS[precision]
-        inputs = list(make_inputs(args.k, args.d, dtype=dtype, device=device))
+    for precision, case, backend, step, inputs in each_gpu_step(args.precisions, args.cases, args.backends, args.k,
+                                                                args.d, device):
         gradients = 2 * args.k * args.d * inputs[0].element_size()
-        for case in args.cases:
-            for backend in args.backends:
-                step = step_function(backend, LOSS_CASES[case], device=device, precision=matmul)
-                step(*inputs)  # warm-up: kernels compiled, cuBLAS workspaces allocated
-                for t in inputs:  # released before the measured step, as device_bench does
-                    t.grad = None
-                peak, blocks = live_at_peak(traced_step(step, inputs, device))
-                groups = grouped(blocks)
-                record = {"backend": backend, "case": case, "precision": precision, "k": args.k, "d": args.d,
-                          "peak_mib": peak / MIB, "beyond_gradients_mib": (peak - gradients) / MIB, "groups": groups}
-                records.append(record)
-                print(f"\n{backend} {case} {precision} K={args.k} D={args.d}: peak {peak / MIB:.1f} MiB beyond the "
-                      f"step's start, {(peak - gradients) / MIB:.1f} beyond the two gradients; live at the peak:")
-                for g in groups[:16]:
-                    print(f"  {g['bytes'] / MIB:9.2f} MiB {g['blocks']:4d} block(s)  {g['site'][:110]}")
-                with open(args.out, "w") as f:  # after every step: a run stopped at its limit keeps them
-                    json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                               "records": records}, f, indent=1)
-        del inputs
-        torch.cuda.empty_cache()
+        step(*inputs)  # warm-up: kernels compiled, cuBLAS workspaces allocated
+        for t in inputs:  # released before the measured step, as device_bench does
+            t.grad = None
+        peak, blocks = live_at_peak(traced_step(step, inputs, device))
+        groups = grouped(blocks)
+        record = {"backend": backend, "case": case, "precision": precision, "k": args.k, "d": args.d,
+                  "peak_mib": peak / MIB, "beyond_gradients_mib": (peak - gradients) / MIB, "groups": groups}
+        records.append(record)
+        print(f"\n{backend} {case} {precision} K={args.k} D={args.d}: peak {peak / MIB:.1f} MiB beyond the "
+              f"step's start, {(peak - gradients) / MIB:.1f} beyond the two gradients; live at the peak:")
+        for g in groups[:16]:
+            print(f"  {g['bytes'] / MIB:9.2f} MiB {g['blocks']:4d} block(s)  {g['site'][:110]}")
+        write_gpu_records(args.out, records)
     return 0
 
 
