@@ -451,10 +451,10 @@ def similarity_strips(dtype: torch.dtype, d: int, precision: str, like: Tensor |
     2048 elements), ~7 ms on an H100 against 1.1 ms of TF32 product, while a strip of s is written
     and read once, 4 bytes an element (docs/backends.md "How the triton backend works",
     bench/results/gpu_model.md). 16-bit embeddings keep their own tiles: half the bytes, and the
-    element work, not L2, bounds those sweeps. Embeddings only: a given s is its own strip. Eager launches only
-    (`like`, a tensor of the call, not traced): in a traced graph the strips' cuBLAS products would
-    run as torch's TF32 switch says when the graph runs, not as `precision` says, and the tile
-    kernels take it as a compile-time argument."""
+    element work, not L2, bounds those sweeps. Embeddings only: a given s is its own strip. Eager
+    launches only (`like`, a tensor of the call, not traced): in a traced graph the strips' cuBLAS
+    products would run as torch's TF32 switch says when the graph runs, not as `precision` says,
+    and the tile kernels take it as a compile-time argument."""
     if dtype != torch.float32 or (like is not None and _tracing(like)):
         return False
     return d > (SIMILARITY_STRIPS_ABOVE_D if _tf32(dtype, precision) else IEEE_SIMILARITY_STRIPS_ABOVE_D)
@@ -479,12 +479,12 @@ def strip_rows(m: int, n: int, size: int) -> int:
 def _strip_statistics(source: "_Source", t_off: int, evidence: int, inv_tau: float, terms: _Terms | None,
                       has_target: bool, precision: str, row_stats: Tensor, col_stats: Tensor) -> None:
     """Both directions' statistics from strips of s (similarity_strips; row i's target is column
-    i + t_off): s[strip] = a[strip]·bᵀ (cuBLAS, as `precision` says, float32 result), then one stats_kernel sweep
-    of it read by columns. The columns (every other line, N of them: enough programs for every SM)
-    are the own lines, their sums of the strip added to col_stats strip after strip; the strip's
-    rows are the other lines, summed per program into partials that reduce_partials_kernel adds up
-    into row_stats' columns of the strip. Deterministic: every sum in a fixed order. Extra memory:
-    one strip, its partials and the columns' sums of one strip."""
+    i + t_off): s[strip] = a[strip]·bᵀ (cuBLAS, as `precision` says, float32 result), then one
+    stats_kernel sweep of it read by columns. The columns (every other line, N of them: enough
+    programs for every SM) are the own lines, their sums of the strip added to col_stats strip after
+    strip; the strip's rows are the other lines, summed per program into partials that
+    reduce_partials_kernel adds up into row_stats' columns of the strip. Deterministic: every sum in
+    a fixed order. Extra memory: one strip, its partials and the columns' sums of one strip."""
     a, b = source.a, source.b
     m, n = source.n_own, source.n_other
     rows_per_strip = strip_rows(m, n, 4)
