@@ -524,16 +524,12 @@ def _strip_statistics_one_way(source: "_Source", t_off: int, evidence: int, inv_
     m, n = source.n_own, source.n_other
     rows_per_strip = strip_rows(m, n, 4)
     s = torch.empty((rows_per_strip, n), dtype=torch.float32, device=a.device)
-    # The sweep stores every statistic it computes for every line of the strip and never writes
-    # the others, so one zeroed buffer serves every strip of the same row count; a shorter last
-    # strip's view puts the statistics the sweep skips where others were: zeroed again.
-    lines = torch.zeros((NUM_LINE_STATS * rows_per_strip,), dtype=torch.float64, device=a.device)
     with _float32_products(a, precision):
         for r0 in range(0, m, rows_per_strip):
             rows = min(rows_per_strip, m - r0)
-            if rows < rows_per_strip:
-                lines.zero_()
-            strip, strip_lines = s[:rows], lines[:NUM_LINE_STATS * rows].view(NUM_LINE_STATS, rows)
+            strip = s[:rows]
+            # zeros: the sweep leaves the statistics of terms not asked for unwritten
+            strip_lines = torch.zeros((NUM_LINE_STATS, rows), dtype=torch.float64, device=a.device)
             torch.mm(a[r0:r0 + rows], b.t(), out=strip)
             # row r0 + i's target is column r0 + i + t_off: the strip's row i's
             _stats_pass(_Source(strip, None), strip_lines, strip_lines, None, t_off + r0, evidence, inv_tau, terms,
