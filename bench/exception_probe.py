@@ -27,14 +27,14 @@ import shutil
 import subprocess
 import sys
 
-# case -> (work run first in the process, the call that must raise, the error it must raise)
+# case -> (function run first in the process, the one that must raise, the error it must raise)
 CASES = {
-    "cpu op": ("", "cpu_strip()", "ValueError"),
-    "cuda op, fresh process": ("", "cuda_strip()", "ValueError"),
-    "cuda op after cuBLAS, Triton": ("warm()", "cuda_strip()", "ValueError"),
-    "cuda op overflow": ("", "cuda_overflow()", "ValueError"),
-    "libtorch check after cuBLAS, Triton": ("warm()", "torch_check()", "RuntimeError"),
-    "cpu op after cuBLAS, Triton": ("warm()", "cpu_strip()", "ValueError"),
+    "cpu op": ("", "cpu_strip", "ValueError"),
+    "cuda op, fresh process": ("", "cuda_strip", "ValueError"),
+    "cuda op after cuBLAS, Triton": ("warm", "cuda_strip", "ValueError"),
+    "cuda op overflow": ("", "cuda_overflow", "ValueError"),
+    "libtorch check after cuBLAS, Triton": ("warm", "torch_check", "RuntimeError"),
+    "cpu op after cuBLAS, Triton": ("warm", "cpu_strip", "ValueError"),
 }
 
 SCRIPT = r'''
@@ -68,10 +68,10 @@ def warm():  # cuBLAS, our cuda kernels and, where registered, a Triton kernel
             eo.evidential_loss(x.to(cuda), y.to(cuda), backend=backend).item()
 
 if first:
-    eval(first)
+    globals()[first]()
 print("WARMED", flush=True)
 try:
-    eval(call)
+    globals()[call]()
     print("RESULT no error raised")
 except Exception as error:
     print("RESULT", type(error).__name__ + ":", str(error).splitlines()[0][:100])

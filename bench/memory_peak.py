@@ -79,7 +79,7 @@ def grouped(blocks: list[dict]) -> list[dict]:
 
 
 def traced_step(step, inputs, device: torch.device) -> list[dict]:
-    """The allocator's trace of one step on `device` (Python frames)."""
+    """The allocator's trace of one step on `device` (an indexed CUDA device; Python frames)."""
     torch.cuda.synchronize(device)
     torch.cuda.memory._record_memory_history(max_entries=1_000_000, stacks="python")
     try:
@@ -88,7 +88,7 @@ def traced_step(step, inputs, device: torch.device) -> list[dict]:
         snapshot = torch.cuda.memory._snapshot()
     finally:
         torch.cuda.memory._record_memory_history(enabled=None)
-    return snapshot["device_traces"][device.index if device.index is not None else torch.cuda.current_device()]
+    return snapshot["device_traces"][device.index]
 
 
 def main(argv=None) -> int:
