@@ -37,6 +37,9 @@ CASES = {
     "cpu op after cuBLAS, Triton": ("warm", "cpu_strip", "ValueError"),
 }
 
+# cuda-gdb starts Python, torch and CUDA under the debugger: a lease's stage has a minute or two for it.
+GDB_SECONDS = 120
+
 SCRIPT = r'''
 import sys, torch, evidential_ops as eo
 first, call = sys.argv[1], sys.argv[2]
@@ -100,9 +103,14 @@ def main() -> int:
         case = crashed[0]
         first, call, _ = CASES[case]
         print(f"\nnative backtrace of '{case}' (cuda-gdb):")
-        run = subprocess.run([gdb, "-batch", "-ex", "run", "-ex", "bt 40", "--args", sys.executable, "-c", SCRIPT,
-                              first, call], capture_output=True, text=True, timeout=600)
-        print("\n".join(line for line in run.stdout.splitlines() if line.startswith(("#", "Thread", "Program")))[-6000:])
+        try:
+            stdout = subprocess.run([gdb, "-batch", "-ex", "run", "-ex", "bt 40", "--args", sys.executable, "-c",
+                                     SCRIPT, first, call], capture_output=True, text=True, timeout=GDB_SECONDS).stdout
+        except subprocess.TimeoutExpired as expired:  # what it printed by then still shows where it was
+            stdout = expired.stdout.decode(errors="replace") if isinstance(expired.stdout, bytes) else expired.stdout
+            print(f"(cuda-gdb stopped after {GDB_SECONDS} s)")
+        print("\n".join(line for line in (stdout or "").splitlines()
+                        if line.startswith(("#", "Thread", "Program")))[-6000:])
     return 1 if crashed else 0
 
 

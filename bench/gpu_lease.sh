@@ -3,30 +3,35 @@
 # the time left before a deadline, every log packed into one archive after each stage (so a call
 # stopped at its limit still brings back what it measured).
 #
-#   DEADLINE_S=540 OUT=/some/dir bash bench/gpu_lease.sh          # carry: .whl (the peers' wheels)
+#   DEADLINE_S=570 OUT=/some/dir bash bench/gpu_lease.sh          # carry: .whl (the peers' wheels)
 #
 # Order (what the first lease, an H200 on 2026-11-28, left open: bench/results/gpu_h200_first_lease.md):
-# env, build, whether a C++ op's ValueError crashes the process (bench/exception_probe.py: every
-# cuda test expecting one segfaulted its worker), the cuda and triton tests (14 workers: Triton compiles
-# dominate), where each step's time goes kernel by kernel (bench/kernel_times.py), the K = 16384
-# ieee rows (float32 IEEE now takes s from cuBLAS strips on triton), what is live at a K = 65536
-# step's memory peak (bench/memory_peak.py: triton measured 69-71 MiB against 62 modelled), the ceilings
-# (GEMMs of the floor's own shapes), the peers at
-# K = 16384 and 65536 (bench/peer_bench.py: Inf-CL, plain InfoNCE, ours), the sanitizers, the
-# K = 65536 cells the first lease did not reach, Nsight Compute on one triton step, the demo.
+# env and build; then the checks whose results do not depend on timing, side by side: the cuda and
+# triton tests (14 workers: Triton compiles dominate) beside, one after another, whether a C++ op's
+# ValueError crashes the process (bench/exception_probe.py: every cuda test expecting one segfaulted
+# its worker) and the four sanitizers; then the timings, alone on the GPU: the K = 16384 ieee rows
+# (float32 IEEE now takes s from cuBLAS strips on triton), the peers at K = 65536 and 16384
+# (bench/peer_bench.py: Inf-CL, plain InfoNCE, ours), where each step's time goes kernel by kernel
+# (bench/kernel_times.py), what is live at a K = 65536 step's memory peak (bench/memory_peak.py:
+# triton measured 69-71 MiB against 62 modelled), the K = 65536 cells the first lease did not
+# reach, the ceilings (GEMMs of the floor's own shapes), Nsight Compute on one triton step, the demo.
 # The stages are gpu_session.sh's (sourced); wheels under .whl/ are installed first (gpu_session.sh).
 # Writes $OUT/lease.tgz (every log and table) and $OUT/summary.txt.
 set -uo pipefail
 FINAL_OUT="${OUT:-/tmp/gpu_lease}"
 WORK=/tmp/gpu_lease_work
 mkdir -p "$FINAL_OUT" "$WORK"
-DEADLINE=$((SECONDS + ${DEADLINE_S:-540}))
+DEADLINE=$((SECONDS + ${DEADLINE_S:-570}))
 export OUT="$WORK"
 # shellcheck source=bench/gpu_session.sh
 source "$(dirname "$0")/gpu_session.sh"
 
+# Two stages may pack at once (the checks beside the tests): each writes its own part file, and the
+# rename is atomic. tar's exit 1 is a file that changed while it was read (a log still growing).
 pack() {
-  tar -czf "$FINAL_OUT/lease.tgz.part" -C "$WORK" . && mv "$FINAL_OUT/lease.tgz.part" "$FINAL_OUT/lease.tgz"
+  local part="$FINAL_OUT/lease.tgz.$BASHPID.part"
+  tar -czf "$part" -C "$WORK" . 2>/dev/null
+  if (($? <= 1)); then mv "$part" "$FINAL_OUT/lease.tgz"; else rm -f "$part"; fi
   cp "$SUMMARY" "$FINAL_OUT/summary.txt"
 }
 
@@ -53,6 +58,9 @@ run_for() {
   set +m
   wait "$pid"
   local rc=$?
+  # The stage's shell may end at the watcher's SIGTERM while a child that ignores it lives on
+  # (holding the GPU through later stages): the whole group is killed before the watcher is.
+  kill -KILL -- "-$pid" 2>/dev/null
   kill -- "-$watcher" 2>/dev/null
   ((rc == 143 || rc == 137)) && rc=124
   note "$label: exit $rc in $((SECONDS - start)) s$( ((rc == 124)) && echo ' (timed out)')"
@@ -60,19 +68,27 @@ run_for() {
   return $rc
 }
 
+# The checks beside the tests: the exception probe, then each sanitizer under its own cap.
+beside_the_tests() {
+  run_for 100 exceptions stage_exceptions
+  local tool
+  for tool in memcheck racecheck synccheck initcheck; do run_for 40 "sanitize $tool" stage_sanitize "$tool"; done
+}
+
 run_for 30 env stage_env
 run_for 240 build stage_build || { pack; cat "$SUMMARY"; exit 1; }
-run_for 60 exceptions stage_exceptions
-run_for 200 tests stage_test "$ROOT/python_tests/test_cuda_backend.py" "$ROOT/python_tests/test_fused_backends.py" \
+beside_the_tests &
+beside=$!
+run_for 240 tests stage_test "$ROOT/python_tests/test_cuda_backend.py" "$ROOT/python_tests/test_fused_backends.py" \
   "$ROOT/python_tests/test_triton_backend.py" "$ROOT/python_tests/test_fused_infonce.py" -k "cuda or triton"
-run_for 80 "kernel times" stage_kernel_times
+wait "$beside"
 run_for 60 "bench16k ieee" bench bench16k_ieee --sizes 16384 --precisions ieee --impls triton cuda floor --repeats 3
-run_for 60 "memory peak" stage_memory_peak
-run_for 30 ceilings stage_ceilings
 run_for 120 peers stage_peers
-for tool in memcheck racecheck synccheck initcheck; do run_for 30 "sanitize $tool" stage_sanitize "$tool"; done
+run_for 80 "kernel times" stage_kernel_times
+run_for 60 "memory peak" stage_memory_peak
 run_for 120 bench64k bench bench64k --sizes 65536 --precisions tf32 --impls triton cuda floor --repeats 3
-run_for 60 ncu stage_ncu
+run_for 30 ceilings stage_ceilings
+run_for 120 ncu stage_ncu
 run_for 60 demo stage_demo cuda
 pack
 echo

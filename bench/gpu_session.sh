@@ -28,7 +28,8 @@
 #               cuBLAS strips (EO_TRITON_IEEE_STRIPS_ABOVE_D, EO_TRITON_STRIPS_ABOVE_D beyond D):
 #               measures launch.similarity_strips' choice
 #   ncu         Nsight Compute on one triton TCL step, K = 16384, D = 1024 (bench/ncu_step.py), bf16
-#               (tile kernels) and tf32 (strip sweeps): tensor pipe beside issue activity, warp stalls
+#               (tile kernels) and tf32 (strip sweeps), its backward and its forward in separate runs:
+#               tensor pipe beside issue activity, warp stalls
 #   exceptions  bench/exception_probe.py: does a C++ op's ValueError raise, or crash the process
 #   kernel_times  bench/kernel_times.py: each kernel's device time in one step, GPU idle, host time
 #   memory_peak bench/memory_peak.py: what is live at a K = 65536 step's memory peak, by call site
@@ -99,7 +100,9 @@ stage_test() {
   need_build || return 1
   local start=$SECONDS deselect=() plugins=() selection=("$@")
   [[ ${#selection[@]} -eq 0 ]] && selection=("$ROOT/python_tests")
-  for t in "${POISONING[@]}"; do deselect+=(--deselect "$ROOT/python_tests/$t"); done
+  # --deselect matches test ids, which are relative to the rootdir (pyproject.toml's): an absolute
+  # path deselects nothing.
+  for t in "${POISONING[@]}"; do deselect+=(--deselect "python_tests/$t"); done
   # Parallel workers compile the Triton variants side by side; a hung kernel fails its test alone.
   in_out "$PY" -c "import xdist" 2>/dev/null && plugins+=(-n 14)
   in_out "$PY" -c "import pytest_timeout" 2>/dev/null && plugins+=(--timeout 150)
@@ -162,12 +165,17 @@ stage_tiles16k() {
 
 stage_ncu() {
   need_build || return 1
-  local prec
+  local prec part
+  # Hardware counters at the clocks the card runs at (--clock-control none: ncu would otherwise lock
+  # them to base), the profiled window the one part ncu_step.py brackets with cudaProfilerStart/Stop. 4 launches: a
+  # strip's exp-evidence gradient launches twice, one of them exiting at once (launch.py, scaled_p).
   for prec in bf16 tf32; do
-    in_out ncu --nvtx --nvtx-include "step/" --kernel-name regex:'stats_kernel|grad_block_kernel' --launch-count 4 \
-      --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
-      "$PY" "$ROOT/bench/ncu_step.py" --case tcl --precision "$prec" >"$OUT/ncu_$prec.log" 2>&1
-    note "ncu $prec: exit $?"
+    for part in backward forward; do
+      in_out ncu --profile-from-start off --clock-control none --kernel-name regex:'stats_kernel|grad_block_kernel' \
+        --launch-count 4 --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats \
+        "$PY" "$ROOT/bench/ncu_step.py" --case tcl --precision "$prec" --part "$part" >"$OUT/ncu_${prec}_$part.log" 2>&1
+      note "ncu $prec $part: exit $? ($(grep -c 'grad_block_kernel\|stats_kernel' "$OUT/ncu_${prec}_$part.log") kernel lines)"
+    done
   done
 }
 
@@ -216,7 +224,7 @@ stage_memory_peak() {
 
 stage_peers() {
   need_build || return 1
-  in_out "$PY" "$ROOT/bench/peer_bench.py" --sizes 16384 65536 --d 1024 --precisions bf16 tf32 \
+  in_out "$PY" "$ROOT/bench/peer_bench.py" --sizes 65536 16384 --d 1024 --precisions bf16 tf32 \
     --out "$OUT/peers.json" >"$OUT/peers.log" 2>&1
   local rc=$?
   note "peers: $(grep -c ': ' "$OUT/peers.log") cells; $(grep 'K=65536' "$OUT/peers.log" | tr '\n' ';')"
