@@ -20,7 +20,7 @@ import sys
 from . import available_backends, build_info
 from .benchmark import LOSS_CASES, compare, device_name, format_table
 from .pipelines.abstain_cli import add_abstain_subcommand
-from .pipelines.cli import HelpFormatter, add_subcommands
+from .pipelines.cli import HelpFormatter, add_subcommands, at_least, device_option
 
 
 def _bench(args) -> int:
@@ -35,11 +35,11 @@ def main(argv=None) -> int:
                                      formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("bench", formatter_class=HelpFormatter, help="speed of the fused losses against plain PyTorch")
-    p.add_argument("--sizes", type=int, nargs="+", default=[1024], help="batch sizes K")
-    p.add_argument("--dim", type=int, default=512, help="embedding size D")
+    p.add_argument("--sizes", type=at_least(2), nargs="+", default=[1024], help="batch sizes K")
+    p.add_argument("--dim", type=at_least(1), default=512, help="embedding size D")
     p.add_argument("--cases", nargs="+", default=list(LOSS_CASES), choices=list(LOSS_CASES), help="losses to time")
-    p.add_argument("--repeats", type=int, default=3, help="timed rounds per case (the median is reported)")
-    p.add_argument("--device", default="cpu", help="torch device of the inputs")
+    p.add_argument("--repeats", type=at_least(1), default=3, help="timed rounds per case (the median is reported)")
+    p.add_argument("--device", type=device_option, default="cpu", help="torch device of the inputs")
     p.set_defaults(run=_bench)
     add_subcommands(sub)
     add_abstain_subcommand(sub)

@@ -56,8 +56,12 @@ def async_assert_message(message: str, device: torch.device) -> str:
     return data[: CUDA_ASSERT_MESSAGE_BYTES - 3].decode(errors="ignore") + "..."
 
 
-def require(condition: Tensor, message: str) -> None:
-    """Raise ValueError(`message`) unless the 0-D bool tensor `condition` holds; an asynchronous
+class NonFiniteError(ValueError):
+    """A tensor that must be finite holds NaN or Inf (check_finite=True)."""
+
+
+def require(condition: Tensor, message: str, error: type[ValueError] = ValueError) -> None:
+    """Raise `error`(`message`) unless the 0-D bool tensor `condition` holds; an asynchronous
     assert where values cannot be read (see the module docstring; on CUDA its message is cut to
     what a device-side assert carries, `async_assert_message`)."""
     if condition.device.type == "meta":
@@ -65,11 +69,12 @@ def require(condition: Tensor, message: str) -> None:
     if values_unreadable(condition):
         torch._assert_async(condition, async_assert_message(message, condition.device))
     elif not bool(condition):
-        raise ValueError(message)
+        raise error(message)
 
 
 def require_finite(t: Tensor, name: str) -> None:
-    require(torch.isfinite(t).all(), f"{name} contains NaN or Inf (pass check_finite=False to skip this check)")
+    require(torch.isfinite(t).all(), f"{name} contains NaN or Inf (pass check_finite=False to skip this check)",
+            NonFiniteError)
 
 
 def real_number(

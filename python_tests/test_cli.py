@@ -118,10 +118,103 @@ def test_bad_command_lines(tmp_path):
         main(["demo", "--method", "clip", "--out", str(tmp_path)])
     with pytest.raises(SystemExit):
         main(["train", "--method", "tcl", "--epochs", "0"])
-    with pytest.raises(FileNotFoundError, match="does not exist"):
-        main(["eval", "--checkpoint", str(tmp_path / "missing.pt")])
-    with pytest.raises(FileNotFoundError):
-        main(["train", "--method", "tcl", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path)])
+
+
+# Values argparse itself refuses (exit status 2, the option named) before any data is built.
+REFUSED_AT_PARSE = [
+    (["train", "--method", "tcl", "--batch-size", "1"], "--batch-size: must be >= 2"),
+    (["demo", "--method", "tcl", "--bench-size", "1"], "--bench-size: must be >= 2"),
+    (["train", "--method", "tcl", "--n-train", "1"], "--n-train: must be >= 2"),
+    (["train", "--method", "tcl", "--n-test", "1"], "--n-test: must be >= 2"),
+    (["train", "--method", "tcl", "--n-ood", "-5"], "--n-ood: must be >= 0"),
+    (["train", "--method", "tcl", "--seed", "-3"], "--seed: must be >= 0"),
+    (["train", "--method", "tcl", "--device", "bogus"], "--device: not a torch device"),
+    (["bench", "--repeats", "0"], "--repeats: must be >= 1"),
+    (["bench", "--sizes", "1"], "--sizes: must be >= 2"),
+    (["bench", "--dim", "0"], "--dim: must be >= 1"),
+    (["abstain", "--checkpoint", "c.pt", "--score", "u", "--seed", "-1"], "--seed: must be >= 0"),
+]
+
+
+@pytest.mark.parametrize("argv, message", REFUSED_AT_PARSE, ids=[m.split(":")[0] for _, m in REFUSED_AT_PARSE])
+def test_values_refused_when_parsed(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_device_this_torch_lacks_is_refused_when_parsed(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this torch has a CUDA device")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["train", "--method", "tcl", "--device", "cuda"])
+    assert exit_info.value.code == 2
+    assert "--device: 'cuda' is not available here" in capsys.readouterr().err
+
+
+def test_files_and_data_that_cannot_be_used_are_one_line(tmp_path):
+    """A missing or foreign checkpoint or data directory: SystemExit with the option and the path,
+    not a traceback."""
+    foreign = tmp_path / "notes.txt"
+    foreign.write_text("not a checkpoint")
+    cases = [
+        (["eval", "--checkpoint", str(tmp_path / "missing.pt")], "--checkpoint: checkpoint .*missing.pt does not exist"),
+        (["eval", "--checkpoint", str(foreign)], "--checkpoint: .*notes.txt is not an evidential_ops checkpoint"),
+        (["train", "--method", "tcl", "--resume", str(tmp_path / "missing.pt"), "--out", str(tmp_path), *TINY],
+         "--resume: .*missing.pt does not exist"),
+        (["train", "--method", "tcl", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path)],
+         "--data: .*nowhere is not a directory"),
+        (["train", "--method", "uml", "--data", str(tmp_path), "--out", str(tmp_path)], "needs --alt-language"),
+    ]
+    for argv, message in cases:
+        with pytest.raises(SystemExit, match=message):
+            main(argv)
+
+
+def test_precomputed_data_that_does_not_match_its_options_is_one_line(tmp_path):
+    from models_fixtures import tiny_bench
+
+    from evidential_ops.data import save_precomputed
+
+    save_precomputed(tiny_bench(), tmp_path / "data")
+    with pytest.raises(SystemExit, match=r"data .*data: train_caps.txt has \d+ captions"):
+        main(["train", "--method", "tcl", "--data", str(tmp_path / "data"), "--captions-per-image", "3",
+              "--out", str(tmp_path / "run"), "--epochs", "1", "--batch-size", "16", "--quiet"])
+
+
+@pytest.mark.parametrize("method", ["tcl", "fume"])
+def test_a_diverging_learning_rate_names_the_step_and_the_option(method, tmp_path):
+    with pytest.raises(SystemExit, match=r"training diverged at epoch 1, batch \d+: .* learning rate 1e\+30.*--lr"):
+        main(["train", "--method", method, "--out", str(tmp_path), *TINY, "--lr", "1e30"])
+
+
+def test_data_holding_nan_is_not_called_a_divergence():
+    """fit tells the model's fault (finite batch) from the data's (NaN in the batch)."""
+    import torch
+
+    from evidential_ops.checks import NonFiniteError
+    from evidential_ops.pipelines.training import TrainingDiverged, fit
+
+    class Refusing(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(1))
+
+        def training_step(self, batch, epoch, optimizer):
+            raise NonFiniteError("x contains NaN or Inf")
+
+    class OneEpoch:
+        def set_epoch(self, epoch):
+            pass
+
+    optimizer = torch.optim.Adam(Refusing().parameters())
+    for features, expected in ((torch.tensor([float("nan")]), NonFiniteError), (torch.ones(1), TrainingDiverged)):
+        with pytest.raises(expected) as raised:
+            fit(Refusing(), OneEpoch(), [{"features": features}], optimizer, epochs=1)
+        assert (type(raised.value) is TrainingDiverged) == (expected is TrainingDiverged)
 
 
 @pytest.mark.parametrize("command", ["train", "eval", "demo", "bench"])
@@ -223,6 +316,31 @@ def test_evidence_and_tau_options_reach_the_model(tmp_path):
     assert recipe["model"]["evidence"] == "exp" and recipe["model"]["tau"] == 0.1
     with pytest.raises(SystemExit, match="apply to tcl, tcvse, uml"):
         main(["train", "--method", "duq", "--out", str(tmp_path), "--evidence", "exp", *TINY])
+
+
+@pytest.mark.parametrize("method, evidence", [("tcl", "exp_tanh"), ("tcvse", "softplus"), ("tcvse", "exp_tanh")])
+def test_evidence_a_method_does_not_take_is_refused_before_training(method, evidence, tmp_path):
+    with pytest.raises(SystemExit, match=f"--evidence {evidence}: {method} takes exp, relu"):
+        main(["train", "--method", method, "--out", str(tmp_path), "--evidence", evidence, *TINY])
+    assert not any(tmp_path.iterdir())
+
+
+def test_method_all_gives_evidence_and_tau_to_the_methods_that_take_them():
+    from evidential_ops.pipelines.cli import _recipe
+    from evidential_ops.pipelines.recipes import METHODS, get_recipe
+
+    class Args:
+        epochs = batch_size = lr = embed_dim = encoder_chunk = data = alt_language = None
+        evidence, tau = "relu", 0.2
+
+    recipes = {method: _recipe(Args, method, every_method=True) for method in METHODS}
+    for method in ("tcl", "tcvse", "uml"):
+        assert recipes[method].model["evidence"] == "relu" and recipes[method].model["tau"] == 0.2
+    for method in ("fume", "duq"):
+        assert recipes[method] == get_recipe(method)
+    Args.evidence = "softplus"  # TcVSE takes exp or relu: one method refusing refuses the run
+    with pytest.raises(SystemExit, match="--evidence softplus: tcvse takes exp, relu"):
+        [_recipe(Args, method, every_method=True) for method in METHODS]
 
 
 def test_auroc_by_hand():

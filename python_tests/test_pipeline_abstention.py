@@ -88,7 +88,7 @@ def test_abstain_subcommand_calibrates_and_answers(tmp_path, capsys):
     assert result["calibration"]["n_calibration"] == 150 and result["ood"]["n_queries"] == 30
     assert main(["abstain", "--checkpoint", str(tmp_path / "checkpoint.pt"), "--score", "neg_top_probability",
                  "--baseline", "--out", str(tmp_path)]) == 0
-    with pytest.raises(ValueError, match="not one of tcl's t2i scores"):
+    with pytest.raises(SystemExit, match="abstain: score 'nope' is not one of tcl's t2i scores"):
         main(["abstain", "--checkpoint", str(tmp_path / "checkpoint.pt"), "--score", "nope"])
     with pytest.raises(SystemExit):
         main(["abstain", "--checkpoint", str(tmp_path / "checkpoint.pt"), "--score", "u", "--alpha", "1.5"])

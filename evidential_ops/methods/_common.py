@@ -13,6 +13,7 @@ import math
 import torch
 from torch import Tensor
 
+from .. import checks
 from ..checks import positive_number, same_kind
 
 METHOD_DTYPES = (torch.float32, torch.float64)
@@ -32,7 +33,7 @@ def float_tensor(t, name: str, *, dim: int, check_finite: bool) -> Tensor:
     if any(size == 0 for size in t.shape):
         raise ValueError(f"{name} has an empty dimension: shape {tuple(t.shape)}")
     if check_finite and not bool(torch.isfinite(t).all()):
-        raise ValueError(f"{name} contains NaN or Inf (pass check_finite=False to skip this check)")
+        raise checks.NonFiniteError(f"{name} contains NaN or Inf (pass check_finite=False to skip this check)")
     return t
 
 

@@ -139,6 +139,8 @@ class TCL(nn.Module):
         backend: backend of the fused evidential ops ("auto": the C++ kernel on CPU).
     """
 
+    EVIDENCE_KINDS = ("exp", "relu", "softplus")  # TCL eq. 3
+
     def __init__(self, model_a: DualEncoder, model_b: DualEncoder, *, evidence: str = "exp",
                  tau: float = DEFAULT_TAU, t_max: int = DEFAULT_T_MAX, bert: bool = False,
                  consistency_start_epoch: int = 1, grad_clip: float | None = 2.0, backend: str = "auto"):
@@ -149,8 +151,9 @@ class TCL(nn.Module):
         self.model_a = model_a
         self.model_b = model_b
         self.evidence = checks.evidence_kind(evidence)
-        if self.evidence == "exp_tanh":
-            raise ValueError("evidence must be 'exp', 'relu' or 'softplus' for TCL (eq. 3), got 'exp_tanh'")
+        if self.evidence not in self.EVIDENCE_KINDS:
+            raise ValueError(f"evidence must be one of {self.EVIDENCE_KINDS} for {type(self).__name__}, "
+                             f"got {self.evidence!r}")
         self.tau = checks.tau_value(tau)
         self.t_max = checks.integer(t_max, "t_max", minimum=0)
         self.bert = checks.flag(bert, "bert")

@@ -51,11 +51,11 @@ class TcVSE(TCL):
             the `vocab_size` of branch A's text encoder (required with augment if it has none).
     """
 
+    EVIDENCE_KINDS = ("exp", "relu")  # TcVSE eq. 2
+
     def __init__(self, model_a: DualEncoder, model_b: DualEncoder, *, evidence: str = "exp", augment: bool = True,
                  region_drop: float = DEFAULT_REGION_DROP, word_rate: float = DEFAULT_WORD_RATE,
                  vocab_size: int | None = None, **kwargs):
-        if evidence not in ("exp", "relu"):
-            raise ValueError(f"evidence must be 'exp' or 'relu' for TcVSE (eq. 2), got {evidence!r}")
         super().__init__(model_a, model_b, evidence=evidence, **kwargs)
         self.augment = checks.flag(augment, "augment")
         self.region_drop = checks.real_number(region_drop, "region_drop", minimum=0.0, maximum=0.99)

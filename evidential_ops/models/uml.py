@@ -26,6 +26,7 @@ import torch
 from torch import Tensor, nn
 
 from .. import checks
+from ..config import EVIDENCE_KINDS
 from ..backends import check_name
 from ..data.types import CrossModalSplit
 from ..losses import evidential_loss
@@ -97,6 +98,7 @@ class UML(ChunkedEncoding, nn.Module):
     """
 
     _CHUNKED_ENCODERS = ("visual_encoder", "english_encoder", "other_encoder")
+    EVIDENCE_KINDS = EVIDENCE_KINDS  # any map of SPEC §1 (eq. 1 uses exp_tanh)
 
     def __init__(self, visual_encoder: nn.Module, english_encoder: nn.Module, other_encoder: nn.Module, *,
                  total_epochs: int, evidence: str = DEFAULT_EVIDENCE, tau: float = DEFAULT_TAU,

@@ -21,12 +21,12 @@ import torch
 from .. import risk_control
 from .analysis import jsonable
 from .baseline import infonce_baseline
-from .cli import HelpFormatter
+from .cli import HelpFormatter, at_least, device_option, refused_inputs
 from .distributed import refuse_torchrun
 from .quality import DIRECTIONS, quality_of
 from .recipes import Recipe
-from .runner import _build, load_data
-from .training import load_checkpoint
+from .runner import DataError, _build, load_data
+from .training import CheckpointError, load_checkpoint
 
 __all__ = ["add_abstain_subcommand", "calibrate_checkpoint"]
 
@@ -115,9 +115,15 @@ def calibrate_checkpoint(checkpoint, *, score: str, direction: str, alpha: float
 
 def _run(args) -> int:
     refuse_torchrun("abstain")
-    result = calibrate_checkpoint(args.checkpoint, score=args.score, direction=args.direction, alpha=args.alpha,
-                                  delta=args.delta, calibration_share=args.calibration_share, seed=args.seed,
-                                  baseline=args.baseline, device=args.device)
+    with refused_inputs("--checkpoint"):
+        try:
+            result = calibrate_checkpoint(args.checkpoint, score=args.score, direction=args.direction,
+                                          alpha=args.alpha, delta=args.delta, calibration_share=args.calibration_share,
+                                          seed=args.seed, baseline=args.baseline, device=args.device)
+        except ValueError as error:  # an unknown score, too few queries to calibrate on (its docstring)
+            if isinstance(error, (CheckpointError, DataError)):
+                raise
+            raise SystemExit(f"abstain: {error}") from None
     out = Path(args.out or Path(args.checkpoint).parent)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"abstain_{args.direction}_{args.score}{'_infonce' if args.baseline else ''}.json"
@@ -155,8 +161,8 @@ def add_abstain_subcommand(sub) -> None:
                    help="allowed probability that the guarantee fails")
     p.add_argument("--calibration-share", type=_probability, default=0.5,
                    help="share of the test queries that calibrates; the rest are answered")
-    p.add_argument("--seed", type=int, default=0, help="seed of the calibration split")
+    p.add_argument("--seed", type=at_least(0), default=0, help="seed of the calibration split")
     p.add_argument("--baseline", action="store_true", help="calibrate the checkpoint's InfoNCE baseline instead")
     p.add_argument("--out", default=None, help="output directory (default: next to the checkpoint)")
-    p.add_argument("--device", default="cpu", help="torch device of the model")
+    p.add_argument("--device", type=device_option, default="cpu", help="torch device of the model")
     p.set_defaults(run=_run)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import inspect
 import json
 import os
@@ -18,6 +19,7 @@ from .distributed import launched_by_torchrun, refuse_torchrun, run_training_dis
 from .recipes import AUTO_CHUNK_ABOVE, AUTO_ENCODER_CHUNK, EVIDENTIAL_OPINION_METHODS, METHODS, get_recipe
 from .runner import (
     PLOTS_HINT,
+    DataError,
     DataSource,
     ResumeError,
     plots_available,
@@ -26,8 +28,9 @@ from .runner import (
     run_evaluation,
     run_training,
 )
+from .training import CheckpointError, TrainingDiverged
 
-__all__ = ["HelpFormatter", "add_subcommands"]
+__all__ = ["HelpFormatter", "add_subcommands", "at_least", "device_option", "refused_inputs"]
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -87,11 +90,37 @@ def _data_defaults(name: str) -> str:
     return _per_method({method: get_recipe(method).data.get(name, _SYNTHETIC_DEFAULTS[name]) for method in METHODS})
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+def at_least(minimum: int, why: str = ""):
+    """An argparse type: an int >= minimum (`why` follows the error when given)."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}{why}, got {value}")
+        return value
+    parse.__name__ = "int"  # argparse names the type in "invalid int value"
+    return parse
+
+
+_positive_int = at_least(1)
+# Every method's loss contrasts each sample with the others of its batch (SPEC §2: K >= 2).
+_batch_size = at_least(2, " (a batch contrasts each pair with the others)")
+
+
+def device_option(text: str) -> str:
+    """An argparse type: a torch device this machine has (e.g. cpu, cuda, cuda:1), refused at
+    parse time instead of after the data is built."""
+    import torch
+
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        raise argparse.ArgumentTypeError(f"not a torch device: {text!r} (e.g. cpu, cuda, cuda:0)") from None
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as error:  # a CPU-only torch asserts on cuda
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise argparse.ArgumentTypeError(f"{text!r} is not available here: {reason}") from None
+    return text
 
 
 def _encoder_chunk(text: str) -> int | str:
@@ -118,10 +147,10 @@ def _training_options(p: argparse.ArgumentParser, *, allow_all: bool) -> None:
     p.add_argument("--out", default=None,
                    help="output directory (default: runs/<method>" + ("; with --method all, runs/demo)"
                                                                      if allow_all else ")"))
-    p.add_argument("--seed", type=int, default=0, help="seed of the data, the initial weights and the batches")
+    p.add_argument("--seed", type=at_least(0), default=0, help="seed of the data, the initial weights and the batches")
     p.add_argument("--epochs", type=_positive_int, default=None,
                    help=f"training epochs (default: the method's, {_recipe_defaults('epochs')})")
-    p.add_argument("--batch-size", type=_positive_int, default=None,
+    p.add_argument("--batch-size", type=_batch_size, default=None,
                    help=f"batch size K (default: the method's, {_recipe_defaults('batch_size')})")
     p.add_argument("--lr", type=_positive_float, default=None,
                    help=f"Adam learning rate (default: the method's, {_recipe_defaults('lr')})")
@@ -136,9 +165,11 @@ def _training_options(p: argparse.ArgumentParser, *, allow_all: bool) -> None:
                    help="with --data: read {split}_caps_LANG.txt (UML; default: no second language)")
     for name, what in (("n-train", "training"), ("n-val", "validation"), ("n-test", "test")):
         default = _data_defaults(name.replace("-", "_"))
-        p.add_argument(f"--{name}", type=_positive_int, default=None,
-                       help=f"built-in data: number of {what} samples (default: {default})")
-    p.add_argument("--n-ood", type=int, default=None,
+        p.add_argument(f"--{name}", type=at_least(2), default=None,
+                       help=f"built-in data: number of {what} samples (default: {default})"
+                       + ("; generated with the data, read by no pipeline: none selects a model on it"
+                          if name == "n-val" else ""))
+    p.add_argument("--n-ood", type=at_least(0), default=None,
                    help=f"built-in data: out-of-distribution samples, 0 for none (default: {_data_defaults('n_ood')})")
     p.add_argument("--evidence", default=None, choices=EVIDENCE_KINDS,
                    help="evidence map of the method's opinions (tcl, tcvse, uml; e.g. UML with exp evidence frees "
@@ -150,30 +181,55 @@ def _training_options(p: argparse.ArgumentParser, *, allow_all: bool) -> None:
                         "is that of N samples instead of the batch's, for one more encoder forward per update "
                         f"(0: never; default auto: chunks of {AUTO_ENCODER_CHUNK} above batch size "
                         f"{AUTO_CHUNK_ABOVE})")
-    p.add_argument("--device", default="cpu", help="torch device of the model")
+    p.add_argument("--device", type=device_option, default="cpu", help="torch device of the model")
     p.add_argument("--quiet", action="store_true",
                    help="no progress output (bars on a terminal, one line per epoch otherwise)")
 
 
 def _source(args, recipe, seed: int) -> DataSource:
     if args.data is not None:
+        if not Path(args.data).is_dir():
+            raise SystemExit(f"--data: {args.data} is not a directory")
         return DataSource.precomputed(args.data, captions_per_image=args.captions_per_image,
                                       alt_language=args.alt_language)
     return DataSource.synthetic(recipe, seed=seed, n_train=args.n_train, n_val=args.n_val, n_test=args.n_test,
                                 n_ood=args.n_ood)
 
 
-def _recipe(args, method: str):
+def _recipe(args, method: str, *, every_method: bool = False):
+    """The recipe of `method` with the command line's overrides. every_method (--method all):
+    --evidence/--tau go to the methods with evidential opinions and the others keep their own,
+    where for one method alone they are an error."""
     recipe = get_recipe(method).with_overrides(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
                                                embed_dim=args.embed_dim)
     if args.encoder_chunk is not None:
         recipe = replace(recipe, encoder_chunk=None if args.encoder_chunk == 0 else args.encoder_chunk)
+    if method == "uml" and args.data is not None and args.alt_language is None:
+        raise SystemExit("--method uml with --data needs --alt-language LANG: UML learns from captions in a second "
+                         "language ({split}_caps_LANG.txt)")
     opinion = {k: v for k, v in (("evidence", args.evidence), ("tau", args.tau)) if v is not None}
     if opinion:
         if method not in EVIDENTIAL_OPINION_METHODS:
+            if every_method:
+                return recipe
             raise SystemExit(f"--evidence/--tau apply to {', '.join(EVIDENTIAL_OPINION_METHODS)}, not {method}")
+        kinds = _OPINION_MODELS[method].EVIDENCE_KINDS
+        if args.evidence is not None and args.evidence not in kinds:
+            raise SystemExit(f"--evidence {args.evidence}: {method} takes {', '.join(kinds)}")
         recipe = recipe.with_model_options(**opinion)
     return recipe
+
+
+@contextlib.contextmanager
+def refused_inputs(option: str | None = None):
+    """What the user gave that the run cannot use (a checkpoint or data file, a learning rate that
+    diverges) as one line naming it and exit status 1, not a traceback."""
+    try:
+        yield
+    except (FileNotFoundError, CheckpointError, DataError) as error:
+        raise SystemExit(f"{option + ': ' if option else ''}{error}") from None
+    except TrainingDiverged as error:
+        raise SystemExit(f"{error} (--lr)") from None
 
 
 def _plots() -> bool:
@@ -191,21 +247,25 @@ def _wrote(*paths, plots: bool) -> str:
 def _train(args) -> int:
     out = Path(args.out or os.path.join("runs", args.method))
     recipe = _recipe(args, args.method)
+    if args.resume is not None and not Path(args.resume).is_file():
+        raise SystemExit(f"--resume: {args.resume} does not exist")
     plots = _plots()
     if launched_by_torchrun():  # data-parallel, global-batch loss; rank 0 writes (pipelines/distributed.py)
         if args.baseline:
             raise SystemExit("--baseline is not available under torchrun: train the InfoNCE baseline in one process")
         if args.resume is not None:
             raise SystemExit("--resume is not available under torchrun: a data-parallel run is trained in one go")
-        metrics = run_training_distributed(args.method, recipe, _source(args, recipe, args.seed), out,
-                                           seed=args.seed, quiet=args.quiet, device=args.device, plots=plots)
+        with refused_inputs():
+            metrics = run_training_distributed(args.method, recipe, _source(args, recipe, args.seed), out,
+                                               seed=args.seed, quiet=args.quiet, device=args.device, plots=plots)
         if metrics is None:
             return 0
     else:
         try:
-            metrics = run_training(args.method, recipe, _source(args, recipe, args.seed), out, seed=args.seed,
-                                   quiet=args.quiet, device=args.device, baseline=args.baseline, plots=plots,
-                                   resume=args.resume)
+            with refused_inputs():
+                metrics = run_training(args.method, recipe, _source(args, recipe, args.seed), out, seed=args.seed,
+                                       quiet=args.quiet, device=args.device, baseline=args.baseline, plots=plots,
+                                       resume=args.resume)
         except ResumeError as error:
             raise SystemExit(f"--resume: {error}") from None
     print(report(metrics))
@@ -217,7 +277,8 @@ def _eval(args) -> int:
     refuse_torchrun("eval")
     out = Path(args.out or Path(args.checkpoint).parent / "eval")
     plots = _plots()
-    metrics = run_evaluation(args.checkpoint, out, device=args.device, plots=plots)
+    with refused_inputs("--checkpoint"):
+        metrics = run_evaluation(args.checkpoint, out, device=args.device, plots=plots)
     print(report(metrics))
     print(_wrote(out / "metrics.json", plots=plots))
     return 0
@@ -228,14 +289,20 @@ def _demo(args) -> int:
     methods = METHODS if args.method == "all" else (args.method,)
     root = Path(args.out or os.path.join("runs", "demo" if args.method == "all" else args.method))
     bench_k = None if args.no_bench else args.bench_size
-    recipes = {method: _recipe(args, method) for method in methods}  # bad options fail before training
+    # Bad options fail before any training.
+    recipes = {method: _recipe(args, method, every_method=args.method == "all") for method in methods}
+    if args.method == "all" and (args.evidence is not None or args.tau is not None):
+        print(f"--evidence/--tau apply to {', '.join(EVIDENTIAL_OPINION_METHODS)}; the others keep their own",
+              flush=True)
     plots = _plots()
     summary = {}
     for method in methods:
         out = root / method if args.method == "all" else root
         recipe = recipes[method]
-        metrics = run_demo(method, recipe, _source(args, recipe, args.seed), out, seed=args.seed, quiet=args.quiet,
-                           device=args.device, bench_k=bench_k, baseline=not args.no_baseline, plots=plots)
+        with refused_inputs():
+            metrics = run_demo(method, recipe, _source(args, recipe, args.seed), out, seed=args.seed,
+                               quiet=args.quiet, device=args.device, bench_k=bench_k,
+                               baseline=not args.no_baseline, plots=plots)
         summary[method] = {"rsum": metrics["rsum"], "done_when": metrics["done_when"],
                            "seconds": metrics["total_seconds"]}
         print(_wrote(out / "metrics.json", plots=plots) + "\n")
@@ -264,7 +331,7 @@ def add_subcommands(sub) -> None:
     p = sub.add_parser("eval", formatter_class=HelpFormatter, help="evaluate a checkpoint on its data's test split")
     p.add_argument("--checkpoint", required=True, help="checkpoint.pt written by train or demo")
     p.add_argument("--out", default=None, help="output directory (default: next to the checkpoint, eval/)")
-    p.add_argument("--device", default="cpu", help="torch device of the model")
+    p.add_argument("--device", type=device_option, default="cpu", help="torch device of the model")
     p.add_argument("--quiet", action="store_true", help="accepted for symmetry; eval shows no bars")
     p.set_defaults(run=_eval)
 
@@ -272,7 +339,7 @@ def add_subcommands(sub) -> None:
                        help="the README's main job: train on the built-in data with the fused loss, evaluate, plot, "
                             "and time the fused loss against plain PyTorch")
     _training_options(p, allow_all=True)
-    p.add_argument("--bench-size", type=_positive_int, default=1024, help="K of the speed comparison")
+    p.add_argument("--bench-size", type=_batch_size, default=1024, help="K of the speed comparison")
     p.add_argument("--no-bench", action="store_true", help="skip the speed comparison")
     p.add_argument("--no-baseline", action="store_true",
                    help="skip the same-encoder InfoNCE baseline (and the checks against it)")

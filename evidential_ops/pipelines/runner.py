@@ -51,7 +51,7 @@ from .training import (
     save_checkpoint,
 )
 
-__all__ = ["PLOT_FILES", "DataSource", "ResumeError", "load_data", "plots_available", "resume_state", "run_demo",
+__all__ = ["PLOT_FILES", "DataError", "DataSource", "ResumeError", "load_data", "plots_available", "resume_state", "run_demo",
            "run_evaluation", "run_training", "speed"]
 
 # One file name per kind of plot, whatever the method, so that a script (or a person) comparing
@@ -97,15 +97,24 @@ class DataSource(dict):
                    alt_language=alt_language)
 
 
+class DataError(ValueError):
+    """Precomputed data that cannot be read as its `DataSource` describes it (a missing file, a
+    caption count that does not divide, features of the wrong shape)."""
+
+
 def load_data(source: dict) -> CrossModalBenchmark:
-    """The benchmark a `DataSource` describes (regenerated bit-identically for synthetic data)."""
+    """The benchmark a `DataSource` describes (regenerated bit-identically for synthetic data);
+    DataError where precomputed data cannot be read."""
     kind = source.get("kind")
     if kind == "synthetic":
         names = {f.name for f in fields(SyntheticConfig)}
         return make_synthetic_benchmark(**{k: v for k, v in source["config"].items() if k in names})
     if kind == "precomputed":
-        return load_precomputed(source["root"], captions_per_image=source["captions_per_image"],
-                                alt_language=source["alt_language"])
+        try:
+            return load_precomputed(source["root"], captions_per_image=source["captions_per_image"],
+                                    alt_language=source["alt_language"])
+        except (OSError, ValueError) as error:
+            raise DataError(f"data {source['root']}: {error}") from error
     raise ValueError(f"data source kind must be 'synthetic' or 'precomputed', got {kind!r}")
 
 
@@ -167,7 +176,8 @@ def _evaluate(method: str, model, bench: CrossModalBenchmark, recipe: Recipe, *,
     """Metrics, checks and plot data of a trained model (and of its trained InfoNCE baseline)."""
     audit_batches = None
     if method == "uml":
-        # The audit re-draws the training batches as in training (same batch size and seed).
+        # The audit judges the training pairs batch by batch as training does: batches of the
+        # training batch size, shuffled with another seed than training's.
         _, audit_batches = make_loader(bench.train, batch_size=recipe.batch_size, languages=recipe.languages,
                                        seed=seed + 1)
     start = time.perf_counter()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import random
 import sys
 import time
@@ -23,10 +24,48 @@ from .. import checks
 from ..data import CrossModalPairs, collate_pairs
 from ..data.types import CrossModalSplit
 
-__all__ = ["CHECKPOINT_FORMAT", "epoch_line", "epoch_lines_enabled", "fit", "load_checkpoint", "loss_parts_text",
-           "make_loader", "print_line", "progress_enabled", "restore_rng_state", "rng_state", "save_checkpoint"]
+__all__ = ["CHECKPOINT_FORMAT", "CheckpointError", "TrainingDiverged", "epoch_line", "epoch_lines_enabled", "fit",
+           "load_checkpoint", "loss_parts_text", "make_loader", "print_line", "progress_enabled", "restore_rng_state",
+           "rng_state", "save_checkpoint"]
 
 CHECKPOINT_FORMAT = 1
+
+
+class CheckpointError(ValueError):
+    """A file that is not a checkpoint `save_checkpoint` wrote."""
+
+
+class TrainingDiverged(ValueError):
+    """Training left the finite numbers on finite data (a learning rate too large)."""
+
+
+def _non_finite_parameters(model: nn.Module) -> list[str]:
+    return [name for name, p in model.named_parameters() if not bool(torch.isfinite(p.detach()).all())]
+
+
+def _finite_batch(batch) -> bool:
+    """Whether every floating tensor of a batch (a dict, list or tuple of them) is finite."""
+    if isinstance(batch, torch.Tensor):
+        return not batch.is_floating_point() or bool(torch.isfinite(batch).all())
+    if isinstance(batch, dict):
+        return all(_finite_batch(v) for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        return all(_finite_batch(v) for v in batch)
+    return True
+
+
+def _diverged(model: nn.Module, batch, epoch: int, index: int, lr: float) -> TrainingDiverged | None:
+    """The error to raise after a step whose loss was NaN/Inf or whose model outputs were refused
+    as such: a divergence where parameters are no longer finite, or where the batch is finite but
+    what the model made of it is not; None where the batch itself holds NaN or Inf (the data's
+    fault). Read only after such a step: no host sync in a healthy one."""
+    bad = _non_finite_parameters(model)
+    if not bad and not _finite_batch(batch):
+        return None
+    what = (f"{len(bad)} parameter tensors hold NaN or Inf ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})"
+            if bad else "the model's outputs on a finite batch overflowed to NaN or Inf")
+    return TrainingDiverged(f"training diverged at epoch {epoch + 1}, batch {index + 1}: {what}, at learning rate "
+                            f"{lr:g}; train again with a smaller one")
 
 
 def progress_enabled(quiet: bool) -> bool:
@@ -124,6 +163,10 @@ def fit(model: nn.Module, dataset: CrossModalPairs, loader: DataLoader, optimize
     TensorBoard: docs/training.md). step counts the batches trained from epoch 0 on, this one
     included (epoch·len(loader) + i + 1, so a resumed run goes on counting where it stopped);
     epoch is 0-based; lr is the first parameter group's learning rate for this update.
+
+    Raises TrainingDiverged, naming the step and the learning rate, when a step's loss is NaN/Inf
+    or refuses the model's outputs as such (checks.NonFiniteError) while the batch is finite, or
+    its parameters are not.
     """
     epochs = checks.integer(epochs, "epochs", minimum=1)
     start_epoch = checks.integer(start_epoch, "start_epoch", minimum=0)
@@ -138,7 +181,17 @@ def fit(model: nn.Module, dataset: CrossModalPairs, loader: DataLoader, optimize
             logs = []
             for index, batch in enumerate(loader):
                 lr = _learning_rate(optimizer)
-                logs.append(model.training_step(batch, epoch, optimizer))
+                try:
+                    logs.append(model.training_step(batch, epoch, optimizer))
+                except checks.NonFiniteError as error:  # the loss refused the model's outputs
+                    diverged = _diverged(model, batch, epoch, index, lr)
+                    if diverged is None:
+                        raise
+                    raise diverged from error
+                if not math.isfinite(float(logs[-1]["loss"])):
+                    diverged = _diverged(model, batch, epoch, index, lr)
+                    if diverged is not None:
+                        raise diverged
                 bar.update(1)
                 bar.set_postfix(epoch=epoch, loss=f"{logs[-1]['loss']:.4f}")
                 if log_step is not None:
@@ -216,12 +269,17 @@ def save_checkpoint(path, *, model: nn.Module, optimizer: torch.optim.Optimizer 
 
 
 def load_checkpoint(path) -> dict:
-    """Read a checkpoint written by `save_checkpoint` (tensors on the CPU)."""
+    """Read a checkpoint written by `save_checkpoint` (tensors on the CPU): FileNotFoundError for a
+    missing file, CheckpointError (a ValueError) for a file that is not such a checkpoint."""
     path = Path(os.fspath(path))
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {path} does not exist")
     # weights_only: the payload is plain containers and numbers, so no pickle code ever runs.
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as error:  # not a torch.save file, or truncated
+        raise CheckpointError(f"{path} is not an evidential_ops checkpoint (torch.load cannot read it: "
+                              f"{type(error).__name__})") from error
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{path} is not an evidential_ops checkpoint (format {CHECKPOINT_FORMAT})")
+        raise CheckpointError(f"{path} is not an evidential_ops checkpoint (format {CHECKPOINT_FORMAT})")
     return state
