@@ -68,8 +68,19 @@ def require(condition: Tensor, message: str, error: type[ValueError] = ValueErro
         return
     if values_unreadable(condition):
         torch._assert_async(condition, async_assert_message(message, condition.device))
-    elif not bool(condition):
+    elif not bool(_every_batch_member(condition)):
         raise error(message)
+
+
+def _every_batch_member(condition: Tensor) -> Tensor:
+    """`condition` as Python may branch on it. Under torch.func transforms it is a wrapper: under
+    vmap a batched tensor, whose bool() is refused as data-dependent control flow. The values are
+    concrete there (eager), so the condition is read off the unwrapped tensor, over every member
+    of the batch at once."""
+    functorch = torch._C._functorch
+    while functorch.is_functorch_wrapped_tensor(condition):
+        condition = functorch.get_unwrapped(condition)
+    return condition.all()
 
 
 def require_finite(t: Tensor, name: str) -> None:

@@ -176,3 +176,28 @@ def test_benchmarks_and_the_demo_lead_with_the_backend_auto_takes():
         if fused:
             assert eo.backends.resolve("auto", device).name == fused[0]
         assert sorted(eo.backends.preferred(device)) == sorted(eo.backends.supporting(device))
+
+
+@pytest.mark.parametrize("check_finite", [True, False])
+def test_vmap_of_the_reference_backend_equals_a_loop(gen, check_finite):
+    """docs/api.md: backend="reference" works inside torch.func, value checks included (they read
+    the unwrapped condition of every batch member: bool() of a batched tensor is refused)."""
+    xs, ys = (torch.stack([random_pairs(12, 8, generator=gen, dtype=torch.float64)[i] for _ in range(3)])
+              for i in (0, 1))
+
+    def loss(x, y):
+        return eo.evidential_loss(x, y, backend="reference", weights={"risk": 1.0, "kl": 0.5},
+                                  check_finite=check_finite)
+
+    torch.testing.assert_close(torch.func.vmap(loss)(xs, ys), torch.stack([loss(x, y) for x, y in zip(xs, ys)]),
+                               rtol=0, atol=0)
+    grads = torch.func.vmap(torch.func.grad(loss))(xs, ys)
+    torch.testing.assert_close(grads, torch.stack([torch.func.grad(loss)(x, y) for x, y in zip(xs, ys)]),
+                               rtol=0, atol=0)
+    infonce = torch.func.vmap(lambda x, y: eo.infonce_loss(x, y, backend="reference", check_finite=check_finite))
+    torch.testing.assert_close(infonce(xs, ys), torch.stack([eo.infonce_loss(x, y, backend="reference")
+                                                            for x, y in zip(xs, ys)]), rtol=0, atol=0)
+    if check_finite:
+        xs[1, 0, 0] = float("nan")  # one member of the batch
+        with pytest.raises(ValueError, match="x contains NaN or Inf"):
+            torch.func.vmap(loss)(xs, ys)
