@@ -100,7 +100,7 @@ def infonce_loss(
     if normalize:
         x, y = unit_rows(x, y)
     if inv_tau is not None:
-        x = scaled(x, inv_tau)
+        x = scaled(x, inv_tau, check_finite)
     rows, cols = impl.infonce(x, y, ids, kernel_tau, drop_self, config.rows, config.cols)
     return config.reduce(rows, cols)
 

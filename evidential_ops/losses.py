@@ -27,11 +27,27 @@ def _run_scaled(run, inv_tau: Tensor | None):
                          f"x/tau, and report: {error}") from error
 
 
-def scaled(t: Tensor, inv_tau: Tensor) -> Tensor:
+def scaled(t: Tensor, inv_tau: Tensor, check_finite: bool = True) -> Tensor:
     """t·(1/τ) rounded once to t's dtype: the product in float32 at least (a bf16 1/τ would be
-    off by up to 2^-9 before it multiplies anything)."""
+    off by up to 2^-9 before it multiplies anything). float16 ends at 65504, where a small τ
+    takes x/τ: with check_finite a ValueError naming τ, not the NaN of inf·0 in the products."""
     wide = torch.promote_types(t.dtype, torch.float32)
-    return (t.to(wide) * inv_tau.to(wide)).to(t.dtype)
+    out = (t.to(wide) * inv_tau.to(wide)).to(t.dtype)
+    if check_finite and t.dtype == torch.float16:
+        checks.require(torch.isfinite(out).all(),
+                       "tau (a tensor, or logit_scale): x/tau overflows float16 (largest 65504); max|x|/tau must "
+                       "stay below it: a larger tau, normalize=True for raw features, or bfloat16/float32 inputs")
+    return out
+
+
+def scaled_similarity(s: Tensor, inv_tau: Tensor) -> Tensor:
+    """s·(1/τ) for the kernels at τ = 1, kept in float32 at least: rounding it back to a 16-bit s's
+    dtype would round every logit a second time (with bf16, gradients 1.0-2.6e-2 off the
+    reference at τ = 0.01-0.02 on random pairs, 0.12 in the hard regime, against SPEC §5's 1e-2),
+    and float16 would overflow at a small τ.
+    The K×K s exists already; this is one float32 copy of it (SPEC §1 "Learnable temperature")."""
+    wide = torch.promote_types(s.dtype, torch.float32)
+    return s.to(wide) * inv_tau.to(wide)
 
 
 def evidential_loss(
@@ -95,7 +111,7 @@ def evidential_loss(
     if normalize:
         x, y = unit_rows(x, y)
     if inv_tau is not None:
-        x = scaled(x, inv_tau)
+        x = scaled(x, inv_tau, check_finite)
     rows, cols = _run_scaled(lambda: impl.losses(x, y, c, config), inv_tau)
     return config.reduce(rows, cols)
 
@@ -125,7 +141,7 @@ def evidential_loss_from_similarity(
     c = checks.target_scale_vector(target_scale, s.shape[0], s, check_finite)
     impl = backends.resolve(backend, s.device)
     if inv_tau is not None:
-        s = scaled(s, inv_tau)
+        s = scaled_similarity(s, inv_tau)
     rows, cols = _run_scaled(lambda: impl.losses_from_similarity(s, c, config), inv_tau)
     return config.reduce(rows, cols)
 

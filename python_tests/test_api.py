@@ -201,3 +201,35 @@ def test_vmap_of_the_reference_backend_equals_a_loop(gen, check_finite):
         xs[1, 0, 0] = float("nan")  # one member of the batch
         with pytest.raises(ValueError, match="x contains NaN or Inf"):
             torch.func.vmap(loss)(xs, ys)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_a_tensor_tau_on_a_bf16_similarity_rounds_the_logits_once(gen, backend):
+    """A tensor τ scales s in float32 (losses.scaled_similarity): rounded back to bf16, every
+    logit took a second rounding and the gradient left SPEC §5's bf16 allowance (1e-2; 0.12 here,
+    the hard regime at τ = 0.02); a float τ's path, which rounds s once, is the measure."""
+    x, y = hard_pairs(128, 64, dtype=torch.float64, generator=gen)
+    s = (x @ y.T).bfloat16()
+    s_ref = s.double().requires_grad_()
+    (g_ref,) = torch.autograd.grad(eo.reference.evidential_loss_from_similarity(s_ref, tau=0.02), s_ref)
+    errors = []
+    for tau in (0.02, torch.tensor(0.02)):  # the float32 reference overflows e^(1/0.01)
+        s_in = s.clone().requires_grad_()
+        (g,) = torch.autograd.grad(eo.evidential_loss_from_similarity(s_in, tau=tau, backend=backend), s_in)
+        assert g.dtype == torch.bfloat16
+        errors.append(((g.double() - g_ref).abs().max() / g_ref.abs().max()).item())
+    assert errors[1] <= 1e-2, errors
+    assert errors[1] <= 1.25 * errors[0], errors  # no rounding beyond the float τ path's
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+def test_a_tensor_tau_that_overflows_float16_inputs_names_tau(backend):
+    """SPEC §1: never NaN where a float τ is finite; a ValueError naming τ instead."""
+    x = torch.eye(4, 8, dtype=torch.float16)
+    y = F.normalize(torch.eye(4, 8) + 0.5 * torch.eye(4, 8).roll(1, 1), dim=1).half()
+    assert torch.isfinite(eo.evidential_loss(x, y, evidence="relu", tau=1e-5, backend=backend))
+    for keywords in ({"tau": torch.tensor(1e-5)}, {"logit_scale": torch.tensor(12.0)}):
+        with pytest.raises(ValueError, match=r"^tau \(a tensor, or logit_scale\): x/tau overflows float16"):
+            eo.evidential_loss(x, y, evidence="relu", backend=backend, **keywords)
+    with pytest.raises(ValueError, match=r"^tau \(a tensor, or logit_scale\): x/tau overflows float16"):
+        eo.infonce_loss(x, y, tau=torch.tensor(1e-5), backend=backend)

@@ -191,7 +191,7 @@ def _check_local(x, y, values: dict, *, group, ddp, evidence, tau, logit_scale, 
     if normalize:
         x, y = unit_rows(x, y)
     if tensor_temperature:
-        x = scaled(x, checks.temperature(tau, logit_scale, x)[1])
+        x = scaled(x, checks.temperature(tau, logit_scale, x)[1], check_finite)
     grad = torch.is_grad_enabled()
     values.update(
         rows=x.shape[0], dim=x.shape[1], dtype=checks.FLOAT_DTYPES.index(x.dtype),
