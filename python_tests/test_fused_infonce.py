@@ -445,3 +445,39 @@ def test_backends_without_kernels_are_refused_by_name_and_skipped_by_auto(case, 
     # a mean of losses, each within compare()'s float32 bound
     bound = LOSS_RTOL * abs(float(ref)) + 2 * logit_error(8, 0.05) + float32_element_error(0.05)[0]
     assert torch.isfinite(auto) and abs(float(auto) - float(ref)) <= bound
+
+
+@pytest.mark.parametrize("gap", [0.1, 0.25, 0.35, 0.5])
+def test_a_confident_line_keeps_its_relative_digits(fused, gap):
+    """ℓ = ln(1 + e^{LSE_N − LSE_P}) (SPEC §2 "InfoNCE"), not LSE_D − LSE_P: where the positive
+    dominates by `gap` in cosine, ℓ ≈ e^{−gap/τ} (4.5e-5 down to 1.9e-22 at τ = 0.01, CLIP's final
+    temperature), far below the rounding of two log-sum-exps near 1/τ = 100, which the difference
+    left at ±1e-14: negative losses and positive gradients of the wrong sign.
+
+    x = y = [[1, 0], [c, √(1 − c²)]], c = 1 − gap: line 0 (row and column) has the logits 1/τ and
+    c/τ, both exact in every dtype (1·1 + 0·0 and 1·c + 0·s), so its ℓ = ln(1 + e^{(c − 1)/τ}) is
+    exact from the inputs and only the op's own arithmetic is measured: float64 to 1e-12 relative,
+    float32 inputs to SPEC's (33 + 3·max|s|/τ)·u. Its gradient against the float64 reference: an
+    entry within u·(|s|/τ + |d|/2 + 4) relative (float32 element math, |d| <= 2/τ), and dx_0 =
+    G_00·y_0 + G_01·y_1 with G_00 = −G_01 per direction amplifies that by at most (1 + c)/gap."""
+    tau, c = 0.01, 1.0 - gap
+    for dtype in [t for t in (torch.float64, torch.float32) if t in fused.dtypes]:
+        x = torch.tensor([[1.0, 0.0], [c, (1.0 - c * c) ** 0.5]], dtype=dtype)
+        c_exact = float(x[1, 0])
+        exact = math.log1p(math.exp((c_exact - 1.0) / tau))
+        leaves = [x.clone().to(fused.device).requires_grad_(), x.clone().to(fused.device).requires_grad_()]
+        rows, cols = eo.infonce_loss(*leaves, tau=tau, backend=fused.name, reduction="none")
+        u = torch.finfo(dtype).eps / 2
+        rel = 1e-12 if dtype == torch.float64 else (33 + 3 / tau) * u
+        for got in (float(rows[0]), float(cols[0])):
+            assert got >= 0 and abs(got - exact) <= rel * exact, (dtype, got, exact)
+        (rows.sum() + cols.sum()).backward()
+        ref = [x.double().clone().requires_grad_(), x.double().clone().requires_grad_()]
+        ref_rows, ref_cols = eo.reference.infonce_loss(*ref, tau=tau, reduction="none")
+        (ref_rows.sum() + ref_cols.sum()).backward()
+        entry = 1e-12 if dtype == torch.float64 else u * (1 / tau + 1 / tau + 4)
+        bound = entry * (1 + c) / gap
+        for got, want in ((leaves[0].grad[0], ref[0].grad[0]), (leaves[1].grad[0], ref[1].grad[0])):
+            got = got.double().cpu()
+            assert torch.equal(torch.sign(got), torch.sign(want)), (got, want)
+            assert float(((got - want).abs() / want.abs().max()).max()) <= bound, (dtype, got, want)

@@ -2,7 +2,7 @@
 // math in csrc/kernels/infonce_lines.h, tile loops in infonce_tiles.h).
 //
 // Forward: s = x·yᵀ is visited in tiles (one GEMM each) that are never stored; every row and
-// column keeps a running maximum and Σ e^{s/τ − max} over its candidates and its positives
+// column keeps a running maximum and Σ e^{s/τ − max} over its negatives and its positives
 // (O(K) float64). Backward: each tile is recomputed, turned into (∂L/∂s)/τ from both lines'
 // log-sum-exps, and accumulated into dx = G·y, dy = Gᵀ·x. Tiles run in the rounds of
 // tile_rounds.h, so results are bitwise reproducible for any thread count.
@@ -125,7 +125,7 @@ void for_each_gemm_tile(const Tensor& x, const Tensor& y, const PackedBlocks* pa
 // A direction's accumulators: (kInfoNCEAccumulators, k), maxima −inf and sums 0.
 Tensor empty_accumulators(std::int64_t k) {
   Tensor acc = at::zeros({kInfoNCEAccumulators, k}, at::TensorOptions().dtype(at::kDouble));
-  acc[kAccCandidateMax].fill_(-INFINITY);
+  acc[kAccNegativeMax].fill_(-INFINITY);
   acc[kAccPositiveMax].fill_(-INFINITY);
   return acc;
 }
@@ -139,11 +139,12 @@ Tensor log_sum_exps(const Tensor& acc, double tau) {
   double* out = stats.data_ptr<double>();
   bool no_positive = false, not_finite = false;
   for (std::int64_t i = 0; i < k; ++i) {
-    const double candidates = generic::log_sum_exp_value(a[kAccCandidateMax * k + i], a[kAccCandidateSum * k + i]);
+    // −inf is a line without negatives (every candidate in its group) or without positives.
+    const double negatives = generic::log_sum_exp_value(a[kAccNegativeMax * k + i], a[kAccNegativeSum * k + i]);
     const double positives = generic::log_sum_exp_value(a[kAccPositiveMax * k + i], a[kAccPositiveSum * k + i]);
     no_positive |= positives == -INFINITY;
-    not_finite |= !std::isfinite(candidates) || (std::isnan(positives) || positives == INFINITY);
-    out[kInfoNCECandidates * k + i] = candidates;
+    not_finite |= std::isnan(negatives) || negatives == INFINITY || std::isnan(positives) || positives == INFINITY;
+    out[kInfoNCENegatives * k + i] = negatives;
     out[kInfoNCEPositives * k + i] = positives;
   }
   TORCH_CHECK_VALUE(!not_finite, "tau=", tau, " or the similarities are too large: a logit s/tau is not finite. ",
@@ -151,6 +152,37 @@ Tensor log_sum_exps(const Tensor& acc, double tau) {
   TORCH_CHECK_VALUE(!no_positive, "group: with drop_self=True every line needs another member of its group (a group "
                     "of one, or no group ids at all, leaves a line without positives)");
   return stats;
+}
+
+// ℓ per line from a direction's statistics (infonce_line_loss), in `type`; zeros for a direction
+// not computed.
+Tensor line_losses(const Tensor& stats, bool used, at::ScalarType type) {
+  const std::int64_t k = stats.size(1);
+  Tensor losses = at::zeros({k}, stats.options());
+  if (used) {
+    const double* lse = stats.const_data_ptr<double>();
+    double* out = losses.data_ptr<double>();
+    for (std::int64_t i = 0; i < k; ++i) {
+      out[i] = infonce_line_loss(lse[kInfoNCENegatives * k + i], lse[kInfoNCEPositives * k + i]);
+    }
+  }
+  return losses.to(type);
+}
+
+// The (kInfoNCEBackwardLines, k) lines the backward tiles read (infonce_lines.h), from statistics.
+Tensor backward_lines(const Tensor& stats) {
+  const std::int64_t k = stats.size(1);
+  const Tensor lse = stats.contiguous();
+  Tensor lines = at::empty({kInfoNCEBackwardLines, k}, lse.options());
+  const double* in = lse.const_data_ptr<double>();
+  double* out = lines.data_ptr<double>();
+  for (std::int64_t i = 0; i < k; ++i) {
+    const double negatives = in[kInfoNCENegatives * k + i], positives = in[kInfoNCEPositives * k + i];
+    out[kBackCandidates * k + i] = infonce_candidates_lse(negatives, positives);
+    out[kBackPositives * k + i] = positives;
+    out[kBackNegativeShare * k + i] = infonce_negative_share(negatives, positives);
+  }
+  return lines;
 }
 
 void check_infonce_stats(const Tensor& stats, const char* name, std::int64_t k, const Tensor& like) {
@@ -195,10 +227,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> infonce_forward(const Tensor& x_in, c
   Tensor row_stats = rows ? log_sum_exps(row_acc, tau) : at::zeros({kInfoNCELineStats, k}, stats_options);
   Tensor col_stats = cols ? log_sum_exps(col_acc, tau) : at::zeros({kInfoNCELineStats, k}, stats_options);
   const at::ScalarType out_type = compute_type(x_in.scalar_type());
-  // ℓ = LSE_D − LSE_P in float64, rounded once.
-  Tensor row_losses = (row_stats[kInfoNCECandidates] - row_stats[kInfoNCEPositives]).to(out_type);
-  Tensor col_losses = (col_stats[kInfoNCECandidates] - col_stats[kInfoNCEPositives]).to(out_type);
-  return {row_losses, col_losses, row_stats, col_stats};
+  // ℓ = ln(1 + e^{LSE_N − LSE_P}) in float64, rounded once.
+  return {line_losses(row_stats, rows, out_type), line_losses(col_stats, cols, out_type), row_stats, col_stats};
 }
 
 std::tuple<Tensor, Tensor> infonce_backward(const Tensor& grad_rows, const Tensor& grad_cols, const Tensor& x_in,
@@ -221,7 +251,7 @@ std::tuple<Tensor, Tensor> infonce_backward(const Tensor& grad_rows, const Tenso
   }
   const Positives positives = positive_sets(group, k);
   const InfoNCETileKernels tile_kernels = infonce_kernels();
-  const Tensor row_lse = row_stats.contiguous(), col_lse = col_stats.contiguous();
+  const Tensor row_lse = backward_lines(row_stats), col_lse = backward_lines(col_stats);
   const Tensor row_up = rows ? grad_rows.to(at::kDouble).contiguous() : Tensor();
   const Tensor col_up = cols ? grad_cols.to(at::kDouble).contiguous() : Tensor();
   Tensor dx = need_dx ? at::zeros_like(x) : Tensor();

@@ -37,8 +37,9 @@ struct InfoNCEBackwardTile {
   double inv_tau;
   bool drop_self;
   PositiveSets positives;
-  // (kInfoNCELineStats, n) log-sum-exps of all rows / columns and the upstream gradient of each
-  // line (float64); nullptr upstream for a direction not computed.
+  // (kInfoNCEBackwardLines, n) lines of all rows / columns (infonce_lines.h: LSE_D, LSE_P and
+  // 1 − e^{−ℓ}) and the upstream gradient of each line (float64); nullptr upstream for a
+  // direction not computed.
   const double* row_lse;
   const double* col_lse;
   const double* row_upstream;

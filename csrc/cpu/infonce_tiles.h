@@ -7,10 +7,11 @@
 // groups) and in float64 beyond, gradient entries in float32. Float64
 // similarities, and float32 tiles whose logits or upstream weights leave the float range the
 // path is written for (|v| > 2^100), take the float64 path: v = s·(1/τ) and exp_d in float64.
-// The dense loops treat every column as a candidate (the self column masked under drop_self);
-// the positives, O(K·group size) elements, are visited through the sorted member lists of
-// PositiveSets, always in float64: a positive's gradient entry a(p^D − p^P) cancels where a line
-// is confident, which a float32 p^D could not resolve.
+// The dense loops sum the negatives N(i) = D(i) \ P(i) of a line (the self column and the
+// positives masked); the positives, O(K·group size) elements, are visited through the sorted
+// member lists of PositiveSets, always in float64, into their own sums: a confident line's ℓ and a
+// positive's gradient entry a(p^D − p^P) = −a·p^P·(1 − e^{−ℓ}) are of the size of the negatives'
+// share, which a sum or a difference taking the positives in would round away.
 #pragma once
 
 #include <algorithm>
@@ -62,6 +63,23 @@ void candidate_maxima(const cpu::TileRef& tile, bool mask_self, V scale, V* row_
   }
 }
 
+// Marks a row's negatives among a tile's columns: keep[j] = 0 at the row's self column (when
+// masked) and its positives, 1 elsewhere; unmark() restores every 1.
+template <typename K>
+struct NegativeMarks {
+  K* keep;
+  const cpu::InfoNCEForwardTile& t;
+  std::int64_t line, self;
+
+  void set(K value) const {
+    if (self >= 0 && self < t.s.cols) keep[self] = value;
+    for_each_positive(t.positives, t.drop_self, line, t.s.col0, t.s.cols,
+                      [&](std::int64_t j) { keep[j - t.s.col0] = value; });
+  }
+  void mark() const { set(K(0)); }
+  void unmark() const { set(K(1)); }
+};
+
 template <typename T>
 void forward_tile_impl(const cpu::InfoNCEForwardTile& t) {
   const std::int64_t rows = t.s.rows, cols = t.s.cols, row0 = t.s.row0, col0 = t.s.col0, n = t.n;
@@ -69,35 +87,44 @@ void forward_tile_impl(const cpu::InfoNCEForwardTile& t) {
   double* col_max = t.scratch;
   double* col_sum = t.scratch + cols;
   double* row_max = t.scratch + 2 * cols;
+  double* keep = t.scratch + 2 * cols + rows;
   // The diagonal is masked only where this tile holds it and drop_self asks for it.
   const bool mask_self = t.drop_self && row0 < col0 + cols && col0 < row0 + rows;
-  for (std::int64_t j = 0; j < cols; ++j) col_sum[j] = 0.0;
-  // Pass 1: the tile's maximum logit of every row and every column over their candidates.
+  for (std::int64_t j = 0; j < cols; ++j) {
+    col_sum[j] = 0.0;
+    keep[j] = 1.0;
+  }
+  // Pass 1: the tile's maximum logit of every row and every column over their candidates (the
+  // shift of the negatives' sums: a candidate's maximum bounds theirs).
   candidate_maxima<T>(t.s, mask_self, inv_tau, row_max, col_max);
-  // Pass 2: Σ e^{v − max} per row (merged into the row's running sum at once) and per column.
+  // Pass 2: Σ e^{v − max} over each row's negatives (merged into the row's running sum at once)
+  // and each column's. A pair is a positive of its row exactly when it is one of its column (the
+  // relation is symmetric), so the row's marks serve both.
   for (std::int64_t i = 0; i < rows; ++i) {
     const T* s = tile_row<T>(t.s, i);
-    const std::int64_t self = mask_self ? row0 + i - col0 : -1;
+    const std::int64_t line = row0 + i;
+    const NegativeMarks<double> marks{keep, t, line, mask_self ? line - col0 : -1};
+    marks.mark();
     const double m = row_max[i];
     double sum = 0.0;
     if (t.col_acc != nullptr) {
 #pragma omp simd reduction(+ : sum)
       for (std::int64_t j = 0; j < cols; ++j) {
         const double v = static_cast<double>(s[j]) * inv_tau;
-        const bool candidate = j != self;
-        sum += select(candidate, exp_d(v - m), 0.0);
-        col_sum[j] += select(candidate, exp_d(v - col_max[j]), 0.0);
+        const bool negative = keep[j] != 0.0;
+        sum += select(negative, exp_d(v - m), 0.0);
+        col_sum[j] += select(negative, exp_d(v - col_max[j]), 0.0);
       }
     } else {
 #pragma omp simd reduction(+ : sum)
       for (std::int64_t j = 0; j < cols; ++j) {
         const double v = static_cast<double>(s[j]) * inv_tau;
-        sum += select(j != self, exp_d(v - m), 0.0);
+        sum += select(keep[j] != 0.0, exp_d(v - m), 0.0);
       }
     }
+    marks.unmark();
     if (t.row_acc != nullptr) {
-      const std::int64_t line = row0 + i;
-      merge_log_sum_exp(t.row_acc[kAccCandidateMax * n + line], t.row_acc[kAccCandidateSum * n + line], m, sum);
+      merge_log_sum_exp(t.row_acc[kAccNegativeMax * n + line], t.row_acc[kAccNegativeSum * n + line], m, sum);
       for_each_positive(t.positives, t.drop_self, line, col0, cols, [&](std::int64_t j) {
         const double v = static_cast<double>(s[j - col0]) * inv_tau;
         merge_log_sum_exp(t.row_acc[kAccPositiveMax * n + line], t.row_acc[kAccPositiveSum * n + line], v, 1.0);
@@ -107,7 +134,7 @@ void forward_tile_impl(const cpu::InfoNCEForwardTile& t) {
   if (t.col_acc != nullptr) {
     for (std::int64_t j = 0; j < cols; ++j) {
       const std::int64_t line = col0 + j;
-      merge_log_sum_exp(t.col_acc[kAccCandidateMax * n + line], t.col_acc[kAccCandidateSum * n + line], col_max[j],
+      merge_log_sum_exp(t.col_acc[kAccNegativeMax * n + line], t.col_acc[kAccNegativeSum * n + line], col_max[j],
                         col_sum[j]);
       for_each_positive(t.positives, t.drop_self, line, row0, rows, [&](std::int64_t i) {
         const double v = static_cast<double>(tile_row<T>(t.s, i - row0)[j]) * inv_tau;
@@ -115,6 +142,23 @@ void forward_tile_impl(const cpu::InfoNCEForwardTile& t) {
       });
     }
   }
+}
+
+// The float64 gradient entry of a positive (i, j): a_i(p^D − p^P) + b_j(q^D − q^P), already /τ,
+// as −a_i·p^P·share_i − b_j·q^P·share_j (kBackNegativeShare): no difference that cancels.
+template <bool kRows, bool kCols>
+double positive_entry(const cpu::InfoNCEBackwardTile& t, double v, std::int64_t line, std::int64_t col) {
+  const std::int64_t n = t.n;
+  double value = 0.0;
+  if (kRows) {
+    value -= t.row_upstream[line] * t.inv_tau * exp_d(v - t.row_lse[kBackPositives * n + line]) *
+             t.row_lse[kBackNegativeShare * n + line];
+  }
+  if (kCols) {
+    value -= t.col_upstream[col] * t.inv_tau * exp_d(v - t.col_lse[kBackPositives * n + col]) *
+             t.col_lse[kBackNegativeShare * n + col];
+  }
+  return value;
 }
 
 // (∂L/∂s)/τ of one tile row in float64 (SPEC §2 "InfoNCE" gradient): the candidates' softmax of
@@ -126,8 +170,8 @@ void backward_row(const cpu::InfoNCEBackwardTile& t, std::int64_t i, double* g) 
   const std::int64_t line = row0 + i;
   const double inv_tau = t.inv_tau;
   const double a = kRows ? t.row_upstream[line] * inv_tau : 0.0;
-  const double row_lse = kRows ? t.row_lse[kInfoNCECandidates * n + line] : 0.0;
-  const double* col_lse = t.col_lse + kInfoNCECandidates * n + col0;
+  const double row_lse = kRows ? t.row_lse[kBackCandidates * n + line] : 0.0;
+  const double* col_lse = t.col_lse + kBackCandidates * n + col0;
   const double* b = kCols ? t.col_upstream + col0 : nullptr;
   const std::int64_t self = t.drop_self ? line - col0 : -1;
 #pragma omp simd
@@ -140,10 +184,7 @@ void backward_row(const cpu::InfoNCEBackwardTile& t, std::int64_t i, double* g) 
   }
   for_each_positive(t.positives, t.drop_self, line, col0, cols, [&](std::int64_t col) {
     const double v = static_cast<double>(s[col - col0]) * inv_tau;
-    double positive = 0.0;
-    if (kRows) positive += a * exp_d(v - t.row_lse[kInfoNCEPositives * n + line]);
-    if (kCols) positive += t.col_upstream[col] * inv_tau * exp_d(v - t.col_lse[kInfoNCEPositives * n + col]);
-    g[col - col0] -= positive;
+    g[col - col0] = positive_entry<kRows, kCols>(t, v, line, col);
   });
 }
 
@@ -189,14 +230,13 @@ bool float_logits(const cpu::TileRef& tile, double inv_tau) {
   return inv_tau <= kFloatPathLimit && static_cast<double>(tile_abs_max(tile)) * inv_tau <= kFloatPathLimit;
 }
 
-// The float32 sums hold a line's positives apart: they enter its candidates' sum in float64 (the
-// positives are visited in float64 for LSE_P anyway), the dense float32 sums take the other
-// candidates only. A line whose positives dominate has LSE_D − LSE_P = ln(1 + ε), ε ≪ 1 (its
-// loss, and through p^D − p^P its positives' gradient, are of the size of ε): a float32 sum that
-// added the positives in would round ε to 2^-24 of their sum.
+// The float32 sums take a line's negatives only (the positives are visited in float64 for LSE_P):
+// a line whose positives dominate has ℓ = ln(1 + ε), ε = e^{LSE_N − LSE_P} ≪ 1 (its loss, and
+// through p^D − p^P its positives' gradient, are of the size of ε): a sum that added the
+// positives in would round ε to 2^-24 (float32) or 2^-53 (float64) of their sum.
 
 // One chunk of `count` columns from `first` of a tile row: e^{(s − max)/τ} of the columns `keep`
-// marks (1: a candidate, not a positive) into the row's lane sums and, with kCols, into the
+// marks (1: a negative) into the row's lane sums and, with kCols, into the
 // columns' float partials.
 template <bool kCols>
 void exp_sums_of_chunk(const float* s, const float* keep, std::int64_t first, std::int64_t count, float inv_tau,
@@ -251,13 +291,11 @@ void forward_tile_f32(const cpu::InfoNCEForwardTile& t) {
   for (std::int64_t i = 0; i < rows; ++i) {
     const float* s = tile_row<float>(t.s, i);
     const std::int64_t line = row0 + i;
-    const std::int64_t self = mask_self ? line - col0 : -1;
-    if (self >= 0 && self < cols) keep[self] = 0.0f;
-    for_each_positive(t.positives, t.drop_self, line, col0, cols, [&](std::int64_t j) { keep[j - col0] = 0.0f; });
+    const NegativeMarks<float> marks{keep, t, line, mask_self ? line - col0 : -1};
+    marks.mark();
     const double dense = with_cols ? exp_sums_of_row<true>(s, keep, cols, inv_tau, row_max[i], col_max, col_part)
                                    : exp_sums_of_row<false>(s, keep, cols, inv_tau, row_max[i], col_max, col_part);
-    if (self >= 0 && self < cols) keep[self] = 1.0f;
-    for_each_positive(t.positives, t.drop_self, line, col0, cols, [&](std::int64_t j) { keep[j - col0] = 1.0f; });
+    marks.unmark();
     if (with_cols && ((i + 1) % kColumnGroup == 0 || i + 1 == rows)) {
       for (std::int64_t j = 0; j < cols; ++j) {
         col_sum[j] += col_part[j];
@@ -266,26 +304,22 @@ void forward_tile_f32(const cpu::InfoNCEForwardTile& t) {
     }
     if (t.row_acc != nullptr) {
       const double m = static_cast<double>(row_max[i]) * t.inv_tau;
-      double sum = dense;
       for_each_positive(t.positives, t.drop_self, line, col0, cols, [&](std::int64_t j) {
         const double v = static_cast<double>(s[j - col0]) * t.inv_tau;
-        sum += exp_d(v - m);
         merge_log_sum_exp(t.row_acc[kAccPositiveMax * n + line], t.row_acc[kAccPositiveSum * n + line], v, 1.0);
       });
-      merge_log_sum_exp(t.row_acc[kAccCandidateMax * n + line], t.row_acc[kAccCandidateSum * n + line], m, sum);
+      merge_log_sum_exp(t.row_acc[kAccNegativeMax * n + line], t.row_acc[kAccNegativeSum * n + line], m, dense);
     }
   }
   if (with_cols) {
     for (std::int64_t j = 0; j < cols; ++j) {
       const std::int64_t line = col0 + j;
       const double m = static_cast<double>(col_max[j]) * t.inv_tau;
-      double sum = col_sum[j];
       for_each_positive(t.positives, t.drop_self, line, row0, rows, [&](std::int64_t i) {
         const double v = static_cast<double>(tile_row<float>(t.s, i - row0)[j]) * t.inv_tau;
-        sum += exp_d(v - m);
         merge_log_sum_exp(t.col_acc[kAccPositiveMax * n + line], t.col_acc[kAccPositiveSum * n + line], v, 1.0);
       });
-      merge_log_sum_exp(t.col_acc[kAccCandidateMax * n + line], t.col_acc[kAccCandidateSum * n + line], m, sum);
+      merge_log_sum_exp(t.col_acc[kAccNegativeMax * n + line], t.col_acc[kAccNegativeSum * n + line], m, col_sum[j]);
     }
   }
 }
@@ -314,22 +348,6 @@ bool float_weights(const cpu::InfoNCEBackwardTile& t) {
   return largest * t.inv_tau <= kFloatPathLimit;
 }
 
-// The float64 gradient entry of a positive (i, j): a_i(p^D − p^P) + b_j(q^D − q^P), already /τ.
-template <bool kRows, bool kCols>
-double positive_entry(const cpu::InfoNCEBackwardTile& t, double v, std::int64_t line, std::int64_t col) {
-  const std::int64_t n = t.n;
-  double value = 0.0;
-  if (kRows) {
-    value += t.row_upstream[line] * t.inv_tau *
-             (exp_d(v - t.row_lse[kInfoNCECandidates * n + line]) - exp_d(v - t.row_lse[kInfoNCEPositives * n + line]));
-  }
-  if (kCols) {
-    value += t.col_upstream[col] * t.inv_tau *
-             (exp_d(v - t.col_lse[kInfoNCECandidates * n + col]) - exp_d(v - t.col_lse[kInfoNCEPositives * n + col]));
-  }
-  return value;
-}
-
 template <bool kRows, bool kCols>
 void backward_tile_f32(const cpu::InfoNCEBackwardTile& t) {
   const std::int64_t cols = t.s.cols, row0 = t.s.row0, col0 = t.s.col0, n = t.n;
@@ -340,7 +358,7 @@ void backward_tile_f32(const cpu::InfoNCEBackwardTile& t) {
   float* col_lo = col_hi + cols;
   for (std::int64_t j = 0; j < cols; ++j) {
     const std::int64_t col = col0 + j;
-    const SplitFloat lse = split_float(kCols ? t.col_lse[kInfoNCECandidates * n + col] : 0.0);
+    const SplitFloat lse = split_float(kCols ? t.col_lse[kBackCandidates * n + col] : 0.0);
     col_weight[j] = kCols ? static_cast<float>(t.col_upstream[col] * t.inv_tau) : 0.0f;
     col_hi[j] = lse.hi;
     col_lo[j] = lse.lo;
@@ -351,7 +369,7 @@ void backward_tile_f32(const cpu::InfoNCEBackwardTile& t) {
     const std::int64_t line = row0 + i;
     const std::int64_t self = t.drop_self ? line - col0 : -1;
     const float a = kRows ? static_cast<float>(t.row_upstream[line] * t.inv_tau) : 0.0f;
-    const SplitFloat lse = split_float(kRows ? t.row_lse[kInfoNCECandidates * n + line] : 0.0);
+    const SplitFloat lse = split_float(kRows ? t.row_lse[kBackCandidates * n + line] : 0.0);
 #pragma omp simd
     for (std::int64_t j = 0; j < cols; ++j) {
       const float v = s[j] * inv_tau;

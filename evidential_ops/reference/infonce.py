@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..infonce_lines import line_losses
+
 
 def infonce_masks(k: int, group: Tensor | None, drop_self: bool, device: torch.device) -> tuple[Tensor, Tensor]:
     """(candidates, positives): (K, K) bool masks D and P of the rows (SPEC §2 "InfoNCE").
@@ -28,18 +30,25 @@ def infonce_masks(k: int, group: Tensor | None, drop_self: bool, device: torch.d
 
 
 def _masked_logsumexp(logits: Tensor, mask: Tensor) -> Tensor:
-    return torch.logsumexp(logits.masked_fill(~mask, float("-inf")), dim=1)
+    """Per row the log-sum-exp over `mask`; −inf for a row with none, whose gradient is 0 (not
+    the NaN of a softmax over nothing: such a row is summed over all of it, then replaced)."""
+    some = mask.any(dim=1)
+    lse = torch.logsumexp(logits.masked_fill(~(mask | ~some[:, None]), float("-inf")), dim=1)
+    return torch.where(some, lse, torch.full_like(lse, float("-inf")))
 
 
 def infonce_line_losses(logits: Tensor, group: Tensor | None = None, drop_self: bool = False) -> tuple[Tensor, Tensor]:
     """Row and column losses (K,), (K,) of given logits s (K, K) = x·yᵀ/τ:
-    ℓ_i = LSE_{D(i)}(s_i·) − LSE_{P(i)}(s_i·), and the same on sᵀ (SPEC §2 "InfoNCE").
+    ℓ_i = LSE_{D(i)}(s_i·) − LSE_{P(i)}(s_i·) = ln(1 + e^{LSE_N − LSE_P}), N(i) = D(i) \ P(i)
+    (infonce_lines.line_losses: no cancellation on a confident line), and the same on sᵀ (SPEC §2
+    "InfoNCE").
 
     A line without positives (drop_self with a group of one) has ℓ = +inf.
     """
     candidates, positives = infonce_masks(logits.shape[0], group, drop_self, logits.device)
-    rows = _masked_logsumexp(logits, candidates) - _masked_logsumexp(logits, positives)
-    cols = _masked_logsumexp(logits.T, candidates) - _masked_logsumexp(logits.T, positives)
+    negatives = candidates & ~positives
+    rows = line_losses(_masked_logsumexp(logits, negatives), _masked_logsumexp(logits, positives))
+    cols = line_losses(_masked_logsumexp(logits.T, negatives), _masked_logsumexp(logits.T, positives))
     return rows, cols
 
 

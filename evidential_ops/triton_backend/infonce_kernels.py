@@ -20,7 +20,7 @@ from .special import rounded_product_f32
 def _logits(s, inv_tau, F64: tl.constexpr):
     """v = s/τ of a tile, rounded once: compiled, a plain float32 product would be contracted
     (FP fusion) into some of its later uses, e.g. v − shift of one `_merge` as fma(s, 1/τ, −shift)
-    but not the other's, and LSE_D − LSE_P = ℓ, tiny on a confident line, would carry the
+    but not the other's, and ℓ = ln(1 + e^{LSE_N − LSE_P}), tiny on a confident line, would carry the
     product's rounding (~|v|·2⁻²⁴). mul.rn is never fused; under the interpreter a plain product.
     1/τ arrives in float64 (a Python float becomes a float32 argument unless typed): float64
     inputs' logits keep its digits (τ = 0.07), float32 ones round it once."""
@@ -63,14 +63,15 @@ def infonce_stats_kernel(
     HAS_GROUP: tl.constexpr, DROP_SELF: tl.constexpr, F64: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """out (2, K) float64: per row of q·cᵀ/τ the log-sum-exp over its candidates, then over its
-    positives (−inf for a row without positives)."""
+    """out (2, K) float64: per row of q·cᵀ/τ the log-sum-exp over its negatives (the candidates
+    not among its positives: infonce_lines.py), then over its positives (−inf for a row without
+    any)."""
     CT: tl.constexpr = tl.float64 if F64 else tl.float32
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < K
-    m_d = tl.full((BLOCK_M,), -float("inf"), CT)
+    m_n = tl.full((BLOCK_M,), -float("inf"), CT)
     m_p = tl.full((BLOCK_M,), -float("inf"), CT)
-    sum_d = tl.zeros((BLOCK_M,), tl.float64)
+    sum_n = tl.zeros((BLOCK_M,), tl.float64)
     sum_p = tl.zeros((BLOCK_M,), tl.float64)
     for c0 in range(0, K, BLOCK_N):
         cols = c0 + tl.arange(0, BLOCK_N)
@@ -79,11 +80,11 @@ def infonce_stats_kernel(
                     False, "ieee", CT, BLOCK_M, BLOCK_N, BLOCK_K)
         v = _logits(s, inv_tau, F64)
         candidate, positive = _masks(rows, cols, rmask, cmask, g_ptr, HAS_GROUP, DROP_SELF)
-        m_d, sum_d = _merge(m_d, sum_d, v, candidate, CT)
+        m_n, sum_n = _merge(m_n, sum_n, v, candidate & ~positive, CT)
         m_p, sum_p = _merge(m_p, sum_p, v, positive, CT)
-    lse_d = tl.where(sum_d > 0, m_d.to(tl.float64) + tl.log(tl.where(sum_d > 0, sum_d, 1.0)), -float("inf"))
+    lse_n = tl.where(sum_n > 0, m_n.to(tl.float64) + tl.log(tl.where(sum_n > 0, sum_n, 1.0)), -float("inf"))
     lse_p = tl.where(sum_p > 0, m_p.to(tl.float64) + tl.log(tl.where(sum_p > 0, sum_p, 1.0)), -float("inf"))
-    tl.store(out_ptr + rows, lse_d, mask=rmask)
+    tl.store(out_ptr + rows, lse_n, mask=rmask)
     tl.store(out_ptr + K + rows, lse_p, mask=rmask)
 
 
@@ -106,7 +107,8 @@ def infonce_grad_kernel(
     BLOCK_D: tl.constexpr,
 ):
     """d(q)[rows] = Σ_tiles G·c with G = (∂L/∂s)/τ of the tile of s = q·cᵀ/τ: own_* the (2, K)
-    log-sum-exps, upstream gradients and 1 − e^{−ℓ} of q's lines (OWN), other_* those of c's lines
+    log-sum-exps (LSE_D, LSE_P: infonce_launch.infonce_backward's lines), upstream gradients and 1 − e^{−ℓ}
+    of q's lines (OWN), other_* those of c's lines
     (OTHER). ACCUMULATE: D beyond BLOCK_D is added chunk by chunk into a zeroed float32/float64
     out (the program owns its rows, so no other program touches them)."""
     CT: tl.constexpr = tl.float64 if F64 else tl.float32

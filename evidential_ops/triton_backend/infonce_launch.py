@@ -29,7 +29,7 @@ from .launch import (
     triton_cdiv,
 )
 
-NUM_LINE_STATS = 2  # csrc/kernels/infonce_lines.h kInfoNCELineStats: LSE over candidates, positives
+from ..infonce_lines import NUM_LINE_STATS, candidates_lse, line_losses, negative_share
 BLOCK_M = 32
 BLOCK_N = 32
 BLOCK_K = 32
@@ -69,12 +69,13 @@ def _line_stats(q: Tensor, c: Tensor, group: Tensor | None, inv_tau: float, drop
 
 
 def _check_line_values(stats: Tensor, tau: float) -> None:
-    lse_d, lse_p = stats[0], stats[1]
-    _require(torch.isfinite(lse_d).all() & ~torch.isnan(lse_p).any() & ~(lse_p == math.inf).any(),
+    # (LSE_N, LSE_P): either is −inf for a line without negatives or positives; +inf or NaN only
+    # from a logit that is not finite.
+    _require(~torch.isnan(stats).any() & ~(stats == math.inf).any(),
              f"tau={tau} or the similarities are too large: a logit s/tau is not finite. The losses expect cosine "
              "similarities (|s| <= 1): for raw features pass normalize=True or L2-normalise x and y; otherwise use "
              "a larger tau.")
-    _require(~(lse_p == -math.inf).any(),
+    _require(~(stats[1] == -math.inf).any(),
              "group: with drop_self=True every line needs another member of its group (a group of one, or no group "
              "ids at all, leaves a line without positives)")
 
@@ -93,8 +94,12 @@ def infonce_forward(x: Tensor, y: Tensor, group: Tensor | None, tau: float, drop
         if used:
             _check_line_values(stats, tau)
     out_dtype = _output_dtype(x.dtype)
-    return ((row_stats[0] - row_stats[1]).to(out_dtype), (col_stats[0] - col_stats[1]).to(out_dtype),
-            row_stats, col_stats)
+
+    def losses(stats, used):
+        return line_losses(stats[0], stats[1]).to(out_dtype) if used else torch.zeros(k, dtype=out_dtype,
+                                                                                        device=x.device)
+
+    return losses(row_stats, rows), losses(col_stats, cols), row_stats, col_stats
 
 
 def _gradient(q: Tensor, c: Tensor, group, own, other, inv_tau: float, drop_self: bool, f64: bool,
@@ -133,8 +138,12 @@ def infonce_backward(grad_rows: Tensor, grad_cols: Tensor, x: Tensor, y: Tensor,
     q, c, f64 = _inputs(x, y)
 
     def line(stats, upstream):
-        # 1 − e^{−ℓ} per line, ℓ = LSE_D − LSE_P ≥ 0, without cancellation.
-        return None if upstream is None else (stats, upstream, -torch.expm1(-(stats[0] - stats[1])).contiguous())
+        # (LSE_D, LSE_P) and 1 − e^{−ℓ} per line, from the negatives' and positives' statistics
+        # (infonce_lines.py): the share does not cancel where ℓ is tiny.
+        if upstream is None:
+            return None
+        lse_d = torch.stack([candidates_lse(stats[0], stats[1]), stats[1]])
+        return lse_d, upstream, negative_share(stats[0], stats[1]).contiguous()
 
     row_line, col_line = line(row_stats, up_rows), line(col_stats, up_cols)
     dx = _gradient(q, c, group, row_line, col_line, inv_tau, drop_self, f64, x.dtype) if need_dx else x.new_empty(0)
