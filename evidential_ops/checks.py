@@ -238,6 +238,16 @@ def temperature_arguments(tau, logit_scale) -> None:
         real_number(logit_scale, "logit_scale", minimum=-709.0, maximum=709.0)
 
 
+def temperature_now(tau, logit_scale) -> None:
+    """A criterion's construction: `temperature_arguments`, and the value of a tensor tau or
+    logit_scale checked now as every call checks it (one read of a 0-d tensor)."""
+    temperature_arguments(tau, logit_scale)
+    if isinstance(tau, Tensor):
+        temperature(tau, None, tau)
+    elif isinstance(logit_scale, Tensor):
+        temperature(None, logit_scale, logit_scale)
+
+
 def temperature(tau, logit_scale, like: Tensor) -> tuple[float, Tensor | None]:
     """The temperature of a loss call: (τ for the kernels, 1/τ as a tensor or None).
 

@@ -125,7 +125,7 @@ class InfoNCELoss(nn.Module):
         check_finite: bool = True,
     ):
         super().__init__()
-        checks.temperature_arguments(tau, None)
+        checks.temperature_now(tau, None)
         _options(direction, reduction, drop_self, normalize, check_finite)
         backends.check_name(backend)
         self.tau = tau

@@ -173,13 +173,17 @@ class EvidentialLoss(nn.Module):
         logit_scale: float | Tensor | None = None,
     ):
         super().__init__()
-        checks.temperature_arguments(tau, logit_scale)
+        checks.temperature_now(tau, logit_scale)
         checks.loss_config(
             evidence=evidence, weights=weights, direction=direction, reduction=reduction,
             check_finite=check_finite, matmul_precision=matmul_precision,
         )
         checks.flag(normalize, "normalize")
         checks.flag(from_similarity, "from_similarity")
+        if from_similarity and (normalize or matmul_precision != "ieee"):
+            raise ValueError("normalize and matmul_precision act on embeddings: with from_similarity=True the loss "
+                             "takes a given s, so leave them at their defaults (normalize=False, "
+                             "matmul_precision='ieee')")
         backends.check_name(backend)
         self.evidence = evidence
         self.tau = checks.DEFAULT_TAU if tau is None and logit_scale is None else tau
@@ -256,6 +260,9 @@ class EvidentialClipLoss(nn.Module):
     def forward(self, image_features: Tensor, text_features: Tensor, logit_scale: Tensor | float,
                 output_dict: bool = False):
         checks.flag(output_dict, "output_dict")
+        if logit_scale is None:  # evidential_loss would take its default τ: never the model's
+            raise ValueError("logit_scale is required: the model's learnable log-scale (τ = exp(−logit_scale)), as "
+                             "open_clip's ClipLoss takes it")
         loss = evidential_loss(
             image_features, text_features, logit_scale=logit_scale, evidence=self.loss.evidence,
             weights=self.loss.weights, normalize=self.loss.normalize, reduction="mean_of_directions",

@@ -233,3 +233,21 @@ def test_a_tensor_tau_that_overflows_float16_inputs_names_tau(backend):
             eo.evidential_loss(x, y, evidence="relu", backend=backend, **keywords)
     with pytest.raises(ValueError, match=r"^tau \(a tensor, or logit_scale\): x/tau overflows float16"):
         eo.infonce_loss(x, y, tau=torch.tensor(1e-5), backend=backend)
+
+
+def test_criteria_check_what_they_are_given_when_constructed():
+    """EvidentialLoss / InfoNCELoss: 'Keywords are validated at construction', a tensor τ's value
+    too; options a from-similarity loss cannot use are refused, not ignored; EvidentialClipLoss
+    takes the model's logit_scale, never a default τ in its place."""
+    for keywords, message in (({"tau": torch.tensor(-1.0)}, "tau must be positive"),
+                              ({"logit_scale": torch.tensor(float("nan"))}, "logit_scale"),
+                              ({"from_similarity": True, "normalize": True}, "act on embeddings"),
+                              ({"from_similarity": True, "matmul_precision": "tf32"}, "act on embeddings")):
+        with pytest.raises(ValueError, match=message):
+            eo.EvidentialLoss(**keywords)
+    with pytest.raises(ValueError, match="tau must be positive"):
+        eo.InfoNCELoss(tau=torch.tensor(0.0))
+    eo.EvidentialLoss(tau=torch.nn.Parameter(torch.tensor(0.05)))  # a valid learnable τ
+    x = F.normalize(torch.randn(6, 4, dtype=torch.float64), dim=1)
+    with pytest.raises(ValueError, match="logit_scale is required"):
+        eo.EvidentialClipLoss()(x, x, None)
