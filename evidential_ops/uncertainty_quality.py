@@ -351,7 +351,9 @@ def uncertainty_report(
     n_wrong = int(err.sum())
     report = {
         "n_queries": n,
-        "r1": 100.0 * (1.0 - n_wrong / n),
+        # The share right as retrieval_metrics forms R@1 (count / n, then ×100): the same bits,
+        # so the report and the retrieval line print the same digits (5.625 is no 5.62 / 5.63).
+        "r1": 100.0 * ((n - n_wrong) / n),
         "error_rate": n_wrong / n,
         "oracle": {"aurc": _oracle_aurc(n_wrong, n),
                    **{f"r1_at_{round(100 * c)}": 100.0 * min(1.0, (n - n_wrong) / max(1, math.ceil(c * n - 1e-9)))

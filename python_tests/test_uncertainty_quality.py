@@ -200,3 +200,13 @@ def test_uncertainty_report_refuses_what_it_would_silently_drop_or_overwrite():
         uncertainty_report({"u": u}, wrong, sims=sims, ood_scores={"u": u, "neg_top1_similarity": u}, ood_sims=sims)
     # Without sims a score may carry any name.
     assert uncertainty_report({"neg_margin": u}, wrong)["scores"]["neg_margin"]["error_auroc"] == 0.0
+
+
+def test_report_r1_has_the_retrieval_line_bits():
+    """The report's R@1 is printed beside retrieval_metrics' as "the same figure": 9 right of 160
+    is 5.625, which 100·(1 − 151/160) rounds to 5.625000000000002 (printed 5.63, the retrieval
+    line 5.62)."""
+    ranks = torch.tensor([1] * 9 + [2] * 151)
+    wrong = ranks > 1
+    report = uncertainty_report({"u": torch.rand(160, generator=torch.Generator().manual_seed(0))}, wrong)
+    assert report["r1"] == 100.0 * float((ranks <= 1).to(torch.float64).mean()) == 5.625
