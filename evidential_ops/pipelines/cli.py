@@ -115,10 +115,21 @@ def device_option(text: str) -> str:
         device = torch.device(text)
     except (RuntimeError, ValueError):
         raise argparse.ArgumentTypeError(f"not a torch device: {text!r} (e.g. cpu, cuda, cuda:0)") from None
+    if device.type == "cpu":
+        return text
+    if device.type == "cuda":  # counted, not allocated on: torchrun's ranks pick their GPU later
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            build = "a CPU build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
+            raise argparse.ArgumentTypeError(f"{text!r} is not available here: torch {torch.__version__} ({build}) "
+                                             "sees no CUDA device")
+        if device.index is not None and device.index >= count:
+            raise argparse.ArgumentTypeError(f"{text!r} is not available here: {count} CUDA device(s)")
+        return text
     try:
         torch.empty(0, device=device)
-    except (RuntimeError, AssertionError) as error:  # a CPU-only torch asserts on cuda
-        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+    except (RuntimeError, AssertionError) as error:
+        reason = str(error).splitlines()[0].split(". ")[0] if str(error) else type(error).__name__
         raise argparse.ArgumentTypeError(f"{text!r} is not available here: {reason}") from None
     return text
 
@@ -247,8 +258,6 @@ def _wrote(*paths, plots: bool) -> str:
 def _train(args) -> int:
     out = Path(args.out or os.path.join("runs", args.method))
     recipe = _recipe(args, args.method)
-    if args.resume is not None and not Path(args.resume).is_file():
-        raise SystemExit(f"--resume: {args.resume} does not exist")
     plots = _plots()
     if launched_by_torchrun():  # data-parallel, global-batch loss; rank 0 writes (pipelines/distributed.py)
         if args.baseline:
@@ -261,6 +270,8 @@ def _train(args) -> int:
         if metrics is None:
             return 0
     else:
+        if args.resume is not None and not Path(args.resume).is_file():
+            raise SystemExit(f"--resume: {args.resume} does not exist")
         try:
             with refused_inputs():
                 metrics = run_training(args.method, recipe, _source(args, recipe, args.seed), out, seed=args.seed,
