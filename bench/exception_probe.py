@@ -23,9 +23,12 @@ code too) prints the native backtrace.
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 
 # case -> (function run first in the process, the one that must raise, the error it must raise)
 CASES = {
@@ -37,8 +40,9 @@ CASES = {
     "cpu op after cuBLAS, Triton": ("warm", "cpu_strip", "ValueError"),
 }
 
-# cuda-gdb starts Python, torch and CUDA under the debugger: a lease's stage has a minute or two for it.
-GDB_SECONDS = 120
+# cuda-gdb starts Python, torch and CUDA under the debugger; the lease's stage gives the probe
+# about 100 s in all, its six cases first (EO_PROBE_GDB_SECONDS moves it).
+GDB_SECONDS = float(os.environ.get("EO_PROBE_GDB_SECONDS", "45"))
 
 SCRIPT = r'''
 import sys, torch, evidential_ops as eo
@@ -95,7 +99,7 @@ def main() -> int:
         warmed = "WARMED" in run.stdout
         shown = result or (run.stderr.strip().splitlines()[-1:] if warmed else "failed before the call: "
                            + " | ".join(run.stderr.strip().splitlines()[-2:]))
-        print(f"{case:38s} exit {run.returncode:4d}  {shown}")
+        print(f"{case:38s} exit {run.returncode:4d}  {shown}", flush=True)
         if result is None or f"RESULT {expected}:" not in result:
             crashed.append(case)
     gdb = shutil.which("cuda-gdb")
@@ -103,14 +107,22 @@ def main() -> int:
         case = crashed[0]
         first, call, _ = CASES[case]
         print(f"\nnative backtrace of '{case}' (cuda-gdb):")
+        # Streamed line by line, not captured: the lease's stage may be killed at its cap, and what
+        # was printed by then is in the log.
+        # Its own process group, killed whole: the debuggee would otherwise hold the pipe open.
+        gdb_run = subprocess.Popen([gdb, "-batch", "-ex", "run", "-ex", "bt 40", "--args", sys.executable, "-c", SCRIPT,
+                                    first, call], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                   start_new_session=True)
+        timer = threading.Timer(GDB_SECONDS, lambda: os.killpg(gdb_run.pid, signal.SIGKILL))
+        timer.start()
         try:
-            stdout = subprocess.run([gdb, "-batch", "-ex", "run", "-ex", "bt 40", "--args", sys.executable, "-c",
-                                     SCRIPT, first, call], capture_output=True, text=True, timeout=GDB_SECONDS).stdout
-        except subprocess.TimeoutExpired as expired:  # what it printed by then still shows where it was
-            stdout = expired.stdout.decode(errors="replace") if isinstance(expired.stdout, bytes) else expired.stdout
-            print(f"(cuda-gdb stopped after {GDB_SECONDS} s)")
-        print("\n".join(line for line in (stdout or "").splitlines()
-                        if line.startswith(("#", "Thread", "Program")))[-6000:])
+            for line in gdb_run.stdout:
+                if line.startswith(("#", "Thread", "Program")):
+                    print(line.rstrip()[:400], flush=True)
+        finally:
+            timer.cancel()
+            if gdb_run.wait() == -9:
+                print(f"(cuda-gdb stopped after {GDB_SECONDS} s)")
     return 1 if crashed else 0
 
 

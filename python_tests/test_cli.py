@@ -159,10 +159,15 @@ def test_files_and_data_that_cannot_be_used_are_one_line(tmp_path):
     """A missing or foreign checkpoint or data directory: SystemExit with the option and the path,
     not a traceback."""
     foreign = tmp_path / "notes.txt"
-    foreign.write_text("not a checkpoint")
+    foreign.write_text("not a checkpoint")  # torch.load: UnpicklingError
+    greeting = tmp_path / "hello.pt"
+    greeting.write_text("hello\n")  # torch.load: KeyError
     cases = [
         (["eval", "--checkpoint", str(tmp_path / "missing.pt")], "--checkpoint: checkpoint .*missing.pt does not exist"),
         (["eval", "--checkpoint", str(foreign)], "--checkpoint: .*notes.txt is not an evidential_ops checkpoint"),
+        (["eval", "--checkpoint", str(greeting)], "--checkpoint: .*hello.pt is not an evidential_ops checkpoint"),
+        (["train", "--method", "tcl", "--resume", str(greeting), "--out", str(tmp_path), *TINY],
+         "--resume: .*hello.pt is not an evidential_ops checkpoint"),
         (["train", "--method", "tcl", "--resume", str(tmp_path / "missing.pt"), "--out", str(tmp_path), *TINY],
          "--resume: .*missing.pt does not exist"),
         (["train", "--method", "tcl", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path)],

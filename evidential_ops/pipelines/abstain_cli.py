@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from .. import risk_control
+from ..checks import NonFiniteError
 from .analysis import jsonable
 from .baseline import infonce_baseline
 from .cli import HelpFormatter, at_least, device_option, refused_inputs
@@ -121,7 +122,7 @@ def _run(args) -> int:
                                           alpha=args.alpha, delta=args.delta, calibration_share=args.calibration_share,
                                           seed=args.seed, baseline=args.baseline, device=args.device)
         except ValueError as error:  # an unknown score, too few queries to calibrate on (its docstring)
-            if isinstance(error, (CheckpointError, DataError)):
+            if isinstance(error, (CheckpointError, DataError, NonFiniteError)):
                 raise
             raise SystemExit(f"abstain: {error}") from None
     out = Path(args.out or Path(args.checkpoint).parent)

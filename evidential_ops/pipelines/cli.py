@@ -232,13 +232,16 @@ def _recipe(args, method: str, *, every_method: bool = False):
 
 
 @contextlib.contextmanager
-def refused_inputs(option: str | None = None):
+def refused_inputs(checkpoint_option: str | None = None):
     """What the user gave that the run cannot use (a checkpoint or data file, a learning rate that
-    diverges) as one line naming it and exit status 1, not a traceback."""
+    diverges) as one line and exit status 1, not a traceback; a checkpoint's error names the option
+    that gave it (checkpoint_option: --checkpoint, --resume)."""
     try:
         yield
-    except (FileNotFoundError, CheckpointError, DataError) as error:
-        raise SystemExit(f"{option + ': ' if option else ''}{error}") from None
+    except (FileNotFoundError, CheckpointError) as error:
+        raise SystemExit(f"{checkpoint_option + ': ' if checkpoint_option else ''}{error}") from None
+    except DataError as error:
+        raise SystemExit(str(error)) from None
     except TrainingDiverged as error:
         raise SystemExit(f"{error} (--lr)") from None
 
@@ -273,7 +276,7 @@ def _train(args) -> int:
         if args.resume is not None and not Path(args.resume).is_file():
             raise SystemExit(f"--resume: {args.resume} does not exist")
         try:
-            with refused_inputs():
+            with refused_inputs("--resume" if args.resume is not None else None):
                 metrics = run_training(args.method, recipe, _source(args, recipe, args.seed), out, seed=args.seed,
                                        quiet=args.quiet, device=args.device, baseline=args.baseline, plots=plots,
                                        resume=args.resume)

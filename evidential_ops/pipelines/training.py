@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import os
-import pickle
 import random
 import sys
 import time
@@ -277,7 +276,9 @@ def load_checkpoint(path) -> dict:
     # weights_only: the payload is plain containers and numbers, so no pickle code ever runs.
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError) as error:  # not a torch.save file, or truncated
+    except OSError:
+        raise
+    except Exception as error:  # not a torch.save file, or truncated: any of the unpickler's errors
         raise CheckpointError(f"{path} is not an evidential_ops checkpoint (torch.load cannot read it: "
                               f"{type(error).__name__})") from error
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:

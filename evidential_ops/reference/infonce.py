@@ -39,7 +39,7 @@ def _masked_logsumexp(logits: Tensor, mask: Tensor) -> Tensor:
 
 def infonce_line_losses(logits: Tensor, group: Tensor | None = None, drop_self: bool = False) -> tuple[Tensor, Tensor]:
     """Row and column losses (K,), (K,) of given logits s (K, K) = x·yᵀ/τ:
-    ℓ_i = LSE_{D(i)}(s_i·) − LSE_{P(i)}(s_i·) = ln(1 + e^{LSE_N − LSE_P}), N(i) = D(i) \ P(i)
+    ℓ_i = LSE_{D(i)}(s_i·) − LSE_{P(i)}(s_i·) = ln(1 + e^{LSE_N − LSE_P}), N(i) = D(i) \\ P(i)
     (infonce_lines.line_losses: no cancellation on a confident line), and the same on sᵀ (SPEC §2
     "InfoNCE").
 
