@@ -14,6 +14,7 @@ import triton
 from torch import Tensor
 
 from ..checks import require as _require
+from ..infonce_lines import NUM_LINE_STATS, candidates_lse, line_losses, negative_share
 from . import infonce_kernels
 from .launch import (
     _check_embeddings,
@@ -29,7 +30,6 @@ from .launch import (
     triton_cdiv,
 )
 
-from ..infonce_lines import NUM_LINE_STATS, candidates_lse, line_losses, negative_share
 BLOCK_M = 32
 BLOCK_N = 32
 BLOCK_K = 32
