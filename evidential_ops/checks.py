@@ -73,11 +73,13 @@ def require(condition: Tensor, message: str, error: type[ValueError] = ValueErro
 
 
 def _every_batch_member(condition: Tensor) -> Tensor:
-    """`condition` as Python may branch on it. Under torch.func transforms it is a wrapper: under
-    vmap a batched tensor, whose bool() is refused as data-dependent control flow. The values are
-    concrete there (eager), so the condition is read off the unwrapped tensor, over every member
-    of the batch at once."""
+    """`condition` as Python may branch on it: itself, outside torch.func transforms (no extra op
+    on the hot path). Under them it is a wrapper: under vmap a batched tensor, whose bool() is
+    refused as data-dependent control flow. The values are concrete there (eager), so the
+    condition is read off the unwrapped tensor, over every member of the batch at once."""
     functorch = torch._C._functorch
+    if not functorch.is_functorch_wrapped_tensor(condition):
+        return condition
     while functorch.is_functorch_wrapped_tensor(condition):
         condition = functorch.get_unwrapped(condition)
     return condition.all()

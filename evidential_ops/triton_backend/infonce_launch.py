@@ -14,7 +14,7 @@ import triton
 from torch import Tensor
 
 from ..checks import require as _require
-from ..infonce_lines import NUM_LINE_STATS, candidates_lse, line_losses, negative_share
+from ..infonce_lines import NEGATIVES, NUM_LINE_STATS, POSITIVES, candidates_lse, line_losses, negative_share
 from . import infonce_kernels
 from .launch import (
     _check_embeddings,
@@ -75,7 +75,7 @@ def _check_line_values(stats: Tensor, tau: float) -> None:
              f"tau={tau} or the similarities are too large: a logit s/tau is not finite. The losses expect cosine "
              "similarities (|s| <= 1): for raw features pass normalize=True or L2-normalise x and y; otherwise use "
              "a larger tau.")
-    _require(~(stats[1] == -math.inf).any(),
+    _require(~(stats[POSITIVES] == -math.inf).any(),
              "group: with drop_self=True every line needs another member of its group (a group of one, or no group "
              "ids at all, leaves a line without positives)")
 
@@ -96,8 +96,9 @@ def infonce_forward(x: Tensor, y: Tensor, group: Tensor | None, tau: float, drop
     out_dtype = _output_dtype(x.dtype)
 
     def losses(stats, used):
-        return line_losses(stats[0], stats[1]).to(out_dtype) if used else torch.zeros(k, dtype=out_dtype,
-                                                                                        device=x.device)
+        if not used:
+            return torch.zeros(k, dtype=out_dtype, device=x.device)
+        return line_losses(stats[NEGATIVES], stats[POSITIVES]).to(out_dtype)
 
     return losses(row_stats, rows), losses(col_stats, cols), row_stats, col_stats
 
@@ -142,8 +143,9 @@ def infonce_backward(grad_rows: Tensor, grad_cols: Tensor, x: Tensor, y: Tensor,
         # (infonce_lines.py): the share does not cancel where ℓ is tiny.
         if upstream is None:
             return None
-        lse_d = torch.stack([candidates_lse(stats[0], stats[1]), stats[1]])
-        return lse_d, upstream, negative_share(stats[0], stats[1]).contiguous()
+        negatives, positives = stats[NEGATIVES], stats[POSITIVES]
+        lse_d = torch.stack([candidates_lse(negatives, positives), positives])
+        return lse_d, upstream, negative_share(negatives, positives).contiguous()
 
     row_line, col_line = line(row_stats, up_rows), line(col_stats, up_cols)
     dx = _gradient(q, c, group, row_line, col_line, inv_tau, drop_self, f64, x.dtype) if need_dx else x.new_empty(0)
