@@ -12,6 +12,7 @@ extensions):
 
 import glob
 import os
+import sys
 
 from setuptools import setup
 
@@ -74,6 +75,19 @@ def _cublas_flags() -> tuple[list[str], list[str], list[str]]:
     return cxx, libraries, link
 
 
+def _runtime_link_args() -> list[str]:
+    """Link flags that make the extension share torch's C++ runtime.
+
+    A C++ op's error (TORCH_CHECK_VALUE, a ValueError in Python) is a C++ exception thrown in the
+    extension and caught in torch's dispatcher: both must use the one libstdc++.so. A compiler that
+    links libstdc++ statically (a g++ wrapper adding -static-libstdc++, as one GPU machine's CXX
+    did) gives the extension a copy of its own, and the first such error crashed the process. An
+    explicit -lstdc++ comes before the driver's own libraries, so the shared library resolves every
+    C++ runtime symbol and the static archive is never pulled in.
+    """
+    return ["-lstdc++"] if sys.platform.startswith("linux") else []
+
+
 def extension():
     debug = _flag("EO_DEBUG")
     cxx = ["-O0", "-g"] if debug else ["-O3"]
@@ -100,14 +114,14 @@ def extension():
             include_dirs=include_dirs,
             libraries=blas_libraries,
             extra_compile_args={"cxx": cxx + ["-DEO_WITH_CUDA", archs_define] + blas_cxx, "nvcc": nvcc},
-            extra_link_args=["-fopenmp"] + blas_link,
+            extra_link_args=["-fopenmp"] + blas_link + _runtime_link_args(),
         )
     return CppExtension(
         "evidential_ops._C",
         cpu_sources,
         include_dirs=include_dirs,
         extra_compile_args={"cxx": cxx},
-        extra_link_args=["-fopenmp"],
+        extra_link_args=["-fopenmp"] + _runtime_link_args(),
     )
 
 

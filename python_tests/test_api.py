@@ -5,7 +5,10 @@ Backends are compared with the float64 reference evaluated on the same inputs (S
 
 from __future__ import annotations
 
+import ctypes
 import math
+import os
+import sys
 
 import pytest
 import torch
@@ -22,6 +25,29 @@ def test_available_backends_lists_reference_first():
     assert names[0] == "reference"
     assert set(names) <= {"reference", "cpu", "triton", "cuda"}
     assert "extension not loaded" not in eo.build_info()
+
+
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p), ("dli_sname", ctypes.c_char_p),
+                ("dli_saddr", ctypes.c_void_p)]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the ELF loader's symbol lookup")
+def test_extension_throws_with_torchs_cpp_runtime():
+    """A ValueError from a C++ op crosses from the extension into torch's dispatcher as a C++
+    exception: both must throw and catch with one libstdc++. A compiler that links it statically
+    (a g++ wrapper adding -static-libstdc++) gave the extension its own copy, and the first
+    ValueError of any op killed the process with SIGSEGV (an H200 machine, torch 2.11). The loader
+    resolves __cxa_throw from the extension itself when that copy is there, else from libstdc++.so."""
+    _C = pytest.importorskip("evidential_ops._C")
+    extension = ctypes.CDLL(_C.__file__)
+    address = ctypes.cast(extension["__cxa_throw"], ctypes.c_void_p).value
+    info = _DlInfo()
+    assert ctypes.CDLL(None).dladdr(ctypes.c_void_p(address), ctypes.byref(info)) != 0
+    defined_in = os.path.realpath(info.dli_fname.decode())
+    assert defined_in != os.path.realpath(_C.__file__), (
+        "the extension carries its own C++ runtime (linked with -static-libstdc++): rebuild it so that "
+        "libstdc++.so is linked (setup.py passes -lstdc++)")
 
 
 @pytest.mark.parametrize("direction", ["rows", "cols", "both"])
