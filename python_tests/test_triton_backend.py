@@ -665,10 +665,11 @@ def test_triton_backward_paths_match_the_reference(gen, monkeypatch, path):
     if "strip" in path:
         monkeypatch.setattr(launch.BackwardPlan, "BLOCK_DTYPES", ())
     if path in ("blocks", "strips", "strips, two passes", "dx only", "dy only"):
-        # 1808 elements: 16 rows of a strip, 8 strips, the last partial; or 2 × 4 blocks of 57 × 29
+        # 16 stored rows of 116 elements (113 rounded up to launch.ROW_ALIGN_BYTES): 16 rows of a
+        # strip, 8 strips, the last partial; or 2 × 4 blocks of 57 × 29, stored in rows of 32
         # (launch.block_shape: 4 gradient rows a line moved again, as 3 × 3 of 38 × 38 would, in
         # fewer blocks), the last of each partial
-        monkeypatch.setattr(launch, "STRIP_BUDGET_BYTES", 16 * 113 * 4)
+        monkeypatch.setattr(launch, "STRIP_BUDGET_BYTES", 16 * launch.aligned_row_length(113, 4) * 4)
     if path == "strips, two passes":
         monkeypatch.setattr(launch, "ACCUMULATOR_BUDGET_BYTES", -1)
     if path == "dx only":
@@ -719,9 +720,24 @@ def test_triton_block_shape_fits_its_budget_where_a_full_column_does_not():
     from evidential_ops.triton_backend import launch
 
     assert launch.block_shape(113, 113, 100) == (11, 9)
-    for elements in (100, 113, 1808, 113 * 113):
-        rows, cols = launch.block_shape(113, 113, elements)
-        assert rows * cols <= elements and rows * cols > elements // 4
+    for align in (1, 2, 4, 8):  # rows stored aligned_row_length apart (float64 to 16-bit elements)
+        for elements in (100, 113, 1808, 113 * 113):
+            rows, cols = launch.block_shape(113, 113, elements, align)
+            stored = -(-cols // align) * align
+            assert rows * stored <= elements and rows * stored > elements // 4
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_triton_stored_strips_rows_are_16_byte_aligned(dtype):
+    """cuBLAS's sm_90 GEMMs need 16-byte aligned rows (launch.ROW_ALIGN_BYTES); a block of 2731
+    float32 columns fell back to sm_80 kernels at a third of the speed on an H200."""
+    from evidential_ops.triton_backend import launch
+
+    for cols in (1, 113, 2731, 2732):
+        block = launch.aligned_matrix(7, cols, dtype, torch.device("cpu"))
+        assert block.shape == (7, cols) and block.stride(1) == 1
+        assert block.stride(0) >= cols and (block.stride(0) * dtype.itemsize) % launch.ROW_ALIGN_BYTES == 0
+        assert block.stride(0) - cols < launch.ROW_ALIGN_BYTES // dtype.itemsize  # no more than needed
 
 
 def test_triton_fused_backward_is_bitwise_deterministic(gen, monkeypatch):
@@ -832,8 +848,8 @@ def test_triton_similarity_strips_match_the_reference(gen, monkeypatch, strips):
     from evidential_ops.triton_backend import launch
 
     monkeypatch.setattr(launch, "similarity_strips", lambda dtype, d, precision, like=None: dtype == torch.float32)
-    if strips != "one strip":
-        monkeypatch.setattr(launch, "STRIP_BUDGET_BYTES", 16 * 113 * 4)
+    if strips != "one strip":  # 16 stored rows of 113 elements aligned (launch.aligned_row_length)
+        monkeypatch.setattr(launch, "STRIP_BUDGET_BYTES", 16 * launch.aligned_row_length(113, 4) * 4)
     forwards = _record_strip_statistics(monkeypatch, launch, lambda a: a[0].n_own)
     plans = _record_plans(monkeypatch, launch)
     k, d, tau = 113, 203, 0.05
@@ -1152,3 +1168,4 @@ def test_infonce_logits_are_rounded_once_in_the_compiled_kernel(tmp_path):
         if line.strip():
             group, drop_self, contracted = line.split()
             assert contracted == "0", f"group={group} drop_self={drop_self}: {contracted} contracted logits"
+

@@ -73,6 +73,12 @@ SIMILARITY_STRIPS_ABOVE_D = int(os.environ.get("EO_TRITON_STRIPS_ABOVE_D", "512"
 # in 170 ms (UML 222 ms, DUQ 166 ms the same way). Nothing in that ratio depends on D, so no
 # width is exempt. EO_TRITON_IEEE_STRIPS_ABOVE_D moves it.
 IEEE_SIMILARITY_STRIPS_ABOVE_D = int(os.environ.get("EO_TRITON_IEEE_STRIPS_ABOVE_D", "0"))
+# A stored strip or block of s or G starts each row this many bytes apart (a multiple): cuBLAS's
+# sm_90 GEMMs read and write through the tensor memory accelerator, which needs 16-byte aligned
+# rows; a block of 2731 float32 columns (BackwardPlan "blocks" at K = 16384) took cutlass's sm_80
+# kernels instead, 5.0-5.4 ms a product set against 1.4-2.1 ms for the sm_90 ones on the same
+# shapes (an H200, python bench/kernel_times.py, triton tcl tf32 K = 16384 D = 1024).
+ROW_ALIGN_BYTES = 16
 
 
 # ----------------------------------------------------------------------------------- launching
@@ -469,10 +475,23 @@ def strip_budget(lines: int, reserved: int = 0) -> int:
     return EXTRA_MEMORY_BYTES - STRIP_SPARE_BYTES - PER_LINE_BYTES * lines - reserved
 
 
+def aligned_row_length(cols: int, size: int) -> int:
+    """Elements from one row of a stored strip or block to the next: `cols` rounded up to
+    ROW_ALIGN_BYTES of `size`-byte elements."""
+    align = max(1, ROW_ALIGN_BYTES // size)
+    return triton_cdiv(cols, align) * align
+
+
+def aligned_matrix(rows: int, cols: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """An uninitialised (rows, cols) matrix whose rows lie aligned_row_length(cols) elements apart
+    (stride (that, 1)): cuBLAS writes and reads it in place (out=) with its sm_90 kernels."""
+    return torch.empty((rows, aligned_row_length(cols, dtype.itemsize)), dtype=dtype, device=device)[:, :cols]
+
+
 def strip_rows(m: int, n: int, size: int) -> int:
-    """Rows of a stored (rows, n) strip of `size`-byte elements within `strip_budget`, evened out
-    over the m rows (the strips of s in the forward)."""
-    rows = max(1, min(m, strip_budget(max(m, n)) // max(n * size, 1)))
+    """Rows of a stored (rows, n) strip of `size`-byte elements (rows aligned_row_length apart)
+    within `strip_budget`, evened out over the m rows (the strips of s in the forward)."""
+    rows = max(1, min(m, strip_budget(max(m, n)) // max(aligned_row_length(n, size) * size, 1)))
     return triton_cdiv(m, triton_cdiv(m, rows))
 
 
@@ -492,7 +511,7 @@ def _strip_statistics(source: "_Source", t_off: int, evidence: int, inv_tau: flo
     flags = _stat_flags(terms)
     config = configs.default("stats", a.device)
     programs = strip_programs(triton_cdiv(n, config.block_m), _sm_count(a.device))
-    s = torch.empty((rows_per_strip, n), dtype=torch.float32, device=a.device)
+    s = aligned_matrix(rows_per_strip, n, torch.float32, a.device)
     partials = torch.zeros((programs * ns * rows_per_strip,), dtype=torch.float64, device=a.device)
     # Every statistic the sweep stores, it stores for every column; those it does not stay 0.
     strip_cols = torch.zeros_like(col_stats)
@@ -523,7 +542,7 @@ def _strip_statistics_one_way(source: "_Source", t_off: int, evidence: int, inv_
     a, b = source.a, source.b
     m, n = source.n_own, source.n_other
     rows_per_strip = strip_rows(m, n, 4)
-    s = torch.empty((rows_per_strip, n), dtype=torch.float32, device=a.device)
+    s = aligned_matrix(rows_per_strip, n, torch.float32, a.device)
     with _float32_products(a, precision):
         for r0 in range(0, m, rows_per_strip):
             rows = min(rows_per_strip, m - r0)
@@ -771,16 +790,18 @@ class BackwardPlan:
             self.extra_bytes = n * d * acc_size
         elif need_dx and need_dy and dtype in self.BLOCK_DTYPES:
             self.kind, self.strip, self.recomputations = "blocks", 0, 1
-            self.block_rows, self.block_cols = block_shape(m, n, strip_budget(max(m, n)) // size)
-            self.extra_bytes = self.block_rows * self.block_cols * size
+            self.block_rows, self.block_cols = block_shape(m, n, strip_budget(max(m, n)) // size,
+                                                           aligned_row_length(1, size))
+            self.extra_bytes = self.block_rows * aligned_row_length(self.block_cols, size) * size
             self.from_s = strips_of_s
         else:
             longest = max(m, n)
+            row_length = aligned_row_length(longest, size)  # a stored strip's row, aligned
             accumulator = 2 * n * d * acc_size if sixteen_bit else 0
             shareable = need_dx and need_dy and accumulator <= ACCUMULATOR_BUDGET_BYTES
 
             def strip_for(reserved: int) -> int:
-                return max(1, min(longest, strip_budget(longest, reserved) // (longest * size)))
+                return max(1, min(longest, strip_budget(longest, reserved) // (row_length * size)))
 
             if need_dx and need_dy and strip_for(0) >= m:
                 # every row in one strip: dy is a single product of it, written once in its own
@@ -797,14 +818,15 @@ class BackwardPlan:
             two_passes = need_dx and need_dy and not self.dy_in_pass
             self.kind = "strips, two passes" if two_passes else "strips"
             self.recomputations = 2 if two_passes else 1
-            self.extra_bytes = self.strip * longest * size + (accumulator if self.dy_in_pass else 0)
+            self.extra_bytes = self.strip * row_length * size + (accumulator if self.dy_in_pass else 0)
             self.from_s = strips_of_s
         self.gemm_equivalents = self.recomputations + int(need_dx) + int(need_dy)
 
 
-def block_shape(m: int, n: int, elements: int) -> tuple[int, int]:
+def block_shape(m: int, n: int, elements: int, align: int = 1) -> tuple[int, int]:
     """(rows, cols) of the G blocks of BackwardPlan "blocks" for an (m, n) problem, at most
-    `elements` a block: of the even splits into row and column blocks that fit, the one that reads
+    `elements` a block with its rows `align` elements aligned (cols rounded up to a multiple of
+    `align` apart: aligned_row_length): of the even splits into row and column blocks that fit, the one that reads
     and writes the fewest gradient rows again, (col_blocks − 1)·m + (row_blocks − 1)·n; then the
     fewest blocks (fewer launches), then the fewest row blocks (dy, beyond L2 at large K, is the
     gradient moved once per row block; dx stays per row block)."""
@@ -813,7 +835,7 @@ def block_shape(m: int, n: int, elements: int) -> tuple[int, int]:
         cols = triton_cdiv(n, col_blocks)
         if triton_cdiv(n, cols) != col_blocks:
             continue  # the same split as a smaller count
-        rows = min(m, elements // cols)
+        rows = min(m, elements // (triton_cdiv(cols, align) * align))
         if rows < 1:
             continue  # narrower columns may still fit a row
         row_blocks = triton_cdiv(m, rows)
@@ -896,7 +918,7 @@ def _strip_passes(x: Tensor, y: Tensor, t_off: int, bw: _Backward, plan: Backwar
         _block_pass(x, y, t_off, bw, plan, dx, dy, precision)
         return dx, dy
     if need_dx:
-        g = torch.empty((min(plan.strip, m), n), dtype=x.dtype, device=x.device)
+        g = aligned_matrix(min(plan.strip, m), n, x.dtype, x.device)
         dy_acc = None
         single = plan.dy_in_pass and plan.strip >= m  # dy one product of the one strip
         if plan.dy_in_pass and not single:
@@ -917,7 +939,7 @@ def _strip_passes(x: Tensor, y: Tensor, t_off: int, bw: _Backward, plan: Backwar
             dy.copy_(dy_acc)
         del g, strip, dy_acc  # freed before the column pass allocates its strip: one strip at a time
     if need_dy and not plan.dy_in_pass:
-        g = torch.empty((min(plan.strip, n), m), dtype=y.dtype, device=y.device)
+        g = aligned_matrix(min(plan.strip, n), m, y.dtype, y.device)
         for col0 in range(0, n, plan.strip):
             cols = min(plan.strip, n - col0)
             strip = g[:cols]
@@ -934,12 +956,12 @@ def _block_pass(x: Tensor, y: Tensor, t_off: int, bw: _Backward, plan: BackwardP
     column blocks of each in order: dx[rows] = Σ G·y[cols] and dy[cols] = Σ Gᵀ·x[rows], each sum
     in block order (the first product written, the others added by cuBLAS), the same on every run."""
     m, n = x.shape[0], y.shape[0]
-    g = torch.empty((min(plan.block_rows, m), min(plan.block_cols, n)), dtype=x.dtype, device=x.device)
+    g = aligned_matrix(min(plan.block_rows, m), min(plan.block_cols, n), x.dtype, x.device)
     for row0 in range(0, m, plan.block_rows):
         rows = min(plan.block_rows, m - row0)
         for col0 in range(0, n, plan.block_cols):
             cols = min(plan.block_cols, n - col0)
-            block = g.view(-1)[:rows * cols].view(rows, cols)  # contiguous: cuBLAS writes it (out=)
+            block = g[:rows, :cols]  # rows ROW_ALIGN_BYTES-aligned apart: cuBLAS writes it in place (out=)
             if plan.from_s:
                 torch.mm(x[row0:row0 + rows], y[col0:col0 + cols].t(), out=block)
             _gradient_block(x, y, bw.row_g, bw.col_g, t_off, row0, rows, col0, cols, block, bw, precision,
