@@ -1169,3 +1169,20 @@ def test_infonce_logits_are_rounded_once_in_the_compiled_kernel(tmp_path):
             group, drop_self, contracted = line.split()
             assert contracted == "0", f"group={group} drop_self={drop_self}: {contracted} contracted logits"
 
+
+def test_float32_backward_stays_one_op_under_torch_compile():
+    """The float32 backward multiplies its strips or blocks of G with cuBLAS at the op's own
+    matmul_precision, set around the products in eager mode: traced into a graph, they would run
+    at torch's global TF32 switch instead (an H200: opcheck's compiled "tf32" gradient differed by
+    up to 14 % an element). So that op stays whole under torch.compile; 16-bit and float64 calls,
+    and the other ops, still decompose into their Triton kernels."""
+    from evidential_ops.triton_backend import registration
+
+    def backward_args(dtype):
+        x = torch.zeros(3, 2, dtype=dtype)
+        return (None, None, x, x, None, None, None, "exp", 0.05, None, 1, True, True, 0, [True, True], "tf32")
+
+    assert registration._float32_cublas_products("loss_backward", backward_args(torch.float32))
+    for dtype in (torch.float64, torch.bfloat16, torch.float16):
+        assert not registration._float32_cublas_products("loss_backward", backward_args(dtype))
+    assert not registration._float32_cublas_products("loss_forward", backward_args(torch.float32))

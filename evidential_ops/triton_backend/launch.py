@@ -890,10 +890,12 @@ def _accumulate_product(out: Tensor, g: Tensor, b: Tensor) -> None:
 
 
 def _float32_products(like: Tensor, precision: str):
-    """cuBLAS float32 products as matmul_precision says (TF32 or IEEE), for the eager launches on
-    CUDA tensors (backends.matmul_precision); elsewhere nothing to set (CPU products are IEEE; a
-    traced graph keeps torch's setting)."""
-    if like.device.type != "cuda" or like.dtype != torch.float32 or _tracing(like):
+    """cuBLAS float32 products as matmul_precision says (TF32 or IEEE) on CUDA tensors
+    (backends.matmul_precision), also while a CUDA graph is captured (cuBLAS takes the switch
+    when the call is recorded); nothing to set on the CPU (IEEE products). Never traced: the
+    float32 backward stays an opaque op under torch.compile (registration._float32_cublas_products)
+    and the forward's strips are eager launches only (similarity_strips)."""
+    if like.device.type != "cuda" or like.dtype != torch.float32:
         return contextlib.nullcontext()
     return matmul_precision(precision)
 
