@@ -780,16 +780,17 @@ def test_triton_extra_memory_at_k65536_d1024_is_below_64_mib(dtype):
     k, d = 65536, 1024
     forward = launch.PARTIAL_BUDGET_BYTES + 2 * launch.NUM_LINE_STATS * k * 8
     plan = launch.BackwardPlan(k, k, d, dtype)
-    backward = plan.extra_bytes + 2 * (launch.NUM_LINE_STATS + launch.NUM_GRADIENT_FIELDS + 1) * k * 8
+    backward = plan.extra_bytes + launch.PER_LINE_BYTES * k
     assert forward < 64 * 2**20 and backward < 64 * 2**20
-    # A strip or block takes what 64 MiB leaves beside 2 MiB spare and 2·17 float64 a line (17 MiB):
-    # 45 MiB. bfloat16: strips of 360 rows of 65536, where dy read and written once a strip would
-    # move more bytes than G once more (and a float32 dy would be 256 MiB): two passes. float32:
-    # blocks of 4096 × 2850 (16 × 23), dx and dy their own accumulators, one pass.
+    # A strip or block takes what 64 MiB leaves beside 2 MiB spare and 2·27 float64 a line (27 MiB,
+    # launch.PER_LINE_BYTES): 35 MiB. bfloat16: strips of 280 rows of 65536, where dy read and
+    # written once a strip would move more bytes than G once more (and a float32 dy would be
+    # 256 MiB): two passes. float32: blocks of 3450 × 2622 (19 × 25, rows stored in 2624), dx and
+    # dy their own accumulators, one pass.
     if dtype == torch.float32:
-        assert (plan.kind, plan.gemm_equivalents, plan.block_rows, plan.block_cols) == ("blocks", 3, 4096, 2850)
+        assert (plan.kind, plan.gemm_equivalents, plan.block_rows, plan.block_cols) == ("blocks", 3, 3450, 2622)
     else:
-        assert (plan.kind, plan.gemm_equivalents, plan.strip) == ("strips, two passes", 4, 360)
+        assert (plan.kind, plan.gemm_equivalents, plan.strip) == ("strips, two passes", 4, 280)
     if dtype == torch.float32:
         # TF32 products: s from strips in the forward too (launch.similarity_strips): one strip of
         # s in float32, the partials of its rows from at most one program per SM (200 here) and
@@ -797,7 +798,7 @@ def test_triton_extra_memory_at_k65536_d1024_is_below_64_mib(dtype):
         rows = launch.strip_rows(k, k, 4)
         strip_forward = rows * k * 4 + launch.strip_programs(k // 64, 200) * 6 * rows * 8 \
             + 3 * launch.NUM_LINE_STATS * k * 8
-        assert rows == 180 and strip_forward < 64 * 2**20
+        assert rows == 140 and strip_forward < 64 * 2**20
         assert launch.BackwardPlan(k, k, d, dtype, strips_of_s=True).extra_bytes == plan.extra_bytes
     # 16-bit strips with dy in their pass: every row in one strip, dy a single product of it (no
     # float32 accumulator: the strip alone, 8 MiB); or 13 strips of 1336 rows beside a float32 dy

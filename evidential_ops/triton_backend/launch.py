@@ -47,9 +47,13 @@ _STRIP_MIB = os.environ.get("EO_TRITON_STRIP_MIB")
 STRIP_BUDGET_BYTES = int(float(_STRIP_MIB) * 2**20) if _STRIP_MIB else None
 # float64 per line of each direction held with a strip: the saved statistics (7), the line
 # constants (9) and the upstream gradient (1); the forward's columns' sums of a strip (7) and
-# the statistics are less. STRIP_SPARE covers a strip's partials (one program per SM, 132 × 6
-# slots × 180 rows × 8 bytes = 1.1 MiB at K = 65536) and the allocator's rounding.
-PER_LINE_BYTES = 2 * (7 + 9 + 1) * 8
+# the statistics are less. And 10 more, measured rather than planned: at the peak of a K = 65536
+# step on an H200 (bench/memory_peak.py) 8.9 MiB beyond those were live, 7.5 MiB allocated by
+# autograd's backward thread (no Python frames; as much beside the cuda backend's op) and 1.4 MiB
+# of _scaled_p_flag's temporaries, 142 bytes a line in all, and that step took 69.4 MiB against
+# the 64 aimed at. STRIP_SPARE covers a strip's partials (one program per SM, 132 × 6 slots × 180
+# rows × 8 bytes = 1.1 MiB at K = 65536) and the allocator's rounding.
+PER_LINE_BYTES = 2 * (7 + 9 + 1 + 10) * 8
 STRIP_SPARE_BYTES = 2 * 2**20
 ACCUMULATOR_BUDGET_BYTES = 24 * 2**20
 # What a second backward pass costs beyond its G traffic, in bytes of device-memory time per element
@@ -469,7 +473,7 @@ def similarity_strips(dtype: torch.dtype, d: int, precision: str, like: Tensor |
 def strip_budget(lines: int, reserved: int = 0) -> int:
     """Bytes a strip may take in a problem of `lines` lines a direction: STRIP_BUDGET_BYTES where
     EO_TRITON_STRIP_MIB sets it, else what EXTRA_MEMORY_BYTES leaves beside the per-line buffers,
-    the spare and `reserved` bytes held with it (58 MiB at K = 16384, 45 MiB at K = 65536)."""
+    the spare and `reserved` bytes held with it (55 MiB at K = 16384, 35 MiB at K = 65536)."""
     if STRIP_BUDGET_BYTES is not None:
         return STRIP_BUDGET_BYTES
     return EXTRA_MEMORY_BYTES - STRIP_SPARE_BYTES - PER_LINE_BYTES * lines - reserved
@@ -748,21 +752,21 @@ class BackwardPlan:
       ACCUMULATOR_BUDGET_BYTES; one strip of every row: dy one product of it, no accumulator),
       where reading and writing dy again for every further strip costs
       no more than a second pass: its G traffic and RECOMPUTE_BYTES_PER_ELEMENT (strips of at
-      least D/3 rows in float32: K = 16384, D = 1024 takes 18 strips of 924 rows, dy moved 2.1 GiB
+      least D/3 rows in float32: K = 16384, D = 1024 takes 19 strips of 884 rows, dy moved 2.3 GiB
       against 2 GiB of G and the element work of 2.7e8 elements, ~4 GiB).
       3 GEMM-equivalents (2 for one gradient).
     - "strips, two passes" otherwise: dy from strips of columns, G recomputed. 4 GEMM-equivalents.
-      At K = 65536, D = 1024 (strips of 360 bfloat16 rows): dy read and written 182 times would be
-      91 GiB against 16 GiB for G once more.
+      At K = 65536, D = 1024 (strips of 280 bfloat16 rows): dy read and written 234 times would be
+      117 GiB against 16 GiB for G once more.
     - "blocks" (float32 and float64 inputs, both gradients: dx and dy are their own accumulators):
       G of a (block_rows, block_cols) block at a time, row blocks in order and the column blocks of
       each in order; dx[rows] += G·y[cols] and dy[cols] += Gᵀ·x[rows] (the first product of each
       written). Every gradient row is read and written once per block that adds to it after its
       first: (col_blocks − 1)·m + (row_blocks − 1)·n rows of D in all, which the block shape
       minimises within the budget (`block_shape`), where a strip of full rows (one column block)
-      moves dy once per strip. K = 16384, D = 1024, float32: 3 × 6 blocks of 5462 × 2731, 7 rows
-      of D a line moved again, against 17 for 18 strips of 924 rows; K = 65536: 16 × 23 blocks of
-      4096 × 2850, 37 (where strips took two passes: 4 GEMM-equivalents and the element work
+      moves dy once per strip. K = 16384, D = 1024, float32: 4 × 5 blocks of 4096 × 3277, 7 rows
+      of D a line moved again, against 18 for 19 strips of 884 rows; K = 65536: 19 × 25 blocks of
+      3450 × 2622, 42 (where strips took two passes: 4 GEMM-equivalents and the element work
       twice). 3 GEMM-equivalents.
     A strip or block is as large as `strip_budget` allows (what 64 MiB leaves beside the per-line
     buffers and, where dy shares the pass, its float32 accumulator).
