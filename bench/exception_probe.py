@@ -8,6 +8,9 @@ expects a ValueError from inside a C++ op (a strip argument out of range, τ too
 features) ended its worker with a segmentation fault, while Python-side checks raised as they
 should. The CPU backend's same checks raise on every machine CI has seen, but were not run there;
 with a CUDA build of torch (2.14, no GPU) and the extension built against it they raise too.
+The second run (bench/results/gpu_h200_second_lease.md) answered it with this probe: the cpu op
+crashed too, libtorch's check did not. The machine's CXX had linked libstdc++ statically into
+the extension; setup.py now links it shared. The probe stays, as that fix's check on a GPU machine.
 
 Each case runs in its own process, so that the table separates the possible causes:
 - ours alone: the cpu op, then the cuda op, each with an argument its C++ check rejects before

@@ -8,7 +8,8 @@ Forward + backward from unit embeddings x, y (K, D), τ = 0.05, one process, the
   both directions as its README's CLIP example: ½(cal_inf_loss(x, y, scale=1/τ) + cal_inf_loss(y, x, ...));
 - plain: open_clip ClipLoss's InfoNCE, logits = x·yᵀ/τ, ½(CE(logits) + CE(logitsᵀ));
 - infonce: `evidential_ops.infonce_loss` (backend auto: the fused InfoNCE of the GPU);
-- tcl: `evidential_ops.evidential_loss` with TCL's terms (benchmark.LOSS_CASES["tcl"], backend auto).
+- tcl: `evidential_ops.evidential_loss` with TCL's terms (benchmark.LOSS_CASES["tcl"], backend auto,
+  matmul_precision "tf32" in the tf32 cells).
 Precisions: bf16 inputs, or float32 inputs with TF32 products ("tf32": Inf-CL's Triton dots take
 TF32 by default, and torch is set to allow it for plain). Per cell: median of `--repeats` steps after
 a warm-up (CUDA events) and the peak extra device memory of one step (benchmark.peak_extra_device_mib).
@@ -58,9 +59,16 @@ def infonce_step(x, y):
     eo.infonce_loss(x, y, tau=TAU, reduction="mean_of_directions", check_finite=False).backward()
 
 
-def tcl_step(x, y):
-    x.grad = y.grad = None
-    eo.evidential_loss(x, y, check_finite=False, **LOSS_CASES["tcl"].keywords).backward()
+def tcl_step(precision: str):
+    """TCL at the cell's product precision: the fused op takes it as an argument (matmul_precision)
+    and ignores torch's TF32 switch; the H200's first peer run left it at "ieee" in its "tf32" cells
+    (872 ms at K = 65536, the IEEE step)."""
+
+    def step(x, y):
+        x.grad = y.grad = None
+        eo.evidential_loss(x, y, check_finite=False, matmul_precision=precision,
+                           **LOSS_CASES["tcl"].keywords).backward()
+    return step
 
 
 def main(argv=None) -> int:
@@ -86,7 +94,7 @@ def main(argv=None) -> int:
                 record = {"impl": impl, "k": k, "d": args.d, "precision": precision, "tau": TAU}
                 try:
                     step = {"infcl": lambda: infcl_step(head_dim), "plain": lambda: plain_step,
-                            "infonce": lambda: infonce_step, "tcl": lambda: tcl_step}[impl]()
+                            "infonce": lambda: infonce_step, "tcl": lambda: tcl_step(matmul)}[impl]()
                     with matmul_precision(matmul):
                         seconds = timings(lambda: step(x, y), repeats=args.repeats, warmup=1, device=device)
                         x.grad = y.grad = None
