@@ -71,7 +71,7 @@ def infonce_loss(
     Row i (x_i querying y): ℓ_i = −ln(Σ_{j∈P(i)} e^{s_ij} / Σ_{j∈D(i)} e^{s_ij}), P(i) the positives
     ({i}, or every j with group[j] == group[i]) and D(i) the candidates (every j); column j the
     same on sᵀ. drop_self=True removes the self term j = i from both (FUME's released code; needs
-    group ids in which every line has another member). The fused backends never store s: one pass
+    group ids in which every line has another member). The fused backends never store s whole: one pass
     of tiles forward, a recomputing backward, O(K) extra memory.
 
     Args:

@@ -13,6 +13,7 @@ sees the same float32 inputs, upcast, with exact float64 products.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -27,14 +28,33 @@ CASES = [case for case in fused_cases()
          if eo.infonce._has_infonce_kernels(eo.backends.resolve(case.name, case.device), case.device)]
 WITHOUT_KERNELS = [case for case in fused_cases() if case not in CASES]
 pytestmark = pytest.mark.skipif(not CASES, reason="no fused backend with InfoNCE kernels built")
+# Triton's other way to the same function (infonce_launch.py): the cuBLAS strips, which CUDA
+# tensors take in eager mode, as well under the interpreter; on a GPU the tile kernels as well,
+# which traced graphs and float64 inputs take.
+# Under the interpreter the strips also take 16-bit inputs (their G in two parts of the input
+# dtype: infonce_strip_grad_kernel's SPLIT).
+CASES += [replace(case, variant="strips", dtypes=case.dtypes + (torch.float16, torch.bfloat16))
+          if case.device.type == "cpu" else replace(case, variant="tiles")
+          for case in CASES if case.name == "triton"]
 
 LOSS_RTOL = 1e-5
 GRAD_RTOL = 1e-4
 
 
 @pytest.fixture(params=CASES, ids=str)
-def fused(request):
-    return request.param
+def fused(request, monkeypatch):
+    case = request.param
+    if case.name == "triton":
+        from evidential_ops.triton_backend import infonce_launch
+
+        if case.variant == "strips":
+            # several strips at every size the interpreter is given (16 rows of 64 float32 lines)
+            monkeypatch.setattr(infonce_launch, "STRIPS_IN_INTERPRETER", True)
+            monkeypatch.setattr(infonce_launch, "STRIP_MIN_ROWS", 1)
+            monkeypatch.setattr(infonce_launch, "STRIP_BUDGET_BYTES", 16 * 64 * 4)
+        elif case.variant == "tiles":
+            monkeypatch.setattr(infonce_launch, "uses_strips", lambda x: False)
+    return case
 
 
 def logit_error(d: int, tau: float, dtype: torch.dtype = torch.float32) -> float:
@@ -338,7 +358,8 @@ def test_deterministic(fused, gen):
                 [torch.ones(x.shape[0], device=fused.device)] * 2)
     threads = torch.get_num_threads()
     try:
-        if fused.device.type == "cpu":
+        if fused.name == "cpu":  # the CPU kernels' sums do not depend on the threads (the interpreter's
+            # strips take torch's CPU GEMM, whose blocking does: not what this checks)
             torch.set_num_threads(1 if threads > 1 else 2)
         second = run(lambda a, b: eo.infonce_loss(a, b, group=group, backend=fused.name, reduction="none"), [x, y],
                      [torch.ones(x.shape[0], device=fused.device)] * 2)

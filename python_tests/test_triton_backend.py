@@ -1133,10 +1133,12 @@ from triton.backends.compiler import GPUTarget
 from evidential_ops.triton_backend import infonce_kernels as ik
 fn = ik.infonce_stats_kernel
 types = dict(q_ptr="*fp32", c_ptr="*fp32", stride_qi="i32", stride_qk="i32", stride_cj="i32", stride_ck="i32",
-             g_ptr="*i64", out_ptr="*fp64", K="i32", D="i32", inv_tau="fp64")
+             g_ptr="*i64", out_ptr="*fp64", state_ptr="*fp64", M="i32", ROW0="i32", N="i32", COL0="i32", K="i32",
+             D="i32", inv_tau="fp64")
 for group in (0, 1):
     for drop_self in (0, 1):
-        const = dict(HAS_GROUP=group, DROP_SELF=drop_self, F64=0, BLOCK_M=32, BLOCK_N=32, BLOCK_K=32)
+        const = dict(HAS_GROUP=group, DROP_SELF=drop_self, F64=0, FROM_S=0, LOAD=0, FINISH=1, BLOCK_M=32,
+                     BLOCK_N=32, BLOCK_K=32)
         sig = {n: "constexpr" if n in const else types[n] for n in fn.arg_names}
         src = triton.compiler.ASTSource(fn=fn, signature=sig,
                                         constexprs={(fn.arg_names.index(k),): v for k, v in const.items()})
@@ -1171,19 +1173,26 @@ def test_infonce_logits_are_rounded_once_in_the_compiled_kernel(tmp_path):
             assert contracted == "0", f"group={group} drop_self={drop_self}: {contracted} contracted logits"
 
 
-def test_float32_backward_stays_one_op_under_torch_compile():
+def test_cublas_calls_stay_one_op_under_torch_compile():
     """The float32 backward multiplies its strips or blocks of G with cuBLAS at the op's own
     matmul_precision, set around the products in eager mode: traced into a graph, they would run
     at torch's global TF32 switch instead (an H200: opcheck's compiled "tf32" gradient differed by
-    up to 14 % an element). So that op stays whole under torch.compile; 16-bit and float64 calls,
-    and the other ops, still decompose into their Triton kernels."""
+    up to 14 % an element). The InfoNCE ops of float32 and 16-bit inputs take cuBLAS strips (their
+    tile kernels took 29-32x plain PyTorch's time there). Those calls stay whole under torch.compile;
+    float64 calls and the other ops still decompose into their Triton kernels."""
     from evidential_ops.triton_backend import registration
 
-    def backward_args(dtype):
+    def args(name, dtype):
         x = torch.zeros(3, 2, dtype=dtype)
+        if name == "infonce_forward":
+            return (x, x, None, 0.05, False, True, True)
         return (None, None, x, x, None, None, None, "exp", 0.05, None, 1, True, True, 0, [True, True], "tf32")
 
-    assert registration._float32_cublas_products("loss_backward", backward_args(torch.float32))
+    assert registration._cublas_products("loss_backward", args("loss_backward", torch.float32))
     for dtype in (torch.float64, torch.bfloat16, torch.float16):
-        assert not registration._float32_cublas_products("loss_backward", backward_args(dtype))
-    assert not registration._float32_cublas_products("loss_forward", backward_args(torch.float32))
+        assert not registration._cublas_products("loss_backward", args("loss_backward", dtype))
+    assert not registration._cublas_products("loss_forward", args("loss_backward", torch.float32))
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        assert registration._cublas_products("infonce_forward", args("infonce_forward", dtype))
+        assert registration._cublas_products("infonce_backward", args("loss_backward", dtype))
+    assert not registration._cublas_products("infonce_forward", args("infonce_forward", torch.float64))

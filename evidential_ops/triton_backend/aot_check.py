@@ -243,13 +243,35 @@ def coverage_jobs(defaults: dict) -> list[Job]:
                    similarity.num_stages, coverage=True))
     tiles = dict(BLOCK_M=infonce_launch.BLOCK_M, BLOCK_N=infonce_launch.BLOCK_N, BLOCK_K=infonce_launch.BLOCK_K)
     config = f"m{tiles['BLOCK_M']}n{tiles['BLOCK_N']}k{tiles['BLOCK_K']}"
+    stats_types = dict(stride_qi="i32", stride_qk="i32", stride_cj="i32", stride_ck="i32", g_ptr="*i64",
+                       out_ptr="*fp64", state_ptr="*fp64", M="i32", ROW0="i32", N="i32", COL0="i32", K="i32",
+                       D="i32", inv_tau="fp64")
     for dtype, f64 in (("fp32", 0), ("fp64", 1)):
         fn = infonce_kernels.infonce_stats_kernel
-        constexprs = dict(HAS_GROUP=1, DROP_SELF=1, F64=f64, **tiles)
-        types = dict(q_ptr=f"*{dtype}", c_ptr=f"*{dtype}", stride_qi="i32", stride_qk="i32", stride_cj="i32",
-                     stride_ck="i32", g_ptr="*i64", out_ptr="*fp64", K="i32", D="i32", inv_tau="fp64")
+        constexprs = dict(HAS_GROUP=1, DROP_SELF=1, F64=f64, FROM_S=0, LOAD=0, FINISH=1, **tiles)
+        types = dict(q_ptr=f"*{dtype}", c_ptr=f"*{dtype}", **stats_types)
         out.append(Job("infonce_stats", config, f"group {dtype[2:]}", False, fn, _signature(fn, types, constexprs),
                        constexprs, 4, 3, coverage=True))
+    # The strips (infonce_launch.uses_strips): the stats kernel reading a stored float32 strip, its
+    # lines' running sums carried over, and G formed over a strip in place.
+    strip_tiles = dict(BLOCK_M=infonce_launch.STRIP_BLOCK_M, BLOCK_N=infonce_launch.STRIP_BLOCK_N)
+    strip_config = f"m{strip_tiles['BLOCK_M']}n{strip_tiles['BLOCK_N']}"
+    for finish in (0, 1):
+        fn = infonce_kernels.infonce_stats_kernel
+        constexprs = dict(HAS_GROUP=1, DROP_SELF=1, F64=0, FROM_S=1, LOAD=1, FINISH=finish, BLOCK_K=16, **strip_tiles)
+        types = dict(q_ptr="*fp32", c_ptr="*fp32", **stats_types)
+        out.append(Job("infonce_stats", strip_config, "group strip" + (" finish" if finish else ""), False, fn,
+                       _signature(fn, types, constexprs), constexprs, 4, 3, coverage=True))
+    fn = infonce_kernels.infonce_strip_grad_kernel
+    for split, part in ((0, "fp32"), (1, "bf16")):
+        constexprs = dict(HAS_GROUP=1, DROP_SELF=1, OWN=1, OTHER=1, SPLIT=split, **strip_tiles)
+        types = dict(s_ptr="*fp32", stride_si="i32", stride_sj="i32", hi_ptr=f"*{part}", lo_ptr=f"*{part}",
+                     stride_pi="i32", g_ptr="*i64", own_ptr="*fp64", own_up_ptr="*fp64", own_miss_ptr="*fp64",
+                     other_ptr="*fp64", other_up_ptr="*fp64", other_miss_ptr="*fp64", M="i32", ROW0="i32", K="i32",
+                     inv_tau="fp64")
+        out.append(Job("infonce_strip_grad", strip_config, "group strip" + (" split bf16" if split else ""), False,
+                       fn, _signature(fn, types, constexprs), constexprs, 4, 3, coverage=True))
+    for dtype, f64 in (("fp32", 0), ("fp64", 1)):
         for accumulate, block_d in ((0, 128), (1, infonce_launch.MAX_BLOCK_D)):
             fn = infonce_kernels.infonce_grad_kernel
             constexprs = dict(HAS_GROUP=1, DROP_SELF=1, OWN=1, OTHER=1, F64=f64, ACCUMULATE=accumulate,

@@ -59,33 +59,54 @@ def _merge(m, total, v, mask, CT: tl.constexpr):
 
 @triton.jit
 def infonce_stats_kernel(
-    q_ptr, c_ptr, stride_qi, stride_qk, stride_cj, stride_ck, g_ptr, out_ptr, K, D, inv_tau: tl.float64,
-    HAS_GROUP: tl.constexpr, DROP_SELF: tl.constexpr, F64: tl.constexpr,
+    q_ptr, c_ptr, stride_qi, stride_qk, stride_cj, stride_ck, g_ptr, out_ptr, state_ptr, M, ROW0, N, COL0, K, D,
+    inv_tau: tl.float64,
+    HAS_GROUP: tl.constexpr, DROP_SELF: tl.constexpr, F64: tl.constexpr, FROM_S: tl.constexpr,
+    LOAD: tl.constexpr, FINISH: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """out (2, K) float64: per row of q·cᵀ/τ the log-sum-exp over its negatives (the candidates
-    not among its positives: infonce_lines.py), then over its positives (−inf for a row without
-    any)."""
+    """Per line of q·cᵀ/τ the log-sum-exp over its negatives (the candidates not among its
+    positives: infonce_lines.py), then over its positives (−inf for a line without any).
+
+    The program's lines are M rows of q, lines ROW0.. of the K (their masks, group ids and place
+    in out); their candidates N rows of c, lines COL0... FROM_S: q_ptr holds s itself, element
+    (i, j) at i·stride_qi + j·stride_qk (c_ptr unused). FINISH: out (2, K) receives the LSEs;
+    otherwise state (4, K) float64 the running (max, Σ e^{v − max}) of negatives and positives.
+    LOAD: the lines start from state (a stored strip's candidates added to what earlier strips
+    left) instead of from no candidates."""
     CT: tl.constexpr = tl.float64 if F64 else tl.float32
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rmask = rows < K
-    m_n = tl.full((BLOCK_M,), -float("inf"), CT)
-    m_p = tl.full((BLOCK_M,), -float("inf"), CT)
-    sum_n = tl.zeros((BLOCK_M,), tl.float64)
-    sum_p = tl.zeros((BLOCK_M,), tl.float64)
-    for c0 in range(0, K, BLOCK_N):
-        cols = c0 + tl.arange(0, BLOCK_N)
-        cmask = cols < K
-        s = _s_tile(q_ptr, c_ptr, rows, cols, rmask, cmask, stride_qi, stride_qk, stride_cj, stride_ck, D,
-                    False, "ieee", CT, BLOCK_M, BLOCK_N, BLOCK_K)
+    local = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = local < M
+    rows = ROW0 + local
+    if LOAD:
+        m_n = tl.load(state_ptr + rows, mask=rmask, other=-float("inf")).to(CT)
+        sum_n = tl.load(state_ptr + K + rows, mask=rmask, other=0.0)
+        m_p = tl.load(state_ptr + 2 * K + rows, mask=rmask, other=-float("inf")).to(CT)
+        sum_p = tl.load(state_ptr + 3 * K + rows, mask=rmask, other=0.0)
+    else:
+        m_n = tl.full((BLOCK_M,), -float("inf"), CT)
+        m_p = tl.full((BLOCK_M,), -float("inf"), CT)
+        sum_n = tl.zeros((BLOCK_M,), tl.float64)
+        sum_p = tl.zeros((BLOCK_M,), tl.float64)
+    for c0 in range(0, N, BLOCK_N):
+        near = c0 + tl.arange(0, BLOCK_N)
+        cmask = near < N
+        s = _s_tile(q_ptr, c_ptr, local, near, rmask, cmask, stride_qi, stride_qk, stride_cj, stride_ck, D,
+                    FROM_S, "ieee", CT, BLOCK_M, BLOCK_N, BLOCK_K)
         v = _logits(s, inv_tau, F64)
-        candidate, positive = _masks(rows, cols, rmask, cmask, g_ptr, HAS_GROUP, DROP_SELF)
+        candidate, positive = _masks(rows, COL0 + near, rmask, cmask, g_ptr, HAS_GROUP, DROP_SELF)
         m_n, sum_n = _merge(m_n, sum_n, v, candidate & ~positive, CT)
         m_p, sum_p = _merge(m_p, sum_p, v, positive, CT)
-    lse_n = tl.where(sum_n > 0, m_n.to(tl.float64) + tl.log(tl.where(sum_n > 0, sum_n, 1.0)), -float("inf"))
-    lse_p = tl.where(sum_p > 0, m_p.to(tl.float64) + tl.log(tl.where(sum_p > 0, sum_p, 1.0)), -float("inf"))
-    tl.store(out_ptr + rows, lse_n, mask=rmask)
-    tl.store(out_ptr + K + rows, lse_p, mask=rmask)
+    if FINISH:
+        lse_n = tl.where(sum_n > 0, m_n.to(tl.float64) + tl.log(tl.where(sum_n > 0, sum_n, 1.0)), -float("inf"))
+        lse_p = tl.where(sum_p > 0, m_p.to(tl.float64) + tl.log(tl.where(sum_p > 0, sum_p, 1.0)), -float("inf"))
+        tl.store(out_ptr + rows, lse_n, mask=rmask)
+        tl.store(out_ptr + K + rows, lse_p, mask=rmask)
+    else:
+        tl.store(state_ptr + rows, m_n.to(tl.float64), mask=rmask)
+        tl.store(state_ptr + K + rows, sum_n, mask=rmask)
+        tl.store(state_ptr + 2 * K + rows, m_p.to(tl.float64), mask=rmask)
+        tl.store(state_ptr + 3 * K + rows, sum_p, mask=rmask)
 
 
 @triton.jit
@@ -96,6 +117,52 @@ def _softmax_part(v, lse_d, lse_p, miss, weight, candidate, positive, CT: tl.con
     p_p = tl.exp((v.to(tl.float64) - lse_p).to(CT))
     part = tl.where(positive, -p_p * miss.to(CT), tl.where(candidate, p_d, 0.0))
     return part * weight.to(CT)
+
+
+@triton.jit
+def infonce_strip_grad_kernel(
+    s_ptr, stride_si, stride_sj, hi_ptr, lo_ptr, stride_pi, g_ptr, own_ptr, own_up_ptr, own_miss_ptr, other_ptr,
+    other_up_ptr, other_miss_ptr, M, ROW0, K, inv_tau: tl.float64,
+    HAS_GROUP: tl.constexpr, DROP_SELF: tl.constexpr, OWN: tl.constexpr, OTHER: tl.constexpr, SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """G = (∂L/∂s)/τ over a stored float32 (M, K) strip of s = q·cᵀ whose rows are lines ROW0.. of
+    q: the same element math as infonce_grad_kernel's G (own_*: q's lines, other_*: c's), the
+    products G·c left to the caller's GEMMs. Written over s in place (each program reads its tile,
+    then writes it), or (SPLIT, bfloat16 inputs) as two bfloat16 parts, hi = G rounded
+    and lo = G − hi rounded (rows stride_pi apart), whose two products with c add up to G·c with
+    hi + lo within 2^-18 of G, where G rounded once would carry 2^-9."""
+    local = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = local < M
+    rows = ROW0 + local
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < K
+    at = s_ptr + local.to(tl.int64)[:, None] * stride_si + cols.to(tl.int64)[None, :] * stride_sj
+    s = tl.load(at, mask=rmask[:, None] & cmask[None, :], other=0.0)
+    v = _logits(s, inv_tau, False)
+    candidate, positive = _masks(rows, cols, rmask, cmask, g_ptr, HAS_GROUP, DROP_SELF)
+    g = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    if OWN:
+        own_d = tl.load(own_ptr + rows, mask=rmask, other=0.0)
+        own_p = tl.load(own_ptr + K + rows, mask=rmask, other=0.0)
+        own_w = tl.load(own_up_ptr + rows, mask=rmask, other=0.0) * inv_tau
+        own_miss = tl.load(own_miss_ptr + rows, mask=rmask, other=0.0)
+        g += _softmax_part(v, own_d[:, None], own_p[:, None], own_miss[:, None], own_w[:, None], candidate,
+                           positive, tl.float32)
+    if OTHER:
+        other_d = tl.load(other_ptr + cols, mask=cmask, other=0.0)
+        other_p = tl.load(other_ptr + K + cols, mask=cmask, other=0.0)
+        other_w = tl.load(other_up_ptr + cols, mask=cmask, other=0.0) * inv_tau
+        other_miss = tl.load(other_miss_ptr + cols, mask=cmask, other=0.0)
+        g += _softmax_part(v, other_d[None, :], other_p[None, :], other_miss[None, :], other_w[None, :],
+                           candidate, positive, tl.float32)
+    if SPLIT:
+        part = local.to(tl.int64)[:, None] * stride_pi + cols.to(tl.int64)[None, :]
+        hi = g.to(hi_ptr.dtype.element_ty)
+        tl.store(hi_ptr + part, hi, mask=rmask[:, None] & cmask[None, :])
+        tl.store(lo_ptr + part, (g - hi.to(tl.float32)).to(lo_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+    else:
+        tl.store(at, g, mask=rmask[:, None] & cmask[None, :])
 
 
 @triton.jit

@@ -1,32 +1,45 @@
 """The InfoNCE ops of the Triton family (SPEC §2 "InfoNCE"): checks, buffers, launches.
 
-Same arguments, checks and messages as csrc/cpu/infonce_cpu.cpp. Each direction is one launch of
-a row-parallel kernel (infonce_kernels.py): rows over (x, y), columns over (y, x). Fixed tile
-sizes (no autotuning): the launches are bitwise reproducible.
+Same arguments, checks and messages as csrc/cpu/infonce_cpu.cpp. Two ways, the same element math
+(infonce_kernels.py), fixed tile sizes and every sum in a fixed order (bitwise reproducible):
+
+- tiles: each direction one launch of a row-parallel kernel that forms its tiles of s with tl.dot
+  (rows over (x, y), columns over (y, x)), 16-bit inputs widened to float32; float64 inputs, traced
+  graphs, and the interpreter unless STRIPS_IN_INTERPRETER;
+- strips (CUDA tensors in eager mode, float32 and 16-bit inputs): s from cuBLAS in stored strips of
+  a direction's candidates against all its lines, the lines' running log-sum-exps carried from
+  strip to strip; the backward forms G over strips of its own lines in place and multiplies it with
+  cuBLAS. On the H200 the tiles took 6.3 s at K = 65536, D = 1024 (bf16) against plain PyTorch's
+  0.22 s: their FFMA products from widened inputs and, beyond D = 256, a read-modify-write of the
+  gradient per tile (bench/results/gpu_h200_second_lease.md).
 """
 
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import triton
 from torch import Tensor
+from torch._subclasses.fake_tensor import is_fake
 
 from ..checks import require as _require
 from ..infonce_lines import NEGATIVES, NUM_LINE_STATS, POSITIVES, candidates_lse, line_losses, negative_share
-from . import infonce_kernels
+from . import configs, infonce_kernels
 from .launch import (
     _check_embeddings,
     _check_square,
     _check_upstream,
     _compute_f64,
+    _float32_products,
     _inverse_tau,
     _launch,
     _output_dtype,
     _same_device,
     _type,
     _value,
+    aligned_matrix,
     triton_cdiv,
 )
 
@@ -34,6 +47,87 @@ BLOCK_M = 32
 BLOCK_N = 32
 BLOCK_K = 32
 MAX_BLOCK_D = 256  # wider D is accumulated chunk by chunk in out (ACCUMULATE)
+# Strips: device memory for one stored strip of s (float32) and, in the backward, G's two bfloat16
+# parts; at least STRIP_MIN_ROWS rows (fewer would leave cuBLAS short, flat products and the element
+# kernels few programs a launch). 256 MiB: K = 65536 takes strips of 512 rows in 16-bit (8 bytes
+# an element), 1024 in float32.
+STRIP_BUDGET_BYTES = int(float(os.environ.get("EO_TRITON_INFONCE_STRIP_MIB", "256")) * 2**20)
+STRIP_MIN_ROWS = 128
+STRIP_BLOCK_M, STRIP_BLOCK_N = 32, 32  # the element kernels' tiles over a stored strip (no spills on sm_90)
+# The interpreter runs the tile kernels unless a test sets this (it checks the strips on the CPU).
+STRIPS_IN_INTERPRETER = False
+
+
+def uses_strips(x: Tensor) -> bool:
+    """Whether the InfoNCE ops take s from cuBLAS strips for these inputs (module docstring):
+    float32 and 16-bit CUDA tensors, in eager mode and in a CUDA graph's capture. Under
+    torch.compile such calls stay opaque ops that run eagerly (registration._cublas_products);
+    should one be traced all the same (EO_TRITON_OPAQUE unset, torch.export), it keeps the tiles."""
+    if x.dtype == torch.float64:
+        return False
+    if configs.interpreting():
+        return STRIPS_IN_INTERPRETER
+    return x.device.type == "cuda" and not (torch.compiler.is_compiling() or is_fake(x))
+
+
+def _strip_rows(k: int, element_bytes: int) -> int:
+    return max(1, min(k, max(STRIP_MIN_ROWS, STRIP_BUDGET_BYTES // (k * element_bytes))))
+
+
+def _strip_product(a: Tensor, b: Tensor, out: Tensor) -> None:
+    """out (rows, K) float32 = a·bᵀ: float32 operands at IEEE (as the tiles' "ieee" tl.dot), 16-bit
+    ones on the tensor cores with a float32 result (their products exact, as the tiles')."""
+    if a.dtype == torch.float32:
+        with _float32_products(a, "ieee"):
+            torch.mm(a, b.t(), out=out)
+    elif a.is_cuda:
+        torch.mm(a, b.t(), out_dtype=torch.float32, out=out)
+    else:  # the interpreter's checks: the same products in float32 (exact)
+        torch.mm(a.float(), b.float().t(), out=out)
+
+
+def _g_times(g: Tensor | tuple[Tensor, Tensor], b: Tensor, out: Tensor) -> None:
+    """out (rows, D) = G·b, b (K, D). G float32 (rows, K) with b float32 (float16 inputs arrive
+    widened): one IEEE product, rounded to out's dtype once. bfloat16: G as its two parts (hi, lo)
+    of bfloat16 (infonce_strip_grad_kernel's SPLIT), both products on the tensor cores into one
+    float32 sum, rounded to bfloat16 once. (float16 parts would lose G's small entries, which fall
+    below its normal range: 0.4 % of a hard-regime gradient at K = 113.)"""
+    if isinstance(g, tuple):
+        hi, lo = g
+        if b.is_cuda:
+            total = torch.mm(hi, b, out_dtype=torch.float32)
+            total += torch.mm(lo, b, out_dtype=torch.float32)
+        else:  # the interpreter's checks: the same products in float32 (exact)
+            total = torch.mm(hi.float(), b.float())
+            total += torch.mm(lo.float(), b.float())
+        out.copy_(total)
+        return
+    with _float32_products(b, "ieee"):
+        if out.dtype == torch.float32:
+            torch.mm(g, b, out=out)
+        else:
+            out.copy_(torch.mm(g, b))
+
+
+def _strip_line_stats(own: Tensor, other: Tensor, group: Tensor | None, inv_tau: float, drop_self: bool) -> Tensor:
+    """(2, K) LSEs of own's lines against other's, from strips of other's rows: s = other[strip]·ownᵀ,
+    read by its columns (own's lines: K of them, enough programs), each line's running (max, sum)
+    carried from strip to strip in (4, K) float64 and finished in the last."""
+    k = own.shape[0]
+    rows = _strip_rows(k, 4)
+    strip = aligned_matrix(rows, k, torch.float32, own.device)
+    state = torch.empty((4, k), dtype=torch.float64, device=own.device)
+    out = torch.empty((NUM_LINE_STATS, k), dtype=torch.float64, device=own.device)
+    for j0 in range(0, k, rows):
+        n = min(rows, k - j0)
+        s = strip[:n]
+        _strip_product(other[j0:j0 + n], own, s)
+        last = j0 + n >= k
+        _launch(infonce_kernels.infonce_stats_kernel, (triton_cdiv(k, STRIP_BLOCK_M),),
+                s, s, 1, s.stride(0), 0, 0, group if group is not None else s, out, state,
+                k, 0, n, j0, k, 0, inv_tau, HAS_GROUP=group is not None, DROP_SELF=drop_self, F64=False,
+                FROM_S=True, LOAD=j0 > 0, FINISH=last, BLOCK_M=STRIP_BLOCK_M, BLOCK_N=STRIP_BLOCK_N, BLOCK_K=16)
+    return out
 
 
 def _check_group(group: Tensor | None, k: int, like: Tensor) -> None:
@@ -62,9 +156,38 @@ def _line_stats(q: Tensor, c: Tensor, group: Tensor | None, inv_tau: float, drop
     k, d = q.shape
     out = torch.empty((NUM_LINE_STATS, k), dtype=torch.float64, device=q.device)
     _launch(infonce_kernels.infonce_stats_kernel, (triton_cdiv(k, BLOCK_M),),
-            q, c, q.stride(0), q.stride(1), c.stride(0), c.stride(1), group if group is not None else q, out, k, d,
-            inv_tau, HAS_GROUP=group is not None, DROP_SELF=drop_self, F64=f64, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
-            BLOCK_K=BLOCK_K)
+            q, c, q.stride(0), q.stride(1), c.stride(0), c.stride(1), group if group is not None else q, out, out,
+            k, 0, k, 0, k, d, inv_tau, HAS_GROUP=group is not None, DROP_SELF=drop_self, F64=f64, FROM_S=False,
+            LOAD=False, FINISH=True, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K)
+    return out
+
+
+def _strip_gradient(own: Tensor, other: Tensor, group: Tensor | None, own_line, other_line, inv_tau: float,
+                    drop_self: bool) -> Tensor:
+    """∂L/∂own (K, D) in own's dtype from strips of own's rows: s = own[strip]·otherᵀ (cuBLAS), G
+    over it (infonce_strip_grad_kernel; own_line/other_line as _gradient's own/other: in place, or
+    bfloat16 inputs' as two bfloat16 parts), then d own[strip] = G·other (_g_times; float16 inputs:
+    other widened once, K·D·4 bytes)."""
+    k, d = own.shape
+    rows = _strip_rows(k, 4 if own.dtype == torch.float32 else 8)
+    strip = aligned_matrix(rows, k, torch.float32, own.device)
+    split = own.dtype == torch.bfloat16
+    parts = [aligned_matrix(rows, k, own.dtype, own.device) for _ in range(2)] if split else [strip, strip]
+    times = other.float() if own.dtype == torch.float16 else other  # float16: G·other in float32
+    out = torch.empty((k, d), dtype=own.dtype, device=own.device)
+    placeholder = own_line if own_line is not None else other_line
+    own_args = own_line if own_line is not None else placeholder
+    other_args = other_line if other_line is not None else placeholder
+    for i0 in range(0, k, rows):
+        n = min(rows, k - i0)
+        s = strip[:n]
+        _strip_product(own[i0:i0 + n], other, s)
+        _launch(infonce_kernels.infonce_strip_grad_kernel, (triton_cdiv(n, STRIP_BLOCK_M), triton_cdiv(k, STRIP_BLOCK_N)),
+                s, s.stride(0), s.stride(1), parts[0], parts[1], parts[0].stride(0), group if group is not None else s,
+                *own_args, *other_args, n, i0, k, inv_tau, HAS_GROUP=group is not None, DROP_SELF=drop_self,
+                OWN=own_line is not None, OTHER=other_line is not None, SPLIT=split, BLOCK_M=STRIP_BLOCK_M,
+                BLOCK_N=STRIP_BLOCK_N)
+        _g_times((parts[0][:n], parts[1][:n]) if split else s, times, out[i0:i0 + n])
     return out
 
 
@@ -85,11 +208,16 @@ def infonce_forward(x: Tensor, y: Tensor, group: Tensor | None, tau: float, drop
     _check_square(x.shape[0], y.shape[0])
     _check_group(group, x.shape[0], x)
     inv_tau = _inverse_tau(tau)
-    q, c, f64 = _inputs(x, y)
-    k = q.shape[0]
+    k = x.shape[0]
     zeros = lambda: torch.zeros((NUM_LINE_STATS, k), dtype=torch.float64, device=x.device)
-    row_stats = _line_stats(q, c, group, inv_tau, drop_self, f64) if rows else zeros()
-    col_stats = _line_stats(c, q, group, inv_tau, drop_self, f64) if cols else zeros()
+    if uses_strips(x):
+        q, c = x.contiguous(), y.contiguous()
+        row_stats = _strip_line_stats(q, c, group, inv_tau, drop_self) if rows else zeros()
+        col_stats = _strip_line_stats(c, q, group, inv_tau, drop_self) if cols else zeros()
+    else:
+        q, c, f64 = _inputs(x, y)
+        row_stats = _line_stats(q, c, group, inv_tau, drop_self, f64) if rows else zeros()
+        col_stats = _line_stats(c, q, group, inv_tau, drop_self, f64) if cols else zeros()
     for stats, used in ((row_stats, rows), (col_stats, cols)):
         if used:
             _check_line_values(stats, tau)
@@ -136,7 +264,6 @@ def infonce_backward(grad_rows: Tensor, grad_cols: Tensor, x: Tensor, y: Tensor,
     need_dx, need_dy = bool(output_mask[0]), bool(output_mask[1])
     if not (rows or cols):
         return (torch.zeros_like(x) if need_dx else x.new_empty(0)), (torch.zeros_like(y) if need_dy else y.new_empty(0))
-    q, c, f64 = _inputs(x, y)
 
     def line(stats, upstream):
         # (LSE_D, LSE_P) and 1 − e^{−ℓ} per line, from the negatives' and positives' statistics
@@ -148,6 +275,12 @@ def infonce_backward(grad_rows: Tensor, grad_cols: Tensor, x: Tensor, y: Tensor,
         return lse_d, upstream, negative_share(negatives, positives).contiguous()
 
     row_line, col_line = line(row_stats, up_rows), line(col_stats, up_cols)
+    if uses_strips(x):
+        q, c = x.contiguous(), y.contiguous()
+        dx = _strip_gradient(q, c, group, row_line, col_line, inv_tau, drop_self) if need_dx else x.new_empty(0)
+        dy = _strip_gradient(c, q, group, col_line, row_line, inv_tau, drop_self) if need_dy else y.new_empty(0)
+        return dx, dy
+    q, c, f64 = _inputs(x, y)
     dx = _gradient(q, c, group, row_line, col_line, inv_tau, drop_self, f64, x.dtype) if need_dx else x.new_empty(0)
     dy = _gradient(c, q, group, col_line, row_line, inv_tau, drop_self, f64, y.dtype) if need_dy else y.new_empty(0)
     return dx, dy

@@ -64,21 +64,26 @@ def _eager(fn):
     return kernel
 
 
-def _float32_cublas_products(name: str, args: tuple) -> bool:
-    """Whether the op's implementation runs cuBLAS float32 products, whose precision (TF32 or
-    IEEE, the op's matmul_precision) is torch's global TF32 switch, set around them in eager mode:
-    loss_backward of float32 embeddings, whose strips or blocks of G are multiplied by cuBLAS
-    (launch.BackwardPlan). Traced into a graph those products would run as the switch says when
-    the graph runs: on an H200 the compiled gradient of a "tf32" call differed from the eager one
-    by up to 14 % an element (torch.library.opcheck, IEEE products in the graph)."""
-    return name == "loss_backward" and isinstance(args[2], torch.Tensor) and args[2].dtype == torch.float32
+def _cublas_products(name: str, args: tuple) -> bool:
+    """Whether the op's implementation multiplies with cuBLAS for these arguments: loss_backward of
+    float32 embeddings (its strips or blocks of G, at the op's matmul_precision, which is torch's
+    global TF32 switch set around the products in eager mode) and both InfoNCE ops of float32 and
+    16-bit embeddings (infonce_launch.uses_strips). Traced into a graph, such products would run
+    as the switch says when the graph runs (on an H200 the compiled gradient of a "tf32" call
+    differed from the eager one by up to 14 % an element, torch.library.opcheck), and the InfoNCE
+    ops would fall back to their tile kernels, 29-32x plain PyTorch's time there."""
+    embeddings = {"loss_backward": 2, "infonce_forward": 0, "infonce_backward": 2}.get(name)
+    if embeddings is None or not isinstance(args[embeddings], torch.Tensor):
+        return False
+    dtype = args[embeddings].dtype
+    return dtype == torch.float32 if name == "loss_backward" else dtype != torch.float64
 
 
 def _decomposition(fn, name: str):
     """triton_op's FunctionalTensorMode rule: trace into `fn` (its wrap_triton launches become
     graph nodes), except under torch.export, which keeps custom ops whole, and for calls that
-    run float32 cuBLAS products (_float32_cublas_products): those stay one opaque op in the graph,
-    which runs `fn` eagerly, products at the op's own precision."""
+    multiply with cuBLAS (_cublas_products): those stay one opaque op in the graph, which runs `fn`
+    eagerly (products at the op's own precision, InfoNCE from strips)."""
     from torch._subclasses.fake_tensor import FakeTensor
     from torch._subclasses.functional_tensor import FunctionalTensor
 
@@ -87,7 +92,7 @@ def _decomposition(fn, name: str):
             from torch.export._trace import custom_triton_ops_decomposition_disabled
         except ImportError:
             custom_triton_ops_decomposition_disabled = lambda: False
-        if custom_triton_ops_decomposition_disabled() or _float32_cublas_products(name, args):
+        if custom_triton_ops_decomposition_disabled() or _cublas_products(name, args):
             return mode.__torch_dispatch__(op, types, args, kwargs)
         if any(not issubclass(t, FakeTensor) and t not in (torch.Tensor, FunctionalTensor) for t in types):
             return NotImplemented
