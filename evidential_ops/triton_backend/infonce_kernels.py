@@ -120,6 +120,17 @@ def _softmax_part(v, lse_d, lse_p, miss, weight, candidate, positive, CT: tl.con
 
 
 @triton.jit
+def _columns_part(v, lines_ptr, up_ptr, miss_ptr, cols, cmask, K, inv_tau, candidate, positive, CT: tl.constexpr):
+    """_softmax_part of the tile's columns' lines: their (LSE_D, LSE_P) at lines_ptr (2, K), upstream
+    gradients and 1 − e^{−ℓ}, loaded for the tile's columns."""
+    lse_d = tl.load(lines_ptr + cols, mask=cmask, other=0.0)
+    lse_p = tl.load(lines_ptr + K + cols, mask=cmask, other=0.0)
+    weight = tl.load(up_ptr + cols, mask=cmask, other=0.0) * inv_tau
+    miss = tl.load(miss_ptr + cols, mask=cmask, other=0.0)
+    return _softmax_part(v, lse_d[None, :], lse_p[None, :], miss[None, :], weight[None, :], candidate, positive, CT)
+
+
+@triton.jit
 def infonce_strip_grad_kernel(
     s_ptr, stride_si, stride_sj, hi_ptr, lo_ptr, stride_pi, g_ptr, own_ptr, own_up_ptr, own_miss_ptr, other_ptr,
     other_up_ptr, other_miss_ptr, M, ROW0, K, inv_tau: tl.float64,
@@ -150,12 +161,8 @@ def infonce_strip_grad_kernel(
         g += _softmax_part(v, own_d[:, None], own_p[:, None], own_miss[:, None], own_w[:, None], candidate,
                            positive, tl.float32)
     if OTHER:
-        other_d = tl.load(other_ptr + cols, mask=cmask, other=0.0)
-        other_p = tl.load(other_ptr + K + cols, mask=cmask, other=0.0)
-        other_w = tl.load(other_up_ptr + cols, mask=cmask, other=0.0) * inv_tau
-        other_miss = tl.load(other_miss_ptr + cols, mask=cmask, other=0.0)
-        g += _softmax_part(v, other_d[None, :], other_p[None, :], other_miss[None, :], other_w[None, :],
-                           candidate, positive, tl.float32)
+        g += _columns_part(v, other_ptr, other_up_ptr, other_miss_ptr, cols, cmask, K, inv_tau, candidate, positive,
+                           tl.float32)
     if SPLIT:
         part = local.to(tl.int64)[:, None] * stride_pi + cols.to(tl.int64)[None, :]
         hi = g.to(hi_ptr.dtype.element_ty)
@@ -201,12 +208,8 @@ def infonce_grad_kernel(
             g += _softmax_part(v, own_d[:, None], own_p[:, None], own_miss[:, None], own_w[:, None], candidate,
                                positive, CT)
         if OTHER:
-            other_d = tl.load(other_ptr + cols, mask=cmask, other=0.0)
-            other_p = tl.load(other_ptr + K + cols, mask=cmask, other=0.0)
-            other_w = tl.load(other_up_ptr + cols, mask=cmask, other=0.0) * inv_tau
-            other_miss = tl.load(other_miss_ptr + cols, mask=cmask, other=0.0)
-            g += _softmax_part(v, other_d[None, :], other_p[None, :], other_miss[None, :], other_w[None, :],
-                               candidate, positive, CT)
+            g += _columns_part(v, other_ptr, other_up_ptr, other_miss_ptr, cols, cmask, K, inv_tau, candidate,
+                               positive, CT)
         g_op = g.to(c_ptr.dtype.element_ty)
         if ACCUMULATE:
             for d0 in range(0, D, BLOCK_D):
