@@ -829,11 +829,11 @@ class BackwardPlan:
 
 def block_shape(m: int, n: int, elements: int, align: int = 1) -> tuple[int, int]:
     """(rows, cols) of the G blocks of BackwardPlan "blocks" for an (m, n) problem, at most
-    `elements` a block with its rows `align` elements aligned (cols rounded up to a multiple of
-    `align` apart: aligned_row_length): of the even splits into row and column blocks that fit, the one that reads
-    and writes the fewest gradient rows again, (col_blocks − 1)·m + (row_blocks − 1)·n; then the
-    fewest blocks (fewer launches), then the fewest row blocks (dy, beyond L2 at large K, is the
-    gradient moved once per row block; dx stays per row block)."""
+    `elements` a block stored with its rows cols rounded up to a multiple of `align` apart
+    (aligned_row_length): of the even splits into row and column blocks that fit, the one that
+    reads and writes the fewest gradient rows again, (col_blocks − 1)·m + (row_blocks − 1)·n;
+    then the fewest blocks (fewer launches), then the fewest row blocks (dy, beyond L2 at large
+    K, is the gradient moved once per row block; dx stays per row block)."""
     best = None
     for col_blocks in range(1, min(n, 4096) + 1):
         cols = triton_cdiv(n, col_blocks)
@@ -897,8 +897,8 @@ def _float32_products(like: Tensor, precision: str):
     """cuBLAS float32 products as matmul_precision says (TF32 or IEEE) on CUDA tensors
     (backends.matmul_precision), also while a CUDA graph is captured (cuBLAS takes the switch
     when the call is recorded); nothing to set on the CPU (IEEE products). Never traced: the
-    float32 backward stays an opaque op under torch.compile (registration._float32_cublas_products)
-    and the forward's strips are eager launches only (similarity_strips)."""
+    float32 backward stays an opaque op under torch.compile (registration._cublas_products) and
+    the forward's strips are eager launches only (similarity_strips)."""
     if like.device.type != "cuda" or like.dtype != torch.float32:
         return contextlib.nullcontext()
     return matmul_precision(precision)
