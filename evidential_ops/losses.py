@@ -31,8 +31,7 @@ def scaled(t: Tensor, inv_tau: Tensor, check_finite: bool = True) -> Tensor:
     """t·(1/τ) rounded once to t's dtype: the product in float32 at least (a bf16 1/τ would be
     off by up to 2^-9 before it multiplies anything). float16 ends at 65504, where a small τ
     takes x/τ: with check_finite a ValueError naming τ, not the NaN of inf·0 in the products."""
-    wide = torch.promote_types(t.dtype, torch.float32)
-    out = (t.to(wide) * inv_tau.to(wide)).to(t.dtype)
+    out = scaled_similarity(t, inv_tau).to(t.dtype)
     if check_finite and t.dtype == torch.float16:
         checks.require(torch.isfinite(out).all(),
                        "tau (a tensor, or logit_scale): x/tau overflows float16 (largest 65504); max|x|/tau must "

@@ -32,8 +32,8 @@ def float_tensor(t, name: str, *, dim: int, check_finite: bool) -> Tensor:
         raise ValueError(f"{name} must be {dim}-D, got shape {tuple(t.shape)}")
     if any(size == 0 for size in t.shape):
         raise ValueError(f"{name} has an empty dimension: shape {tuple(t.shape)}")
-    if check_finite and not bool(torch.isfinite(t).all()):
-        raise checks.NonFiniteError(f"{name} contains NaN or Inf (pass check_finite=False to skip this check)")
+    if check_finite:
+        checks.require_finite(t, name)
     return t
 
 

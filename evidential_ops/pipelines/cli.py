@@ -118,7 +118,7 @@ def device_option(text: str) -> str:
     if device.type == "cpu":
         return text
     if device.type == "cuda":  # counted, not allocated on: torchrun's ranks pick their GPU later
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        count = torch.cuda.device_count()  # 0 where torch has no CUDA
         if count == 0:
             build = "a CPU build" if torch.version.cuda is None else f"CUDA {torch.version.cuda}"
             raise argparse.ArgumentTypeError(f"{text!r} is not available here: torch {torch.__version__} ({build}) "
@@ -238,7 +238,7 @@ def refused_inputs(checkpoint_option: str | None = None):
     that gave it (checkpoint_option: --checkpoint, --resume)."""
     try:
         yield
-    except (FileNotFoundError, CheckpointError) as error:
+    except (FileNotFoundError, CheckpointError, ResumeError) as error:
         raise SystemExit(f"{checkpoint_option + ': ' if checkpoint_option else ''}{error}") from None
     except DataError as error:
         raise SystemExit(str(error)) from None
@@ -273,15 +273,12 @@ def _train(args) -> int:
         if metrics is None:
             return 0
     else:
-        if args.resume is not None and not Path(args.resume).is_file():
-            raise SystemExit(f"--resume: {args.resume} does not exist")
-        try:
-            with refused_inputs("--resume" if args.resume is not None else None):
-                metrics = run_training(args.method, recipe, _source(args, recipe, args.seed), out, seed=args.seed,
-                                       quiet=args.quiet, device=args.device, baseline=args.baseline, plots=plots,
-                                       resume=args.resume)
-        except ResumeError as error:
-            raise SystemExit(f"--resume: {error}") from None
+        # The resume checkpoint is read before the data is built (run_training): a missing or
+        # mismatched one is refused at once, naming --resume.
+        with refused_inputs("--resume" if args.resume is not None else None):
+            metrics = run_training(args.method, recipe, _source(args, recipe, args.seed), out, seed=args.seed,
+                                   quiet=args.quiet, device=args.device, baseline=args.baseline, plots=plots,
+                                   resume=args.resume)
     print(report(metrics))
     print(_wrote(out / "checkpoint.pt", out / "metrics.json", plots=plots))
     return 0
