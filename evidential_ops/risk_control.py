@@ -55,8 +55,13 @@ from functools import lru_cache
 
 import numpy as np
 
-__all__ = ["Calibration", "apply", "binomial_cdf", "calibrate", "critical_errors", "fixed_sequence",
+__all__ = ["Calibration", "TooFewQueries", "apply", "binomial_cdf", "calibrate", "critical_errors", "fixed_sequence",
            "minimum_test_size"]
+
+
+class TooFewQueries(ValueError):
+    """Fewer calibration queries than any certificate at (alpha, delta) needs (minimum_test_size)."""
+
 
 DEFAULT_LEARN_FRACTION = 0.25
 START_Z = 2.33  # the walk's first test predicted to pass with probability ~0.99 (normal approximation)
@@ -318,7 +323,7 @@ def calibrate(scores, correct, alpha: float, delta: float, *, higher_is_uncertai
         seed = _count(seed, "seed")
         n_learn = int(round(learn_fraction * n))
         if n_learn < 1 or n - n_learn < n_needed:
-            raise ValueError(
+            raise TooFewQueries(
                 f"scores: {n} calibration queries are too few at alpha={alpha}, delta={delta}: the test part "
                 f"({n - n_learn} after learn_fraction={learn_fraction}) needs >= {n_needed} queries, since even "
                 f"zero errors among fewer cannot be certified ((1 - alpha)^n > delta); the learn part needs >= 1")
@@ -333,7 +338,7 @@ def calibrate(scores, correct, alpha: float, delta: float, *, higher_is_uncertai
             raise ValueError("thresholds must be a non-empty 1-D grid without NaN")
         grid = np.unique(grid if uncertain else -grid)  # most conservative first
         if n < n_needed:
-            raise ValueError(f"scores: {n} calibration queries are too few at alpha={alpha}, delta={delta}: "
+            raise TooFewQueries(f"scores: {n} calibration queries are too few at alpha={alpha}, delta={delta}: "
                              f"certifying any threshold needs >= {n_needed} (zero errors among fewer cannot pass)")
         n_learn, learn, test = 0, None, np.arange(n)
     n_test = test.size

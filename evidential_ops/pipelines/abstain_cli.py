@@ -19,17 +19,21 @@ import numpy as np
 import torch
 
 from .. import risk_control
-from ..checks import NonFiniteError
 from .analysis import jsonable
 from .baseline import infonce_baseline
 from .cli import HelpFormatter, at_least, device_option, refused_inputs
 from .distributed import refuse_torchrun
 from .quality import DIRECTIONS, quality_of
 from .recipes import Recipe
-from .runner import DataError, _build, load_data
-from .training import CheckpointError, load_checkpoint
+from .runner import _build, load_data
+from .training import load_checkpoint
 
-__all__ = ["add_abstain_subcommand", "calibrate_checkpoint"]
+__all__ = ["CalibrationRefused", "add_abstain_subcommand", "calibrate_checkpoint"]
+
+
+class CalibrationRefused(ValueError):
+    """What calibrate_checkpoint cannot do with the options given: an unknown direction or score,
+    a calibration share outside (0, 1), too few queries to certify anything."""
 
 
 def _probability(text: str) -> float:
@@ -67,19 +71,19 @@ def calibrate_checkpoint(checkpoint, *, score: str, direction: str, alpha: float
     """Calibrate `score` (an uncertainty name of `quality.quality_of`: u, neg_top_belief,
     neg_top1_similarity, neg_top_probability, ...) of the checkpoint's `direction` queries on a
     seeded `calibration_share` of its test queries, and answer the rest and the OOD queries.
-    Returns the JSON-able result (see the module docstring); ValueError for an unknown score or
-    direction, or a calibration part too small to certify anything."""
+    Returns the JSON-able result (see the module docstring); CalibrationRefused for an unknown
+    score or direction, or a calibration part too small to certify anything."""
     if direction not in DIRECTIONS:
-        raise ValueError(f"direction must be one of {DIRECTIONS}, got {direction!r}")
+        raise CalibrationRefused(f"direction must be one of {DIRECTIONS}, got {direction!r}")
     if not 0.0 < calibration_share < 1.0:
-        raise ValueError(f"calibration_share must lie in (0, 1), got {calibration_share}")
+        raise CalibrationRefused(f"calibration_share must lie in (0, 1), got {calibration_share}")
     method, state, model, bench = _load(checkpoint, device, baseline)
     relevance = "label" if state["method"] == "fume" else "instance"
     raw = {}
     quality_of(method, model, bench, seed=state["seed"], relevance=relevance, keep_scores=raw)
     d = raw[direction]
     if score not in d["scores"]:
-        raise ValueError(f"score {score!r} is not one of {method}'s {direction} scores: {sorted(d['scores'])}")
+        raise CalibrationRefused(f"score {score!r} is not one of {method}'s {direction} scores: {sorted(d['scores'])}")
     # Every score here is an uncertainty (higher = less sure): confidences enter negated (SPEC §6).
     u = d["scores"][score].double().numpy()
     wrong = d["wrong"].numpy()
@@ -87,7 +91,10 @@ def calibrate_checkpoint(checkpoint, *, score: str, direction: str, alpha: float
     order = np.random.default_rng(seed).permutation(n)
     n_cal = int(round(calibration_share * n))
     cal, held = np.sort(order[:n_cal]), np.sort(order[n_cal:])
-    rule = risk_control.calibrate(u[cal], ~wrong[cal], alpha, delta, higher_is_uncertain=True, seed=seed)
+    try:
+        rule = risk_control.calibrate(u[cal], ~wrong[cal], alpha, delta, higher_is_uncertain=True, seed=seed)
+    except risk_control.TooFewQueries as error:
+        raise CalibrationRefused(str(error)) from error
     answer = risk_control.apply(u[held], rule)
     top1 = d["top1"].numpy()
     result = {
@@ -121,9 +128,7 @@ def _run(args) -> int:
             result = calibrate_checkpoint(args.checkpoint, score=args.score, direction=args.direction,
                                           alpha=args.alpha, delta=args.delta, calibration_share=args.calibration_share,
                                           seed=args.seed, baseline=args.baseline, device=args.device)
-        except ValueError as error:  # an unknown score, too few queries to calibrate on (its docstring)
-            if isinstance(error, (CheckpointError, DataError, NonFiniteError)):
-                raise
+        except CalibrationRefused as error:
             raise SystemExit(f"abstain: {error}") from None
     out = Path(args.out or Path(args.checkpoint).parent)
     out.mkdir(parents=True, exist_ok=True)
