@@ -206,7 +206,10 @@ def test_report_r1_has_the_retrieval_line_bits():
     """The report's R@1 is printed beside retrieval_metrics' as "the same figure": 9 right of 160
     is 5.625, which 100·(1 − 151/160) rounds to 5.625000000000002 (printed 5.63, the retrieval
     line 5.62)."""
-    ranks = torch.tensor([1] * 9 + [2] * 151)
-    wrong = ranks > 1
-    report = uncertainty_report({"u": torch.rand(160, generator=torch.Generator().manual_seed(0))}, wrong)
-    assert report["r1"] == 100.0 * float((ranks <= 1).to(torch.float64).mean()) == 5.625
+    n = 160
+    sims = torch.eye(n) * 0.5
+    sims[torch.arange(9), torch.arange(9)] = 1.0  # 9 images rank their own caption first
+    sims[torch.arange(9, n), (torch.arange(9, n) + 1) % n] = 0.8  # the rest second
+    i2t, _ = metrics.retrieval_ranks(sims, 1)
+    report = uncertainty_report({"u": torch.rand(n, generator=torch.Generator().manual_seed(0))}, i2t > 1)
+    assert report["r1"] == metrics.retrieval_metrics(sims, 1)["i2t_r1"] == 5.625
