@@ -720,10 +720,10 @@ def test_triton_block_shape_fits_its_budget_where_a_full_column_does_not():
     from evidential_ops.triton_backend import launch
 
     assert launch.block_shape(113, 113, 100) == (11, 9)
-    for align in (1, 2, 4, 8):  # rows stored aligned_row_length apart (float64 to 16-bit elements)
+    for size in (None, 8, 4, 2):  # rows stored aligned_row_length apart (float64 to 16-bit elements)
         for elements in (100, 113, 1808, 113 * 113):
-            rows, cols = launch.block_shape(113, 113, elements, align)
-            stored = -(-cols // align) * align
+            rows, cols = launch.block_shape(113, 113, elements, size)
+            stored = launch.aligned_row_length(cols, size) if size else cols
             assert rows * stored <= elements and rows * stored > elements // 4
 
 

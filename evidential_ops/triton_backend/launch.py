@@ -492,10 +492,12 @@ def aligned_matrix(rows: int, cols: int, dtype: torch.dtype, device: torch.devic
     return torch.empty((rows, aligned_row_length(cols, dtype.itemsize)), dtype=dtype, device=device)[:, :cols]
 
 
-def strip_rows(m: int, n: int, size: int) -> int:
+def strip_rows(m: int, n: int, size: int, budget: int | None = None) -> int:
     """Rows of a stored (rows, n) strip of `size`-byte elements (rows aligned_row_length apart)
-    within `strip_budget`, evened out over the m rows (the strips of s in the forward)."""
-    rows = max(1, min(m, strip_budget(max(m, n)) // max(aligned_row_length(n, size) * size, 1)))
+    within `budget` bytes (default `strip_budget`), evened out over the m rows (the strips of s in
+    the forward)."""
+    budget = strip_budget(max(m, n)) if budget is None else budget
+    rows = max(1, min(m, budget // max(aligned_row_length(n, size) * size, 1)))
     return triton_cdiv(m, triton_cdiv(m, rows))
 
 
@@ -794,8 +796,7 @@ class BackwardPlan:
             self.extra_bytes = n * d * acc_size
         elif need_dx and need_dy and dtype in self.BLOCK_DTYPES:
             self.kind, self.strip, self.recomputations = "blocks", 0, 1
-            self.block_rows, self.block_cols = block_shape(m, n, strip_budget(max(m, n)) // size,
-                                                           aligned_row_length(1, size))
+            self.block_rows, self.block_cols = block_shape(m, n, strip_budget(max(m, n)) // size, size)
             self.extra_bytes = self.block_rows * aligned_row_length(self.block_cols, size) * size
             self.from_s = strips_of_s
         else:
@@ -827,10 +828,10 @@ class BackwardPlan:
         self.gemm_equivalents = self.recomputations + int(need_dx) + int(need_dy)
 
 
-def block_shape(m: int, n: int, elements: int, align: int = 1) -> tuple[int, int]:
+def block_shape(m: int, n: int, elements: int, size: int | None = None) -> tuple[int, int]:
     """(rows, cols) of the G blocks of BackwardPlan "blocks" for an (m, n) problem, at most
-    `elements` a block stored with its rows cols rounded up to a multiple of `align` apart
-    (aligned_row_length): of the even splits into row and column blocks that fit, the one that
+    `elements` a block, stored in rows aligned_row_length(cols, size) apart for `size`-byte
+    elements (cols apart without a size): of the even splits into row and column blocks that fit, the one that
     reads and writes the fewest gradient rows again, (col_blocks − 1)·m + (row_blocks − 1)·n;
     then the fewest blocks (fewer launches), then the fewest row blocks (dy, beyond L2 at large
     K, is the gradient moved once per row block; dx stays per row block)."""
@@ -839,7 +840,7 @@ def block_shape(m: int, n: int, elements: int, align: int = 1) -> tuple[int, int
         cols = triton_cdiv(n, col_blocks)
         if triton_cdiv(n, cols) != col_blocks:
             continue  # the same split as a smaller count
-        rows = min(m, elements // (triton_cdiv(cols, align) * align))
+        rows = min(m, elements // (aligned_row_length(cols, size) if size else cols))
         if rows < 1:
             continue  # narrower columns may still fit a row
         row_blocks = triton_cdiv(m, rows)
@@ -893,13 +894,19 @@ def _accumulate_product(out: Tensor, g: Tensor, b: Tensor) -> None:
         out.addmm_(g.to(out.dtype), b.to(out.dtype))
 
 
+def follows_tf32_switch(dtype: torch.dtype) -> bool:
+    """Whether cuBLAS products of this dtype take torch's TF32 switch (float32 alone): the ops set
+    it around them as matmul_precision says (_float32_products)."""
+    return dtype == torch.float32
+
+
 def _float32_products(like: Tensor, precision: str):
     """cuBLAS float32 products as matmul_precision says (TF32 or IEEE) on CUDA tensors
     (backends.matmul_precision), also while a CUDA graph is captured (cuBLAS takes the switch
     when the call is recorded); nothing to set on the CPU (IEEE products). Never traced: the
     float32 backward stays an opaque op under torch.compile (registration._cublas_products) and
     the forward's strips are eager launches only (similarity_strips)."""
-    if like.device.type != "cuda" or like.dtype != torch.float32:
+    if like.device.type != "cuda" or not follows_tf32_switch(like.dtype):
         return contextlib.nullcontext()
     return matmul_precision(precision)
 
