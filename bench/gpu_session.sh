@@ -135,8 +135,10 @@ stage_sanitize() {
     flags=(--tool "$tool" --error-exitcode 7)
     # Our kernels only, except for initcheck: a filtered initcheck does not see what cuBLAS and
     # torch's kernels write and takes every later read of it as uninitialised (the H200's second
-    # lease: s from cuBLAS, a reduction's result). memcheck, racecheck and initcheck take
-    # sanitize_cuda.py --quick: the whole run did not finish under either of the first two in 40 s.
+    # lease: s from cuBLAS, a reduction's result). memcheck is filtered now too (it ran unfiltered
+    # before): it checks our kernels' accesses, no longer cuBLAS's and torch's into our buffers.
+    # memcheck, racecheck and initcheck take sanitize_cuda.py --quick: the whole run did not
+    # finish under either of the first two in 40 s.
     [[ $tool != initcheck ]] && flags+=(--kernel-name kns=evidential_ops)
     local cases=()
     [[ $tool != synccheck ]] && cases=(--quick)

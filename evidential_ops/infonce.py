@@ -72,7 +72,8 @@ def infonce_loss(
     ({i}, or every j with group[j] == group[i]) and D(i) the candidates (every j); column j the
     same on sᵀ. drop_self=True removes the self term j = i from both (FUME's released code; needs
     group ids in which every line has another member). The fused backends never store s whole: one pass
-    of tiles forward, a recomputing backward, O(K) extra memory.
+    of tiles forward, a recomputing backward, O(K) extra memory (the triton backend on CUDA: strips
+    of s within 256 MiB, EO_TRITON_INFONCE_STRIP_MIB, and for float16 a float32 copy of an input).
 
     Args:
         x, y: (K, D) float32/float16/bfloat16/float64, same dtype and device, K >= 2; L2-normalised

@@ -51,7 +51,7 @@ def fused(request, monkeypatch):
             # several strips at every size the interpreter is given (16 rows of 64 float32 lines)
             monkeypatch.setattr(infonce_launch, "STRIPS_IN_INTERPRETER", True)
             monkeypatch.setattr(infonce_launch, "STRIP_MIN_ROWS", 1)
-            monkeypatch.setattr(infonce_launch, "STRIP_BUDGET_BYTES", 16 * 64 * 4)
+            monkeypatch.setattr(infonce_launch, "INFONCE_STRIP_BYTES", 16 * 64 * 4)
         elif case.variant == "tiles":
             monkeypatch.setattr(infonce_launch, "uses_strips", lambda x: False)
     return case

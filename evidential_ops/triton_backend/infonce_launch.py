@@ -31,6 +31,7 @@ from .launch import (
     _check_embeddings,
     _check_square,
     _check_upstream,
+    _accumulate_product,
     _compute_f64,
     _float32_products,
     _inverse_tau,
@@ -40,6 +41,8 @@ from .launch import (
     _type,
     _value,
     aligned_matrix,
+    aligned_row_length,
+    strip_rows,
     triton_cdiv,
 )
 
@@ -48,22 +51,28 @@ BLOCK_N = 32
 BLOCK_K = 32
 MAX_BLOCK_D = 256  # wider D is accumulated chunk by chunk in out (ACCUMULATE)
 # Strips: device memory for one stored strip of s (float32) and, in the backward, G's two bfloat16
-# parts; at least STRIP_MIN_ROWS rows (fewer would leave cuBLAS short, flat products and the element
-# kernels few programs a launch). 256 MiB: K = 65536 takes strips of 512 rows in 16-bit (8 bytes
-# an element), 1024 in float32.
-STRIP_BUDGET_BYTES = int(float(os.environ.get("EO_TRITON_INFONCE_STRIP_MIB", "256")) * 2**20)
+# parts (launch.strip_rows within it), and at least STRIP_MIN_ROWS rows (fewer would leave cuBLAS
+# short, flat products and the element kernels few programs a launch). 256 MiB: K = 65536 takes
+# strips of 512 rows for bfloat16's backward (8 bytes an element), 1024 otherwise.
+INFONCE_STRIP_BYTES = int(float(os.environ.get("EO_TRITON_INFONCE_STRIP_MIB", "256")) * 2**20)
 STRIP_MIN_ROWS = 128
 STRIP_BLOCK_M, STRIP_BLOCK_N = 32, 32  # the element kernels' tiles over a stored strip (no spills on sm_90)
 # The interpreter runs the tile kernels unless a test sets this (it checks the strips on the CPU).
 STRIPS_IN_INTERPRETER = False
 
 
+def strips_take(dtype: torch.dtype) -> bool:
+    """Whether inputs of this dtype go through cuBLAS strips on CUDA (float32 and 16-bit; float64
+    keeps the tiles): also what keeps the op opaque under torch.compile (registration)."""
+    return dtype != torch.float64
+
+
 def uses_strips(x: Tensor) -> bool:
     """Whether the InfoNCE ops take s from cuBLAS strips for these inputs (module docstring):
-    float32 and 16-bit CUDA tensors, in eager mode and in a CUDA graph's capture. Under
+    strips_take's dtypes on CUDA, in eager mode and in a CUDA graph's capture. Under
     torch.compile such calls stay opaque ops that run eagerly (registration._cublas_products);
     should one be traced all the same (EO_TRITON_OPAQUE unset, torch.export), it keeps the tiles."""
-    if x.dtype == torch.float64:
+    if not strips_take(x.dtype):
         return False
     if configs.interpreting():
         return STRIPS_IN_INTERPRETER
@@ -71,42 +80,27 @@ def uses_strips(x: Tensor) -> bool:
 
 
 def _strip_rows(k: int, element_bytes: int) -> int:
-    return max(1, min(k, max(STRIP_MIN_ROWS, STRIP_BUDGET_BYTES // (k * element_bytes))))
+    """Rows of a strip of K columns (launch.strip_rows within INFONCE_STRIP_BYTES, at least STRIP_MIN_ROWS)."""
+    least = STRIP_MIN_ROWS * aligned_row_length(k, element_bytes) * element_bytes
+    return strip_rows(k, k, element_bytes, max(INFONCE_STRIP_BYTES, least))
 
 
 def _strip_product(a: Tensor, b: Tensor, out: Tensor) -> None:
-    """out (rows, K) float32 = a·bᵀ: float32 operands at IEEE (as the tiles' "ieee" tl.dot), 16-bit
-    ones on the tensor cores with a float32 result (their products exact, as the tiles')."""
+    """out (rows, K) float32 = a·bᵀ: float32 operands at the precision the caller set (IEEE, as the
+    tiles' "ieee" tl.dot: _float32_products around the loop), 16-bit ones on the tensor cores with
+    a float32 result (their products exact, as the tiles')."""
     if a.dtype == torch.float32:
-        with _float32_products(a, "ieee"):
-            torch.mm(a, b.t(), out=out)
+        torch.mm(a, b.t(), out=out)
     elif a.is_cuda:
         torch.mm(a, b.t(), out_dtype=torch.float32, out=out)
     else:  # the interpreter's checks: the same products in float32 (exact)
         torch.mm(a.float(), b.float().t(), out=out)
 
 
-def _g_times(g: Tensor | tuple[Tensor, Tensor], b: Tensor, out: Tensor) -> None:
-    """out (rows, D) = G·b, b (K, D). G float32 (rows, K) with b float32 (float16 inputs arrive
-    widened): one IEEE product, rounded to out's dtype once. bfloat16: G as its two parts (hi, lo)
-    of bfloat16 (infonce_strip_grad_kernel's SPLIT), both products on the tensor cores into one
-    float32 sum, rounded to bfloat16 once. (float16 parts would lose G's small entries, which fall
-    below its normal range: 0.4 % of a hard-regime gradient at K = 113.)"""
-    if isinstance(g, tuple):
-        hi, lo = g
-        if b.is_cuda:
-            total = torch.mm(hi, b, out_dtype=torch.float32)
-            total += torch.mm(lo, b, out_dtype=torch.float32)
-        else:  # the interpreter's checks: the same products in float32 (exact)
-            total = torch.mm(hi.float(), b.float())
-            total += torch.mm(lo.float(), b.float())
-        out.copy_(total)
-        return
-    with _float32_products(b, "ieee"):
-        if out.dtype == torch.float32:
-            torch.mm(g, b, out=out)
-        else:
-            out.copy_(torch.mm(g, b))
+def _line_args(own_line, other_line) -> tuple:
+    """The kernels' own_* and other_* arguments: a direction not asked for (None) takes the other's
+    tensors as placeholders, which the kernel does not read (OWN/OTHER)."""
+    return own_line if own_line is not None else other_line, other_line if other_line is not None else own_line
 
 
 def _strip_line_stats(own: Tensor, other: Tensor, group: Tensor | None, inv_tau: float, drop_self: bool) -> Tensor:
@@ -118,15 +112,17 @@ def _strip_line_stats(own: Tensor, other: Tensor, group: Tensor | None, inv_tau:
     strip = aligned_matrix(rows, k, torch.float32, own.device)
     state = torch.empty((4, k), dtype=torch.float64, device=own.device)
     out = torch.empty((NUM_LINE_STATS, k), dtype=torch.float64, device=own.device)
-    for j0 in range(0, k, rows):
-        n = min(rows, k - j0)
-        s = strip[:n]
-        _strip_product(other[j0:j0 + n], own, s)
-        last = j0 + n >= k
-        _launch(infonce_kernels.infonce_stats_kernel, (triton_cdiv(k, STRIP_BLOCK_M),),
-                s, s, 1, s.stride(0), 0, 0, group if group is not None else s, out, state,
-                k, 0, n, j0, k, 0, inv_tau, HAS_GROUP=group is not None, DROP_SELF=drop_self, F64=False,
-                FROM_S=True, LOAD=j0 > 0, FINISH=last, BLOCK_M=STRIP_BLOCK_M, BLOCK_N=STRIP_BLOCK_N, BLOCK_K=16)
+    with _float32_products(own, "ieee"):
+        for j0 in range(0, k, rows):
+            n = min(rows, k - j0)
+            s = strip[:n]
+            _strip_product(other[j0:j0 + n], own, s)
+            last = j0 + n >= k
+            _launch(infonce_kernels.infonce_stats_kernel, (triton_cdiv(k, STRIP_BLOCK_M),),
+                    s, s, 1, s.stride(0), 0, 0, group if group is not None else s, out, state,
+                    k, 0, n, j0, k, 0, inv_tau, HAS_GROUP=group is not None, DROP_SELF=drop_self, F64=False,
+                    FROM_S=True, LOAD=j0 > 0, FINISH=last, BLOCK_M=STRIP_BLOCK_M, BLOCK_N=STRIP_BLOCK_N,
+                    BLOCK_K=16)
     return out
 
 
@@ -165,29 +161,48 @@ def _line_stats(q: Tensor, c: Tensor, group: Tensor | None, inv_tau: float, drop
 def _strip_gradient(own: Tensor, other: Tensor, group: Tensor | None, own_line, other_line, inv_tau: float,
                     drop_self: bool) -> Tensor:
     """∂L/∂own (K, D) in own's dtype from strips of own's rows: s = own[strip]·otherᵀ (cuBLAS), G
-    over it (infonce_strip_grad_kernel; own_line/other_line as _gradient's own/other: in place, or
-    bfloat16 inputs' as two bfloat16 parts), then d own[strip] = G·other (_g_times; float16 inputs:
-    other widened once, K·D·4 bytes)."""
+    over it (infonce_strip_grad_kernel; own_line/other_line as _gradient's own/other), then
+    d own[strip] = G·other:
+    - float32: G in place, one IEEE product into the gradient rows;
+    - bfloat16: G as two bfloat16 parts (SPLIT), both products on the tensor cores added into one
+      float32 buffer (launch._accumulate_product), rounded once;
+    - float16: G in place and `other` widened once (K·D·4 bytes), one float32 product, rounded once
+      (float16 parts would lose G's entries below float16's normal range).
+    The strip's s is this direction's product, not the transposed one the forward's statistics of
+    these lines came from (_strip_line_stats): the two round differently, within the product's own
+    rounding, which the tolerances of SPEC §5 already cover."""
     k, d = own.shape
-    rows = _strip_rows(k, 4 if own.dtype == torch.float32 else 8)
-    strip = aligned_matrix(rows, k, torch.float32, own.device)
     split = own.dtype == torch.bfloat16
+    rows = _strip_rows(k, 8 if split else 4)
+    strip = aligned_matrix(rows, k, torch.float32, own.device)
     parts = [aligned_matrix(rows, k, own.dtype, own.device) for _ in range(2)] if split else [strip, strip]
-    times = other.float() if own.dtype == torch.float16 else other  # float16: G·other in float32
+    times = other.float() if own.dtype == torch.float16 else other
+    wide = own.dtype != torch.float32  # a float32 buffer of the strip's gradient rows
+    total = torch.empty((rows, d), dtype=torch.float32, device=own.device) if wide else None
     out = torch.empty((k, d), dtype=own.dtype, device=own.device)
-    placeholder = own_line if own_line is not None else other_line
-    own_args = own_line if own_line is not None else placeholder
-    other_args = other_line if other_line is not None else placeholder
-    for i0 in range(0, k, rows):
-        n = min(rows, k - i0)
-        s = strip[:n]
-        _strip_product(own[i0:i0 + n], other, s)
-        _launch(infonce_kernels.infonce_strip_grad_kernel, (triton_cdiv(n, STRIP_BLOCK_M), triton_cdiv(k, STRIP_BLOCK_N)),
-                s, s.stride(0), s.stride(1), parts[0], parts[1], parts[0].stride(0), group if group is not None else s,
-                *own_args, *other_args, n, i0, k, inv_tau, HAS_GROUP=group is not None, DROP_SELF=drop_self,
-                OWN=own_line is not None, OTHER=other_line is not None, SPLIT=split, BLOCK_M=STRIP_BLOCK_M,
-                BLOCK_N=STRIP_BLOCK_N)
-        _g_times((parts[0][:n], parts[1][:n]) if split else s, times, out[i0:i0 + n])
+    own_args, other_args = _line_args(own_line, other_line)
+    with _float32_products(own if not wide else times, "ieee"):
+        for i0 in range(0, k, rows):
+            n = min(rows, k - i0)
+            s = strip[:n]
+            _strip_product(own[i0:i0 + n], other, s)
+            _launch(infonce_kernels.infonce_strip_grad_kernel,
+                    (triton_cdiv(n, STRIP_BLOCK_M), triton_cdiv(k, STRIP_BLOCK_N)),
+                    s, s.stride(0), s.stride(1), parts[0], parts[1], parts[0].stride(0),
+                    group if group is not None else s, *own_args, *other_args, n, i0, k, inv_tau,
+                    HAS_GROUP=group is not None, DROP_SELF=drop_self, OWN=own_line is not None,
+                    OTHER=other_line is not None, SPLIT=split, BLOCK_M=STRIP_BLOCK_M, BLOCK_N=STRIP_BLOCK_N)
+            if not wide:
+                torch.mm(s, other, out=out[i0:i0 + n])
+                continue
+            acc = total[:n]
+            if split:
+                acc.zero_()
+                _accumulate_product(acc, parts[0][:n], other)
+                _accumulate_product(acc, parts[1][:n], other)
+            else:
+                torch.mm(s, times, out=acc)
+            out[i0:i0 + n] = acc
     return out
 
 
@@ -238,9 +253,7 @@ def _gradient(q: Tensor, c: Tensor, group, own, other, inv_tau: float, drop_self
     block_d = max(16, triton.next_power_of_2(d)) if d <= MAX_BLOCK_D else MAX_BLOCK_D
     accumulate = d > MAX_BLOCK_D
     out = (torch.zeros_like(q) if accumulate else torch.empty_like(q))
-    placeholder = own if own is not None else other
-    own_args = own if own is not None else placeholder
-    other_args = other if other is not None else placeholder
+    own_args, other_args = _line_args(own, other)
     _launch(infonce_kernels.infonce_grad_kernel, (triton_cdiv(k, BLOCK_M),),
             q, c, q.stride(0), q.stride(1), c.stride(0), c.stride(1), group if group is not None else q,
             out, out.stride(0), out.stride(1), *own_args, *other_args, k, d, inv_tau,

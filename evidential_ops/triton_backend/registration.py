@@ -76,7 +76,7 @@ def _cublas_products(name: str, args: tuple) -> bool:
     if embeddings is None or not isinstance(args[embeddings], torch.Tensor):
         return False
     dtype = args[embeddings].dtype
-    return dtype == torch.float32 if name == "loss_backward" else dtype != torch.float64
+    return launch.follows_tf32_switch(dtype) if name == "loss_backward" else infonce_launch.strips_take(dtype)
 
 
 def _decomposition(fn, name: str):
