@@ -5,16 +5,15 @@
 #
 #   DEADLINE_S=570 OUT=/some/dir bash bench/gpu_lease.sh          # carry: .whl (the peers' wheels)
 #
-# Order (what the first lease, an H200 on 2026-11-28, left open: bench/results/gpu_h200_first_lease.md):
+# Order (what the second lease left open: bench/results/gpu_h200_second_lease.md):
 # env and build; then the checks whose results do not depend on timing, side by side: the cuda and
 # triton tests (14 workers: Triton compiles dominate) beside, one after another, whether a C++ op's
-# ValueError crashes the process (bench/exception_probe.py: every cuda test expecting one segfaulted
-# its worker) and the four sanitizers; then the timings, alone on the GPU: the K = 16384 ieee rows
-# (float32 IEEE now takes s from cuBLAS strips on triton), the peers at K = 65536 and 16384
-# (bench/peer_bench.py: Inf-CL, plain InfoNCE, ours), where each step's time goes kernel by kernel
-# (bench/kernel_times.py), what is live at a K = 65536 step's memory peak (bench/memory_peak.py:
-# triton measured 69-71 MiB against 62 modelled), the K = 65536 cells the first lease did not
-# reach, the ceilings (GEMMs of the floor's own shapes), Nsight Compute on one triton step, the demo.
+# ValueError crashes the process (bench/exception_probe.py) and the four sanitizers; then the
+# timings, alone on the GPU: K = 16384 at every precision (triton's blocks now have aligned rows),
+# the peers at K = 65536 and 16384 (bench/peer_bench.py: Inf-CL, plain InfoNCE, ours; InfoNCE now
+# on cuBLAS strips), what is live at a K = 65536 step's memory peak (bench/memory_peak.py), where
+# each step's time goes kernel by kernel (bench/kernel_times.py), K = 1024 and 4096 with the eager
+# reference and its torch.compile (no lease has measured them), the K = 65536 bf16 and ieee cells.
 # The stages are gpu_session.sh's (sourced); wheels under .whl/ are installed first (gpu_session.sh).
 # Writes $OUT/lease.tgz (every log and table) and $OUT/summary.txt.
 set -uo pipefail
@@ -82,14 +81,12 @@ beside=$!
 run_for 240 tests stage_test "$ROOT/python_tests/test_cuda_backend.py" "$ROOT/python_tests/test_fused_backends.py" \
   "$ROOT/python_tests/test_triton_backend.py" "$ROOT/python_tests/test_fused_infonce.py" -k "cuda or triton"
 wait "$beside"
-run_for 60 "bench16k ieee" bench bench16k_ieee --sizes 16384 --precisions ieee --impls triton cuda floor --repeats 3
+run_for 90 bench16k bench bench16k --sizes 16384 --precisions tf32 bf16 ieee --impls triton cuda floor --repeats 3
 run_for 120 peers stage_peers
-run_for 80 "kernel times" stage_kernel_times
 run_for 60 "memory peak" stage_memory_peak
-run_for 120 bench64k bench bench64k --sizes 65536 --precisions tf32 --impls triton cuda floor --repeats 3
-run_for 30 ceilings stage_ceilings
-run_for 120 ncu stage_ncu
-run_for 60 demo stage_demo cuda
+run_for 80 "kernel times" stage_kernel_times
+run_for 150 "bench small" bench bench_small --sizes 1024 4096 --precisions ieee tf32 bf16 --repeats 5
+run_for 120 bench64k bench bench64k --sizes 65536 --precisions bf16 ieee --impls triton cuda floor --repeats 3
 pack
 echo
 echo "== summary"
