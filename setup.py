@@ -79,13 +79,16 @@ def _runtime_link_args() -> list[str]:
     """Link flags that make the extension share torch's C++ runtime.
 
     A C++ op's error (TORCH_CHECK_VALUE, a ValueError in Python) is a C++ exception thrown in the
-    extension and caught in torch's dispatcher: both must use the one libstdc++.so. A compiler that
-    links libstdc++ statically (a g++ wrapper adding -static-libstdc++, as one GPU machine's CXX
-    did) gives the extension a copy of its own, and the first such error crashed the process. An
-    explicit -lstdc++ comes before the driver's own libraries, so the shared library resolves every
-    C++ runtime symbol and the static archive is never pulled in.
+    extension and caught in torch's dispatcher: both must use the one libstdc++.so.6. The linker
+    takes libstdc++.a wherever the compiler's own library folder has no usable libstdc++.so: one
+    GPU machine's GCC (/opt/gcc) had the archive beside a dangling libstdc++.so link, so the
+    extension got a copy of the runtime of its own, and the first such error crashed the process.
+    -lstdc++ finds the same dangling link and the same archive; the shared object named by its
+    soname (-l:libstdc++.so.6) exists only as the shared runtime, in the system's library folders,
+    and coming before the driver's own libraries it resolves every C++ runtime symbol, so the
+    archive is never pulled in (also under -static-libstdc++).
     """
-    return ["-lstdc++"] if sys.platform.startswith("linux") else []
+    return ["-l:libstdc++.so.6"] if sys.platform.startswith("linux") else []
 
 
 def extension():

@@ -35,9 +35,10 @@ class _DlInfo(ctypes.Structure):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the ELF loader's symbol lookup")
 def test_extension_throws_with_torchs_cpp_runtime():
     """A ValueError from a C++ op crosses from the extension into torch's dispatcher as a C++
-    exception: both must throw and catch with one libstdc++. A compiler that links it statically
-    (a g++ wrapper adding -static-libstdc++) gave the extension its own copy, and the first
-    ValueError of any op killed the process with SIGSEGV (an H200 machine, torch 2.11). The loader
+    exception: both must throw and catch with one libstdc++. Linked statically (a compiler whose
+    library folder holds libstdc++.a beside a dangling libstdc++.so: setup._runtime_link_args), the
+    extension had its own copy, and the first ValueError of any op killed the process with SIGSEGV
+    (an H200 machine, torch 2.11). The loader
     resolves __cxa_throw from the extension itself when that copy is there, else from libstdc++.so."""
     _C = pytest.importorskip("evidential_ops._C")
     extension = ctypes.CDLL(_C.__file__)
@@ -46,8 +47,8 @@ def test_extension_throws_with_torchs_cpp_runtime():
     assert ctypes.CDLL(None).dladdr(ctypes.c_void_p(address), ctypes.byref(info)) != 0
     defined_in = os.path.realpath(info.dli_fname.decode())
     assert defined_in != os.path.realpath(_C.__file__), (
-        "the extension carries its own C++ runtime (linked with -static-libstdc++): rebuild it so that "
-        "libstdc++.so is linked (setup.py passes -lstdc++)")
+        "the extension carries its own C++ runtime (libstdc++.a was linked): rebuild it so that "
+        "libstdc++.so.6 is linked (setup.py passes -l:libstdc++.so.6)")
 
 
 @pytest.mark.parametrize("direction", ["rows", "cols", "both"])

@@ -1173,26 +1173,50 @@ def test_infonce_logits_are_rounded_once_in_the_compiled_kernel(tmp_path):
             assert contracted == "0", f"group={group} drop_self={drop_self}: {contracted} contracted logits"
 
 
-def test_cublas_calls_stay_one_op_under_torch_compile():
+def test_cublas_calls_stay_one_op_under_torch_compile(monkeypatch):
     """The float32 backward multiplies its strips or blocks of G with cuBLAS at the op's own
     matmul_precision, set around the products in eager mode: traced into a graph, they would run
     at torch's global TF32 switch instead (an H200: opcheck's compiled "tf32" gradient differed by
-    up to 14 % an element). The InfoNCE ops of float32 and 16-bit inputs take cuBLAS strips (their
-    tile kernels took 29-32x plain PyTorch's time there). Those calls stay whole under torch.compile;
-    float64 calls and the other ops still decompose into their Triton kernels."""
-    from evidential_ops.triton_backend import registration
+    up to 14 % an element). The float32 forward ops take s from cuBLAS strips at IEEE precision (at
+    every D) and at TF32 beyond SIMILARITY_STRIPS_ABOVE_D: traced, they would take the tile kernels
+    (an H200: opcheck's traced line_stats differed from the eager one). The InfoNCE ops of float32
+    and 16-bit inputs take cuBLAS strips (their tile kernels took 29-32x plain PyTorch's time
+    there). Those calls stay whole under torch.compile, with arguments given by position or by
+    name; float64 calls and the other ops still decompose into their Triton kernels."""
+    from evidential_ops.triton_backend import launch, registration
 
-    def args(name, dtype):
+    monkeypatch.setattr(launch, "SIMILARITY_STRIPS_ABOVE_D", 512)  # the defaults (EO_TRITON_STRIPS_ABOVE_D,
+    monkeypatch.setattr(launch, "IEEE_SIMILARITY_STRIPS_ABOVE_D", 0)  # EO_TRITON_IEEE_STRIPS_ABOVE_D)
+    family = getattr(torch.ops, eo.ops.NAMESPACE)
+    opaque = lambda name, *args, **kwargs: registration._cublas_products(getattr(family, name).default, name, args,
+                                                                         kwargs)
+    wide, narrow = launch.SIMILARITY_STRIPS_ABOVE_D + 1, launch.SIMILARITY_STRIPS_ABOVE_D
+
+    def backward(dtype, name="loss_backward"):
         x = torch.zeros(3, 2, dtype=dtype)
-        if name == "infonce_forward":
-            return (x, x, None, 0.05, False, True, True)
-        return (None, None, x, x, None, None, None, "exp", 0.05, None, 1, True, True, 0, [True, True], "tf32")
+        if name == "infonce_backward":
+            return opaque(name, None, None, x, x, None, None, None, 0.05, False, True, True, [True, True])
+        return opaque(name, None, None, x, x, None, None, None, "exp", 0.05, None, 1, True, True, 0, [True, True],
+                      "tf32")
 
-    assert registration._cublas_products("loss_backward", args("loss_backward", torch.float32))
+    def forward(dtype, d, *precision, **named):
+        x = torch.zeros(3, d, dtype=dtype)
+        return (opaque("loss_forward", x, x, None, "exp", 0.05, None, 1, True, True, *precision, **named),
+                opaque("line_stats", x, x, 0, "exp", 0.05, 1, True, True, *precision, **named),
+                opaque("opinion", x, x, "exp", 0.05, *precision, **named))
+
+    assert backward(torch.float32)
     for dtype in (torch.float64, torch.bfloat16, torch.float16):
-        assert not registration._cublas_products("loss_backward", args("loss_backward", dtype))
-    assert not registration._cublas_products("loss_forward", args("loss_backward", torch.float32))
+        assert not backward(dtype)
+        assert forward(dtype, wide) == (False, False, False)
+    assert forward(torch.float32, 2) == (True, True, True)  # IEEE, the schemas' default
+    assert forward(torch.float32, 2, matmul_precision="ieee") == (True, True, True)
+    assert forward(torch.float32, narrow, "tf32") == (False, False, False)
+    assert forward(torch.float32, wide, matmul_precision="tf32") == (True, True, True)
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        assert registration._cublas_products("infonce_forward", args("infonce_forward", dtype))
-        assert registration._cublas_products("infonce_backward", args("loss_backward", dtype))
-    assert not registration._cublas_products("infonce_forward", args("infonce_forward", torch.float64))
+        x = torch.zeros(3, 2, dtype=dtype)
+        assert opaque("infonce_forward", x, x, None, 0.05, False, True, True)
+        assert backward(dtype, "infonce_backward")
+    x = torch.zeros(3, 2, dtype=torch.float64)
+    assert not opaque("infonce_forward", x, x, None, 0.05, False, True, True)
+    assert not opaque("loss_forward_from_similarity", x, None, "exp", 0.05, None, 1, True, True)

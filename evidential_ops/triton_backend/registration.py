@@ -64,19 +64,28 @@ def _eager(fn):
     return kernel
 
 
-def _cublas_products(name: str, args: tuple) -> bool:
-    """Whether the op's implementation multiplies with cuBLAS for these arguments: loss_backward of
-    float32 embeddings (its strips or blocks of G, at the op's matmul_precision, which is torch's
-    global TF32 switch set around the products in eager mode) and both InfoNCE ops of float32 and
-    16-bit embeddings (infonce_launch.uses_strips). Traced into a graph, such products would run
-    as the switch says when the graph runs (on an H200 the compiled gradient of a "tf32" call
-    differed from the eager one by up to 14 % an element, torch.library.opcheck), and the InfoNCE
-    ops would fall back to their tile kernels, 29-32x plain PyTorch's time there."""
-    embeddings = {"loss_backward": 2, "infonce_forward": 0, "infonce_backward": 2}.get(name)
-    if embeddings is None or not isinstance(args[embeddings], torch.Tensor):
+def _cublas_products(op, name: str, args: tuple, kwargs: dict) -> bool:
+    """Whether the op's implementation multiplies with cuBLAS for these arguments: the forward ops
+    of float32 embeddings whose s comes from cuBLAS strips (launch.similarity_strips: IEEE at every
+    D), loss_backward of float32 embeddings (its strips or blocks of G, at the op's
+    matmul_precision, which is torch's global TF32 switch set around the products in eager mode)
+    and both InfoNCE ops of float32 and 16-bit embeddings (infonce_launch.uses_strips). Traced into
+    a graph, such products would run as the switch says when the graph runs (on an H200 the
+    compiled gradient of a "tf32" call differed from the eager one by up to 14 % an element,
+    torch.library.opcheck), the forward would take its tile kernels (another summation order:
+    line_stats failed opcheck's eager-vs-traced comparison there), and the InfoNCE ops would fall
+    back to their tile kernels, 29-32x plain PyTorch's time there."""
+    bound = {argument.name: argument.default_value for argument in op._schema.arguments}
+    bound.update(zip(bound, args))
+    bound.update(kwargs)
+    x = bound.get("x")
+    if not isinstance(x, torch.Tensor):
         return False
-    dtype = args[embeddings].dtype
-    return launch.follows_tf32_switch(dtype) if name == "loss_backward" else infonce_launch.strips_take(dtype)
+    if name.startswith("infonce"):
+        return infonce_launch.strips_take(x.dtype)
+    if name == "loss_backward":
+        return launch.follows_tf32_switch(x.dtype)
+    return launch.similarity_strips(x.dtype, x.shape[-1], bound["matmul_precision"])
 
 
 def _decomposition(fn, name: str):
@@ -92,7 +101,7 @@ def _decomposition(fn, name: str):
             from torch.export._trace import custom_triton_ops_decomposition_disabled
         except ImportError:
             custom_triton_ops_decomposition_disabled = lambda: False
-        if custom_triton_ops_decomposition_disabled() or _cublas_products(name, args):
+        if custom_triton_ops_decomposition_disabled() or _cublas_products(op, name, args, kwargs):
             return mode.__torch_dispatch__(op, types, args, kwargs)
         if any(not issubclass(t, FakeTensor) and t not in (torch.Tensor, FunctionalTensor) for t in types):
             return NotImplemented
