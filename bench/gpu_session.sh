@@ -46,7 +46,8 @@
 # Results and logs land in $OUT (the device tool brings them back): copy the cuda_*.json/.md table
 # to bench/results/ and commit it with the device named. The summary is printed last.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+# BASH_SOURCE, not $0: sourced from a command line ($0 "bash"), the script still finds the checkout.
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$PWD
 OUT="${OUT:-/tmp/gpu_session}"
 mkdir -p "$OUT"
@@ -104,7 +105,13 @@ POISONING=(
 # stage_test [pytest selection...]: the whole python_tests suite by default
 stage_test() {
   need_build || return 1
-  local start=$SECONDS deselect=() plugins=() selection=("$@")
+  local start=$SECONDS deselect=() plugins=() selection=() item
+  # pytest runs in $OUT: paths of the checkout are made absolute (the third lease's follow-up call
+  # passed python_tests/... and ran no tests).
+  for item in "$@"; do
+    [[ $item == python_tests* || $item == bench/* ]] && item="$ROOT/$item"
+    selection+=("$item")
+  done
   [[ ${#selection[@]} -eq 0 ]] && selection=("$ROOT/python_tests")
   # --deselect matches test ids, which are relative to the rootdir (pyproject.toml's): an absolute
   # path deselects nothing.
