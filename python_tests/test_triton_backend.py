@@ -666,9 +666,9 @@ def test_triton_backward_paths_match_the_reference(gen, monkeypatch, path):
         monkeypatch.setattr(launch.BackwardPlan, "BLOCK_DTYPES", ())
     if path in ("blocks", "strips", "strips, two passes", "dx only", "dy only"):
         # 16 stored rows of 116 elements (113 rounded up to launch.ROW_ALIGN_BYTES): 16 rows of a
-        # strip, 8 strips, the last partial; or 2 × 4 blocks of 57 × 29, stored in rows of 32
-        # (launch.block_shape: 4 gradient rows a line moved again, as 3 × 3 of 38 × 38 would, in
-        # fewer blocks), the last of each partial
+        # strip, 8 strips, the last partial; or 2 × 4 blocks of 57 × 32 (launch.block_shape: 4
+        # gradient rows a line moved again, as 3 × 3 of 38 × 40 would, in fewer blocks; columns a
+        # multiple of 16 bytes), the last of each partial
         monkeypatch.setattr(launch, "STRIP_BUDGET_BYTES", 16 * launch.aligned_row_length(113, 4) * 4)
     if path == "strips, two passes":
         monkeypatch.setattr(launch, "ACCUMULATOR_BUDGET_BYTES", -1)
@@ -685,7 +685,7 @@ def test_triton_backward_paths_match_the_reference(gen, monkeypatch, path):
         expected = "blocks"
     assert [p.kind for p in plans] == [expected]
     if "block" in path:
-        assert (plans[0].block_rows, plans[0].block_cols) == {"one block": (113, 113), "blocks": (57, 29)}[path]
+        assert (plans[0].block_rows, plans[0].block_cols) == {"one block": (113, 113), "blocks": (57, 32)}[path]
     else:
         assert plans[0].strip == {"fused": 0, "one strip": 113}.get(path, 16)
 
@@ -725,6 +725,21 @@ def test_triton_block_shape_fits_its_budget_where_a_full_column_does_not():
             rows, cols = launch.block_shape(113, 113, elements, size)
             stored = launch.aligned_row_length(cols, size) if size else cols
             assert rows * stored <= elements and rows * stored > elements // 4
+            # Whole columns, or a multiple of 16 bytes of them: cuBLAS's sm_90 kernels.
+            assert cols == 113 or size is None or (cols * size) % launch.ROW_ALIGN_BYTES == 0
+
+
+def test_triton_blocks_at_the_measured_sizes_keep_cublas_on_sm90_kernels():
+    """The H200's third lease: blocks of 4096 × 3277 float32 at K = 16384 (a column count that is
+    not a multiple of 4) ran dx's and dy's products on cuBLAS's sm_80 align1 kernels. At the
+    budgets of K = 16384 and 65536 every block's columns are now a multiple of 16 bytes."""
+    from evidential_ops.triton_backend import launch
+
+    for k in (16384, 65536):
+        for dtype in (torch.float32, torch.bfloat16):
+            size = dtype.itemsize
+            rows, cols = launch.block_shape(k, k, launch.strip_budget(k) // size, size)
+            assert (cols * size) % launch.ROW_ALIGN_BYTES == 0 and rows * cols * size <= launch.strip_budget(k)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
@@ -785,10 +800,10 @@ def test_triton_extra_memory_at_k65536_d1024_is_below_64_mib(dtype):
     # A strip or block takes what 64 MiB leaves beside 2 MiB spare and 2·27 float64 a line (27 MiB,
     # launch.PER_LINE_BYTES): 35 MiB. bfloat16: strips of 280 rows of 65536, where dy read and
     # written once a strip would move more bytes than G once more (and a float32 dy would be
-    # 256 MiB): two passes. float32: blocks of 3450 × 2622 (19 × 25, rows stored in 2624), dx and
+    # 256 MiB): two passes. float32: blocks of 3450 × 2624 (19 × 25, columns a multiple of 16 bytes), dx and
     # dy their own accumulators, one pass.
     if dtype == torch.float32:
-        assert (plan.kind, plan.gemm_equivalents, plan.block_rows, plan.block_cols) == ("blocks", 3, 3450, 2622)
+        assert (plan.kind, plan.gemm_equivalents, plan.block_rows, plan.block_cols) == ("blocks", 3, 3450, 2624)
     else:
         assert (plan.kind, plan.gemm_equivalents, plan.strip) == ("strips, two passes", 4, 280)
     if dtype == torch.float32:
@@ -868,10 +883,10 @@ def test_triton_similarity_strips_match_the_reference(gen, monkeypatch, strips):
     requires = (True, False) if strips == "strips, dx only" else (True, True)
     _backward_against_reference(gen, k, d, requires, tau=tau)
     assert forwards == [k, k]  # this forward and the backward's
-    # the backward's blocks of s (float32, both gradients: 2 × 4 of 57 × 29 within 16 rows' budget),
+    # the backward's blocks of s (float32, both gradients: 2 × 4 of 57 × 32 within 16 rows' budget),
     # or strips of rows for one gradient
     got = [(p.kind, p.from_s, p.strip, p.block_rows, p.block_cols) for p in plans]
-    assert got == [{"one strip": ("blocks", True, 0, k, k), "strips": ("blocks", True, 0, 57, 29),
+    assert got == [{"one strip": ("blocks", True, 0, k, k), "strips": ("blocks", True, 0, 57, 32),
                     "strips, dx only": ("strips", True, 16, 0, 0)}[strips]]
 
 

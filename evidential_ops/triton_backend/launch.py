@@ -766,9 +766,9 @@ class BackwardPlan:
       written). Every gradient row is read and written once per block that adds to it after its
       first: (col_blocks − 1)·m + (row_blocks − 1)·n rows of D in all, which the block shape
       minimises within the budget (`block_shape`), where a strip of full rows (one column block)
-      moves dy once per strip. K = 16384, D = 1024, float32: 4 × 5 blocks of 4096 × 3277, 7 rows
+      moves dy once per strip. K = 16384, D = 1024, float32: 4 × 5 blocks of 4096 × 3280, 7 rows
       of D a line moved again, against 18 for 19 strips of 884 rows; K = 65536: 19 × 25 blocks of
-      3450 × 2622, 42 (where strips took two passes: 4 GEMM-equivalents and the element work
+      3450 × 2624, 42 (where strips took two passes: 4 GEMM-equivalents and the element work
       twice). 3 GEMM-equivalents.
     A strip or block is as large as `strip_budget` allows (what 64 MiB leaves beside the per-line
     buffers and, where dy shares the pass, its float32 accumulator).
@@ -834,10 +834,14 @@ def block_shape(m: int, n: int, elements: int, size: int | None = None) -> tuple
     elements (cols apart without a size): of the even splits into row and column blocks that fit, the one that
     reads and writes the fewest gradient rows again, (col_blocks − 1)·m + (row_blocks − 1)·n;
     then the fewest blocks (fewer launches), then the fewest row blocks (dy, beyond L2 at large
-    K, is the gradient moved once per row block; dx stays per row block)."""
+    K, is the gradient moved once per row block; dx stays per row block). With a size, cols is a
+    multiple of ROW_ALIGN_BYTES too (or n): a block's columns are the contiguous, summed-over
+    dimension of dx's product, and cuBLAS took its sm_80 align1 kernels for 3277 of them (an H200,
+    K = 16384: 8 of the TF32 step's 19.3 ms of kernels), however its rows were aligned."""
+    align = max(1, ROW_ALIGN_BYTES // size) if size else 1
     best = None
     for col_blocks in range(1, min(n, 4096) + 1):
-        cols = triton_cdiv(n, col_blocks)
+        cols = min(n, triton_cdiv(triton_cdiv(n, col_blocks), align) * align)
         if triton_cdiv(n, cols) != col_blocks:
             continue  # the same split as a smaller count
         rows = min(m, elements // (aligned_row_length(cols, size) if size else cols))
