@@ -527,8 +527,8 @@ def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dic
     ns = launch._Terms(mask).num_partials()
     defaults = configs.DEFAULTS_BY_ARCH[90 if c["arch"] >= 90 else 80]
     st, gr = defaults["stats"], defaults["grad"]
-    # float32 with TF32 at wide D: s from cuBLAS strips in both directions (launch.similarity_strips,
-    # BackwardPlan.from_s), the element loops those of the strip sweeps
+    # float32 (IEEE, or TF32 at wide D) and 16-bit inputs: s from cuBLAS strips in both directions
+    # (launch.similarity_strips, BackwardPlan.from_s), the element loops those of the strip sweeps
     strips_of_s = launch.similarity_strips(_torch_dtype(precision), d, "tf32" if precision == "tf32" else "ieee")
     sweep = "strip" if strips_of_s else "tile"
     fwd_row = profile_row(profile, "triton", loss, "fwd", sweep)
@@ -621,11 +621,12 @@ def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dic
         for lines, with_dx, with_dy in sweeps:
             grid = _ceil_div(plan.strip, gr.block_m) * _ceil_div(k, gr.block_n)
             concurrent = min(grid, per_sm_g * c["sms"])
-            if plan.from_s:  # s of the strip from cuBLAS, into the strip; G over it in place
+            if plan.from_s:  # s of the strip from cuBLAS (float32), into the strip or one beside it; G over it
+                s_bytes = plan.strip * k * 4
                 out.append(_strip_product(f"cuBLAS s of {strips} strips of {plan.strip} {lines}", "backward",
-                                          strips, k, d, e_in, g_bytes, c))
+                                          strips, k, d, e_in, s_bytes, c))
                 l2, dram, waves = {}, {}, 1
-                (l2 if g_bytes <= l2_bytes else dram)["s strip read"] = kk * e_in
+                (l2 if s_bytes <= l2_bytes else dram)["s strip read (float32)"] = kk * 4
                 flops, what = 0.0, "(s from the strip)"
             else:
                 l2, dram, waves = operand_traffic(gr.block_m, gr.block_n, per_sm_g, concurrent,

@@ -61,8 +61,8 @@ def _case(name: str) -> FusedCase | None:
 
 def fused_cases(tile_variants: bool = False) -> list[FusedCase]:
     """Every registered fused backend that can run on this machine; with `tile_variants`, Triton's
-    interpreter case again as "tiles" (float32 embeddings take cuBLAS strips of s in eager
-    launches, so its tile kernels' products would otherwise run here only in the tests that
+    interpreter case again as "tiles" (float32 and 16-bit embeddings take cuBLAS strips of s in
+    eager launches, so its tile kernels' products would otherwise run here only in the tests that
     force them)."""
     cases = [case for case in (_case(name) for name in eo.available_backends() if name != "reference") if case]
     if tile_variants:
@@ -78,6 +78,7 @@ def use_case(case: FusedCase, monkeypatch) -> FusedCase:
 
         monkeypatch.setattr(launch, "IEEE_SIMILARITY_STRIPS_ABOVE_D", 1 << 30)
         monkeypatch.setattr(launch, "SIMILARITY_STRIPS_ABOVE_D", 1 << 30)
+        monkeypatch.setattr(launch, "HALF_SIMILARITY_STRIPS_ABOVE_D", 1 << 30)
     return case
 
 

@@ -31,10 +31,11 @@ def tile_kernels_for_ieee(monkeypatch):
     """These tests are about the tile kernels unless they say otherwise: eager launches would take
     float32 IEEE embeddings' s from cuBLAS strips (launch.similarity_strips), and a test that forces
     a tile sweep's partials, passes or plans would then pass without running them. The strips'
-    own tests set the width back (or replace similarity_strips)."""
+    own tests set the width back (or replace similarity_strips). 16-bit inputs likewise."""
     from evidential_ops.triton_backend import launch
 
     monkeypatch.setattr(launch, "IEEE_SIMILARITY_STRIPS_ABOVE_D", 1 << 30)
+    monkeypatch.setattr(launch, "HALF_SIMILARITY_STRIPS_ABOVE_D", 1 << 30)
 
 
 # ------------------------------------------------------------------------- special functions
@@ -806,15 +807,19 @@ def test_triton_extra_memory_at_k65536_d1024_is_below_64_mib(dtype):
         assert (plan.kind, plan.gemm_equivalents, plan.block_rows, plan.block_cols) == ("blocks", 3, 3450, 2624)
     else:
         assert (plan.kind, plan.gemm_equivalents, plan.strip) == ("strips, two passes", 4, 280)
-    if dtype == torch.float32:
-        # TF32 products: s from strips in the forward too (launch.similarity_strips): one strip of
-        # s in float32, the partials of its rows from at most one program per SM (200 here) and
-        # the columns' sums of one strip, beside both directions' statistics
-        rows = launch.strip_rows(k, k, 4)
-        strip_forward = rows * k * 4 + launch.strip_programs(k // 64, 200) * 6 * rows * 8 \
-            + 3 * launch.NUM_LINE_STATS * k * 8
-        assert rows == 140 and strip_forward < 64 * 2**20
-        assert launch.BackwardPlan(k, k, d, dtype, strips_of_s=True).extra_bytes == plan.extra_bytes
+    # s from strips in the forward (launch.similarity_strips: float32 at IEEE or at TF32 here, and
+    # 16-bit inputs): one strip of s in float32, the partials of its rows from at most one program
+    # per SM (200 here) and the columns' sums of one strip, beside both directions' statistics
+    rows = launch.strip_rows(k, k, 4)
+    strip_forward = rows * k * 4 + launch.strip_programs(k // 64, 200) * 6 * rows * 8 \
+        + 3 * launch.NUM_LINE_STATS * k * 8
+    assert rows == 140 and strip_forward < 64 * 2**20
+    from_s = launch.BackwardPlan(k, k, d, dtype, strips_of_s=True)
+    if dtype == torch.float32:  # s in the block, G written over it
+        assert from_s.extra_bytes == plan.extra_bytes
+    else:  # s in a float32 strip beside G's: 6 bytes an element, strips of 93 rows
+        assert (from_s.kind, from_s.s_apart, from_s.strip) == ("strips, two passes", True, 93)
+        assert from_s.extra_bytes + launch.PER_LINE_BYTES * k < 64 * 2**20
     # 16-bit strips with dy in their pass: every row in one strip, dy a single product of it (no
     # float32 accumulator: the strip alone, 8 MiB); or 13 strips of 1336 rows beside a float32 dy
     # and the product's float32 result (16 MiB, within ACCUMULATOR_BUDGET_BYTES)
@@ -888,6 +893,51 @@ def test_triton_similarity_strips_match_the_reference(gen, monkeypatch, strips):
     got = [(p.kind, p.from_s, p.strip, p.block_rows, p.block_cols) for p in plans]
     assert got == [{"one strip": ("blocks", True, 0, k, k), "strips": ("blocks", True, 0, 57, 32),
                     "strips, dx only": ("strips", True, 16, 0, 0)}[strips]]
+
+
+@pytest.mark.parametrize("requires", [(True, True), (True, False), (False, True)], ids=["both", "dx", "dy"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_triton_half_similarity_strips_match_the_reference(gen, monkeypatch, dtype, requires):
+    """16-bit embeddings take s from strips too (launch.similarity_strips, every D by default): s in
+    float32 from the tensor cores' products (launch.similarity_product), G in the input dtype in a
+    strip of its own beside it (BackwardPlan.s_apart, 6 bytes an element). Forced into eight
+    strips of rows (and, for both gradients, a second pass over strips of columns: a float32 dy
+    beside them would exceed its budget), the fused backward off. Hard regime, every term, a
+    target scale, K = 113, D = 203: losses and gradients against the float64 reference on the same
+    rounded inputs within SPEC §5's 1e-2 for 16-bit inputs."""
+    from evidential_ops.triton_backend import launch
+
+    monkeypatch.setattr(launch, "HALF_SIMILARITY_STRIPS_ABOVE_D", 0)
+    monkeypatch.setattr(launch.BackwardPlan, "FUSED_DTYPES", ())
+    monkeypatch.setattr(launch, "ACCUMULATOR_BUDGET_BYTES", -1)
+    k, d, tau = 113, 203, 0.05
+    # 8 strips: 16 rows of 113 elements, G's row aligned to 16 bytes, at 2 + 4 bytes an element
+    monkeypatch.setattr(launch, "STRIP_BUDGET_BYTES", 16 * launch.aligned_row_length(k, dtype.itemsize) * 6)
+    forwards = _record_strip_statistics(monkeypatch, launch, lambda a: a[0].n_own)
+    plans = _record_plans(monkeypatch, launch)
+    x, y = hard_pairs(k, d, generator=gen)
+    x, y = x.to(dtype), y.to(dtype)
+    c = torch.rand(k, generator=gen)
+    kwargs = dict(evidence="exp", tau=tau, weights=ALL_WEIGHTS, reduction="none", direction="both")
+    xt = x.clone().to(device()).requires_grad_(requires[0])
+    yt = y.clone().to(device()).requires_grad_(requires[1])
+    rows, cols = eo.evidential_loss(xt, yt, backend="triton", target_scale=c.to(device()), **kwargs)
+    (rows.float().sum() + cols.float().sum()).backward()
+    xr, yr = x.double().requires_grad_(requires[0]), y.double().requires_grad_(requires[1])
+    ref_rows, ref_cols = eo.reference.evidential_loss(xr, yr, target_scale=c.double(), **kwargs)
+    (ref_rows.sum() + ref_cols.sum()).backward()
+    for got, want in ((rows, ref_rows), (cols, ref_cols)):
+        error = (got.detach().double().cpu() - want.detach()).abs() / want.detach().abs().clamp_min(1e-3)
+        assert float(error.max()) <= 1e-2
+    for got, want, needed in ((xt.grad, xr.grad, requires[0]), (yt.grad, yr.grad, requires[1])):
+        assert (got is not None) == needed
+        if needed:
+            assert got.dtype == dtype
+            assert float((got.double().cpu() - want).abs().max() / want.abs().max()) <= 1e-2
+    assert forwards == [k]
+    two_passes = requires == (True, True)
+    assert [(p.kind, p.from_s, p.s_apart, p.strip) for p in plans] == [
+        ("strips, two passes" if two_passes else "strips", True, True, 16)]
 
 
 @pytest.mark.parametrize("strips", ["one strip", "strips"])
@@ -1194,14 +1244,16 @@ def test_cublas_calls_stay_one_op_under_torch_compile(monkeypatch):
     at torch's global TF32 switch instead (an H200: opcheck's compiled "tf32" gradient differed by
     up to 14 % an element). The float32 forward ops take s from cuBLAS strips at IEEE precision (at
     every D) and at TF32 beyond SIMILARITY_STRIPS_ABOVE_D: traced, they would take the tile kernels
-    (an H200: opcheck's traced line_stats differed from the eager one). The InfoNCE ops of float32
+    (an H200: opcheck's traced line_stats differed from the eager one), and so do 16-bit inputs at
+    every D (their s in float32) in the backward too. The InfoNCE ops of float32
     and 16-bit inputs take cuBLAS strips (their tile kernels took 29-32x plain PyTorch's time
     there). Those calls stay whole under torch.compile, with arguments given by position or by
     name; float64 calls and the other ops still decompose into their Triton kernels."""
     from evidential_ops.triton_backend import launch, registration
 
     monkeypatch.setattr(launch, "SIMILARITY_STRIPS_ABOVE_D", 512)  # the defaults (EO_TRITON_STRIPS_ABOVE_D,
-    monkeypatch.setattr(launch, "IEEE_SIMILARITY_STRIPS_ABOVE_D", 0)  # EO_TRITON_IEEE_STRIPS_ABOVE_D)
+    monkeypatch.setattr(launch, "IEEE_SIMILARITY_STRIPS_ABOVE_D", 0)  # EO_TRITON_IEEE_STRIPS_ABOVE_D,
+    monkeypatch.setattr(launch, "HALF_SIMILARITY_STRIPS_ABOVE_D", 0)  # EO_TRITON_HALF_STRIPS_ABOVE_D)
     family = getattr(torch.ops, eo.ops.NAMESPACE)
     opaque = lambda name, *args, **kwargs: registration._cublas_products(getattr(family, name).default, name, args,
                                                                          kwargs)
@@ -1220,10 +1272,11 @@ def test_cublas_calls_stay_one_op_under_torch_compile(monkeypatch):
                 opaque("line_stats", x, x, 0, "exp", 0.05, 1, True, True, *precision, **named),
                 opaque("opinion", x, x, "exp", 0.05, *precision, **named))
 
-    assert backward(torch.float32)
-    for dtype in (torch.float64, torch.bfloat16, torch.float16):
-        assert not backward(dtype)
-        assert forward(dtype, wide) == (False, False, False)
+    assert backward(torch.float32) and not backward(torch.float64)
+    assert forward(torch.float64, wide) == (False, False, False)
+    for dtype in (torch.bfloat16, torch.float16):  # s from strips at every D, in float32
+        assert backward(dtype)
+        assert forward(dtype, 2) == (True, True, True)
     assert forward(torch.float32, 2) == (True, True, True)  # IEEE, the schemas' default
     assert forward(torch.float32, 2, matmul_precision="ieee") == (True, True, True)
     assert forward(torch.float32, narrow, "tf32") == (False, False, False)

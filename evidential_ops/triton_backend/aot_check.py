@@ -141,12 +141,16 @@ def jobs(arch: int, quick: bool = False) -> list[Job]:
                 # (float32), with the row block resident across the sweep (D <= RESIDENT_D,
                 # tensor-core paths: launch._resident_d), compiled at the widest such D, or from
                 # stored strips of cuBLAS products ("strip": float32 inputs with IEEE products, or
-                # with TF32 ones wider than that, launch.similarity_strips; the stats sweep reads
-                # its strip by columns).
+                # with TF32 ones wider than that, and 16-bit inputs, launch.similarity_strips; the
+                # stats sweep reads its strip by columns, a float32 strip whatever the inputs: the
+                # 16-bit one is the float32 one; the gradient of 16-bit inputs reads s in float32
+                # and stores G in the input dtype, BackwardPlan.s_apart).
                 modes = ["tiled"]
                 if kernel == "stats" and is_default:
                     modes += ["from-s"] if path == "f32" else ["resident"] if arch >= 90 else []
                 if kernel in ("stats", "grad") and is_default and path in ("f32", "tf32"):
+                    modes += ["strip"]
+                if kernel == "grad" and is_default and path == "bf16":
                     modes += ["strip"]
                 # exp evidence's gradient kernel also in its second variant, p = α/S from mantissas
                 # and exponents (line strengths beyond 2^126: grad_block_kernel SCALED_P)
@@ -167,6 +171,8 @@ def jobs(arch: int, quick: bool = False) -> list[Job]:
                                           BLOCK_N=config.block_n, BLOCK_K=max(config.block_k, 16),
                                           FROM_S=int(from_s), SCALED_P=scaled_p)
                         types = _grad_types(dtype)
+                        if from_s:
+                            types["a_ptr"] = "*fp32"
                     else:
                         fn = kernels.grad_fused_kernel
                         constexprs = dict(EVIDENCE=evidence, **flags, F64=0, TF32=tf32, BLOCK_M=config.block_m,

@@ -42,6 +42,7 @@ from .launch import (
     _value,
     aligned_matrix,
     aligned_row_length,
+    similarity_product,
     strip_rows,
     triton_cdiv,
 )
@@ -85,18 +86,6 @@ def _strip_rows(k: int, element_bytes: int) -> int:
     return strip_rows(k, k, element_bytes, max(INFONCE_STRIP_BYTES, least))
 
 
-def _strip_product(a: Tensor, b: Tensor, out: Tensor) -> None:
-    """out (rows, K) float32 = a·bᵀ: float32 operands at the precision the caller set (IEEE, as the
-    tiles' "ieee" tl.dot: _float32_products around the loop), 16-bit ones on the tensor cores with
-    a float32 result (their products exact, as the tiles')."""
-    if a.dtype == torch.float32:
-        torch.mm(a, b.t(), out=out)
-    elif a.is_cuda:
-        torch.mm(a, b.t(), out_dtype=torch.float32, out=out)
-    else:  # the interpreter's checks: the same products in float32 (exact)
-        torch.mm(a.float(), b.float().t(), out=out)
-
-
 def _line_args(own_line, other_line) -> tuple:
     """The kernels' own_* and other_* arguments: a direction not asked for (None) takes the other's
     tensors as placeholders, which the kernel does not read (OWN/OTHER)."""
@@ -116,7 +105,7 @@ def _strip_line_stats(own: Tensor, other: Tensor, group: Tensor | None, inv_tau:
         for j0 in range(0, k, rows):
             n = min(rows, k - j0)
             s = strip[:n]
-            _strip_product(other[j0:j0 + n], own, s)
+            similarity_product(other[j0:j0 + n], own, s)
             last = j0 + n >= k
             _launch(infonce_kernels.infonce_stats_kernel, (triton_cdiv(k, STRIP_BLOCK_M),),
                     s, s, 1, s.stride(0), 0, 0, group if group is not None else s, out, state,
@@ -185,7 +174,7 @@ def _strip_gradient(own: Tensor, other: Tensor, group: Tensor | None, own_line, 
         for i0 in range(0, k, rows):
             n = min(rows, k - i0)
             s = strip[:n]
-            _strip_product(own[i0:i0 + n], other, s)
+            similarity_product(own[i0:i0 + n], other, s)
             _launch(infonce_kernels.infonce_strip_grad_kernel,
                     (triton_cdiv(n, STRIP_BLOCK_M), triton_cdiv(k, STRIP_BLOCK_N)),
                     s, s.stride(0), s.stride(1), parts[0], parts[1], parts[0].stride(0),

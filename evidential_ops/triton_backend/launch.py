@@ -77,6 +77,14 @@ SIMILARITY_STRIPS_ABOVE_D = int(os.environ.get("EO_TRITON_STRIPS_ABOVE_D", "512"
 # in 170 ms (UML 222 ms, DUQ 166 ms the same way). Nothing in that ratio depends on D, so no
 # width is exempt. EO_TRITON_IEEE_STRIPS_ABOVE_D moves it.
 IEEE_SIMILARITY_STRIPS_ABOVE_D = int(os.environ.get("EO_TRITON_IEEE_STRIPS_ABOVE_D", "0"))
+# bfloat16 and float16 embeddings take s from cuBLAS strips (tensor-core products with a float32
+# result) wider than this, by default at every D. On the H200 (bench/results/gpu_h200_third_lease.md,
+# TCL, K = 16384, D = 1024) the bf16 step's tile kernels took 21.5 ms (stats_kernel, one launch of
+# 128 programs) and 17.7 ms (grad_block_kernel recomputing s, 40 launches), while the same kernels
+# reading s from float32 strips took 2.9 and 2.0 ms in the TF32 step, and a bf16 product of s
+# 0.7 ms at cuBLAS's measured 775 TFLOP/s. The tiles' sweeps are bound by their own issue (one
+# wave, half the stalls waiting on L1), not by D. EO_TRITON_HALF_STRIPS_ABOVE_D moves it.
+HALF_SIMILARITY_STRIPS_ABOVE_D = int(os.environ.get("EO_TRITON_HALF_STRIPS_ABOVE_D", "0"))
 # A stored strip or block of s or G starts each row this many bytes apart (a multiple): cuBLAS's
 # sm_90 GEMMs read and write through the tensor memory accelerator, which needs 16-byte aligned
 # rows; a block of 2731 float32 columns (BackwardPlan "blocks" at K = 16384) took cutlass's sm_80
@@ -453,21 +461,39 @@ def one_pass_programs(row_blocks: int, n_other: int, num_partials: int, sms: int
 def similarity_strips(dtype: torch.dtype, d: int, precision: str, like: Tensor | None = None) -> bool:
     """Whether s comes from stored strips of cuBLAS products rather than from the tile kernels' own,
     in the forward and the backward: float32 embeddings with IEEE products wider than
-    IEEE_SIMILARITY_STRIPS_ABOVE_D (every D by default), and with TF32 products wider than
-    SIMILARITY_STRIPS_ABOVE_D. IEEE: the tiles' FFMA products ran at an eighth of cuBLAS's on the
-    H200 (IEEE_SIMILARITY_STRIPS_ABOVE_D's note). TF32: where a program's 64 rows exceed half an
-    SM's L1 the tiles step through D and read 4-byte operands again for every tile: at K = 16384,
-    D = 1024 a stats sweep moves 48 GiB through L2 (a 64 × 32 tile reads 384 KiB of operands for
-    2048 elements), ~7 ms on an H100 against 1.1 ms of TF32 product, while a strip of s is written
-    and read once, 4 bytes an element (docs/backends.md "How the triton backend works",
-    bench/results/gpu_model.md). 16-bit embeddings keep their own tiles: half the bytes, and the
-    element work, not L2, bounds those sweeps. Embeddings only: a given s is its own strip. Eager
-    launches only (`like`, a tensor of the call, not traced): in a traced graph the strips' cuBLAS
-    products would run as torch's TF32 switch says when the graph runs, not as `precision` says,
-    and the tile kernels take it as a compile-time argument."""
-    if dtype != torch.float32 or (like is not None and _tracing(like)):
+    IEEE_SIMILARITY_STRIPS_ABOVE_D (every D by default), with TF32 products wider than
+    SIMILARITY_STRIPS_ABOVE_D, and 16-bit embeddings wider than HALF_SIMILARITY_STRIPS_ABOVE_D
+    (every D by default; s in float32, `similarity_product`). IEEE: the tiles' FFMA products ran at
+    an eighth of cuBLAS's on the H200 (IEEE_SIMILARITY_STRIPS_ABOVE_D's note). TF32: where a
+    program's 64 rows exceed half an SM's L1 the tiles step through D and read 4-byte operands
+    again for every tile: at K = 16384, D = 1024 a stats sweep moves 48 GiB through L2 (a 64 × 32
+    tile reads 384 KiB of operands for 2048 elements), ~7 ms on an H100 against 1.1 ms of TF32
+    product, while a strip of s is written and read once, 4 bytes an element (docs/backends.md
+    "How the triton backend works", bench/results/gpu_model.md). 16-bit: the tile sweeps took 7-9x
+    the strip sweeps' time on the H200 (HALF_SIMILARITY_STRIPS_ABOVE_D's note). Embeddings only: a
+    given s is its own strip. Eager launches only (`like`, a tensor of the call, not traced): in a
+    traced graph the strips' cuBLAS products would run as torch's TF32 switch says when the graph
+    runs, not as `precision` says, and the tile kernels take it as a compile-time argument; such
+    calls stay opaque ops under torch.compile (registration._cublas_products)."""
+    if like is not None and _tracing(like):
+        return False
+    if dtype in (torch.float16, torch.bfloat16):
+        return d > HALF_SIMILARITY_STRIPS_ABOVE_D
+    if dtype != torch.float32:
         return False
     return d > (SIMILARITY_STRIPS_ABOVE_D if _tf32(dtype, precision) else IEEE_SIMILARITY_STRIPS_ABOVE_D)
+
+
+def similarity_product(a: Tensor, b: Tensor, out: Tensor) -> None:
+    """out (rows, n) float32 = a·bᵀ for a (rows, D), b (n, D): float32 operands at the precision the
+    caller set (_float32_products), 16-bit ones on the tensor cores with a float32 result (each
+    product exact, the sum in float32, as the tiles' tl.dot)."""
+    if a.dtype == out.dtype:
+        torch.mm(a, b.t(), out=out)
+    elif a.is_cuda:
+        torch.mm(a, b.t(), out_dtype=out.dtype, out=out)
+    else:  # the interpreter's checks: the same products in float32 (exact)
+        torch.mm(a.to(out.dtype), b.to(out.dtype).t(), out=out)
 
 
 def strip_budget(lines: int, reserved: int = 0) -> int:
@@ -525,7 +551,7 @@ def _strip_statistics(source: "_Source", t_off: int, evidence: int, inv_tau: flo
         for r0 in range(0, m, rows_per_strip):
             rows = min(rows_per_strip, m - r0)
             strip = s[:rows]
-            torch.mm(a[r0:r0 + rows], b.t(), out=strip)
+            similarity_product(a[r0:r0 + rows], b, strip)
             # zero: from the allocation, then from the previous strip's reduction (CLEAR), whose
             # (programs, ns, rows) covered at least this strip's prefix of the buffer
             strip_partials = partials[:programs * ns * rows].view(programs, ns, rows)
@@ -555,7 +581,7 @@ def _strip_statistics_one_way(source: "_Source", t_off: int, evidence: int, inv_
             strip = s[:rows]
             # zeros: the sweep leaves the statistics of terms not asked for unwritten
             strip_lines = torch.zeros((NUM_LINE_STATS, rows), dtype=torch.float64, device=a.device)
-            torch.mm(a[r0:r0 + rows], b.t(), out=strip)
+            similarity_product(a[r0:r0 + rows], b, strip)
             # row r0 + i's target is column r0 + i + t_off: the strip's row i's
             _stats_pass(_Source(strip, None), strip_lines, strip_lines, None, t_off + r0, evidence, inv_tau, terms,
                         has_target, precision)
@@ -775,6 +801,8 @@ class BackwardPlan:
     `from_s` (any strip or block plan, where `strips_of_s` says so: similarity_strips): each strip
     or block of s is a cuBLAS product first, stored in place, and grad_block_kernel turns it into
     G there: the same GEMM-equivalents and memory, without the tile kernel's operand re-reads.
+    16-bit inputs (`s_apart`) keep s in a float32 strip beside G's in the input dtype (s rounded
+    to 16 bits would move the logits s/τ by up to 2^-9·|s|/τ): 6 bytes an element, shorter strips.
     """
 
     # Float32 inputs take the blocks: dx and dy accumulate in themselves (no extra memory), and the
@@ -789,7 +817,7 @@ class BackwardPlan:
         sixteen_bit = dtype in (torch.float16, torch.bfloat16)
         self.block_d = _register_d(d)
         self.dy_in_pass = False
-        self.from_s = False
+        self.from_s = self.s_apart = False
         self.block_rows = self.block_cols = 0
         if fused and need_dx and need_dy and dtype in self.FUSED_DTYPES and self.block_d is not None:
             self.kind, self.strip, self.recomputations = "fused", 0, 1
@@ -802,11 +830,15 @@ class BackwardPlan:
         else:
             longest = max(m, n)
             row_length = aligned_row_length(longest, size)  # a stored strip's row, aligned
+            # 16-bit inputs with s from strips: s in a float32 strip of its own beside G's (a
+            # row of it aligned within G's row length)
+            self.s_apart = strips_of_s and sixteen_bit
+            element = size + (4 if self.s_apart else 0)
             accumulator = 2 * n * d * acc_size if sixteen_bit else 0
             shareable = need_dx and need_dy and accumulator <= ACCUMULATOR_BUDGET_BYTES
 
             def strip_for(reserved: int) -> int:
-                return max(1, min(longest, strip_budget(longest, reserved) // (row_length * size)))
+                return max(1, min(longest, strip_budget(longest, reserved) // (row_length * element)))
 
             if need_dx and need_dy and strip_for(0) >= m:
                 # every row in one strip: dy is a single product of it, written once in its own
@@ -817,13 +849,13 @@ class BackwardPlan:
             # second pass writes and reads G once more and recomputes s: the pass is shared where
             # the first costs no more than the second's G traffic and element work.
             dy_traffic = (triton_cdiv(m, self.strip) - 1) * n * d * acc_size * 2
-            self.dy_in_pass = shareable and dy_traffic <= (2 * size + RECOMPUTE_BYTES_PER_ELEMENT) * m * n
+            self.dy_in_pass = shareable and dy_traffic <= (2 * element + RECOMPUTE_BYTES_PER_ELEMENT) * m * n
             if accumulator and not self.dy_in_pass:
                 self.strip = strip_for(0)  # no accumulator held: the strip takes its share
             two_passes = need_dx and need_dy and not self.dy_in_pass
             self.kind = "strips, two passes" if two_passes else "strips"
             self.recomputations = 2 if two_passes else 1
-            self.extra_bytes = self.strip * row_length * size + (accumulator if self.dy_in_pass else 0)
+            self.extra_bytes = self.strip * row_length * element + (accumulator if self.dy_in_pass else 0)
             self.from_s = strips_of_s
         self.gemm_equivalents = self.recomputations + int(need_dx) + int(need_dy)
 
@@ -857,16 +889,19 @@ def block_shape(m: int, n: int, elements: int, size: int | None = None) -> tuple
 
 
 def _gradient_block(a: Tensor, b: Tensor, own_g: Tensor, other_g: Tensor, t_off: int, row0: int, rows: int,
-                    col0: int, cols: int, g: Tensor, bw: _Backward, precision: str, from_s: bool = False) -> None:
+                    col0: int, cols: int, g: Tensor, bw: _Backward, precision: str, from_s: bool = False,
+                    s: Tensor | None = None) -> None:
     """g[:rows, :cols] = ∂L/∂s of own lines [row0, row0 + rows) against other lines [col0, col0 +
     cols) (grad_block_kernel; a strip where the columns are all of them). from_s: g holds that block
-    of s = a·bᵀ already (similarity_strips), overwritten by G."""
+    of s = a·bᵀ already (similarity_strips), overwritten by G; or, where `s` is given, s (float32)
+    is that block of its own, and G is written to g (16-bit inputs: BackwardPlan.s_apart)."""
     n_own, d = a.shape
     n_other = b.shape[0]
     variant = (bw.kind, tuple(bw.terms.stat_flags().values()), _tf32(a.dtype, precision), from_s)
 
     def run(config, out):
-        src = out if from_s else a  # a block of s is read at the block's rows, then overwritten
+        # a block of s is read at the block's rows, then overwritten (unless it is a block of its own)
+        src = (out if s is None else s) if from_s else a
         row_blocks = triton_cdiv(rows, config.block_m)
         col_blocks = triton_cdiv(cols, config.block_n)
         col_programs = _column_programs(row_blocks, col_blocks, a.device)
@@ -936,6 +971,7 @@ def _strip_passes(x: Tensor, y: Tensor, t_off: int, bw: _Backward, plan: Backwar
         return dx, dy
     if need_dx:
         g = aligned_matrix(min(plan.strip, m), n, x.dtype, x.device)
+        s = aligned_matrix(min(plan.strip, m), n, torch.float32, x.device) if plan.s_apart else None
         dy_acc = None
         single = plan.dy_in_pass and plan.strip >= m  # dy one product of the one strip
         if plan.dy_in_pass and not single:
@@ -944,9 +980,11 @@ def _strip_passes(x: Tensor, y: Tensor, t_off: int, bw: _Backward, plan: Backwar
         for row0 in range(0, m, plan.strip):
             rows = min(plan.strip, m - row0)
             strip = g[:rows]
+            s_strip = s[:rows] if s is not None else None
             if plan.from_s:
-                torch.mm(x[row0:row0 + rows], y.t(), out=strip)
-            _gradient_block(x, y, bw.row_g, bw.col_g, t_off, row0, rows, 0, n, strip, bw, precision, plan.from_s)
+                similarity_product(x[row0:row0 + rows], y, strip if s_strip is None else s_strip)
+            _gradient_block(x, y, bw.row_g, bw.col_g, t_off, row0, rows, 0, n, strip, bw, precision, plan.from_s,
+                            s_strip)
             torch.mm(strip, y, out=dx[row0:row0 + rows])
             if single:
                 torch.mm(strip.t(), x, out=dy)
@@ -954,15 +992,18 @@ def _strip_passes(x: Tensor, y: Tensor, t_off: int, bw: _Backward, plan: Backwar
                 _accumulate_product(dy_acc, strip.t(), x[row0:row0 + rows])
         if dy_acc is not None and dy_acc is not dy:
             dy.copy_(dy_acc)
-        del g, strip, dy_acc  # freed before the column pass allocates its strip: one strip at a time
+        del g, s, strip, s_strip, dy_acc  # freed before the column pass allocates its strips: one at a time
     if need_dy and not plan.dy_in_pass:
         g = aligned_matrix(min(plan.strip, n), m, y.dtype, y.device)
+        s = aligned_matrix(min(plan.strip, n), m, torch.float32, y.device) if plan.s_apart else None
         for col0 in range(0, n, plan.strip):
             cols = min(plan.strip, n - col0)
             strip = g[:cols]
+            s_strip = s[:cols] if s is not None else None
             if plan.from_s:
-                torch.mm(y[col0:col0 + cols], x.t(), out=strip)
-            _gradient_block(y, x, bw.col_g, bw.row_g, -t_off, col0, cols, 0, m, strip, bw, precision, plan.from_s)
+                similarity_product(y[col0:col0 + cols], x, strip if s_strip is None else s_strip)
+            _gradient_block(y, x, bw.col_g, bw.row_g, -t_off, col0, cols, 0, m, strip, bw, precision, plan.from_s,
+                            s_strip)
             torch.mm(strip, x, out=dy[col0:col0 + cols])
     return dx, dy
 
@@ -980,7 +1021,7 @@ def _block_pass(x: Tensor, y: Tensor, t_off: int, bw: _Backward, plan: BackwardP
             cols = min(plan.block_cols, n - col0)
             block = g[:rows, :cols]  # rows ROW_ALIGN_BYTES-aligned apart: cuBLAS writes it in place (out=)
             if plan.from_s:
-                torch.mm(x[row0:row0 + rows], y[col0:col0 + cols].t(), out=block)
+                similarity_product(x[row0:row0 + rows], y[col0:col0 + cols], block)
             _gradient_block(x, y, bw.row_g, bw.col_g, t_off, row0, rows, col0, cols, block, bw, precision,
                             plan.from_s)
             if col0 == 0:

@@ -65,9 +65,9 @@ def _eager(fn):
 
 
 def _cublas_products(op, name: str, args: tuple, kwargs: dict) -> bool:
-    """Whether the op's implementation multiplies with cuBLAS for these arguments: the forward ops
-    of float32 embeddings whose s comes from cuBLAS strips (launch.similarity_strips: IEEE at every
-    D), loss_backward of float32 embeddings (its strips or blocks of G, at the op's
+    """Whether the op's implementation multiplies with cuBLAS for these arguments: the ops of
+    embeddings whose s comes from cuBLAS strips (launch.similarity_strips: float32 IEEE and 16-bit
+    inputs at every D), loss_backward of float32 embeddings (its strips or blocks of G, at the op's
     matmul_precision, which is torch's global TF32 switch set around the products in eager mode)
     and both InfoNCE ops of float32 and 16-bit embeddings (infonce_launch.uses_strips). Traced into
     a graph, such products would run as the switch says when the graph runs (on an H200 the
@@ -83,9 +83,8 @@ def _cublas_products(op, name: str, args: tuple, kwargs: dict) -> bool:
         return False
     if name.startswith("infonce"):
         return infonce_launch.strips_take(x.dtype)
-    if name == "loss_backward":
-        return launch.follows_tf32_switch(x.dtype)
-    return launch.similarity_strips(x.dtype, x.shape[-1], bound["matmul_precision"])
+    strips = launch.similarity_strips(x.dtype, x.shape[-1], bound["matmul_precision"])
+    return strips or (name == "loss_backward" and launch.follows_tf32_switch(x.dtype))
 
 
 def _decomposition(fn, name: str):
