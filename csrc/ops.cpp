@@ -53,10 +53,10 @@ TORCH_LIBRARY(evidential_ops, m) {
   // self term from both). row_stats/col_stats: float64 (2, K), the two log-sum-exps of each line
   // (kInfoNCELineStats, csrc/kernels/infonce_lines.h), all the backward needs.
   m.def(
-      "infonce_forward(Tensor x, Tensor y, Tensor? group, float tau, bool drop_self, bool rows, bool cols) -> "
-      "(Tensor row_losses, Tensor col_losses, Tensor row_stats, Tensor col_stats)");
+      "infonce_forward(Tensor x, Tensor y, Tensor? group, float tau, bool drop_self, bool rows, bool cols, "
+      "str matmul_precision='ieee') -> (Tensor row_losses, Tensor col_losses, Tensor row_stats, Tensor col_stats)");
   m.def(
       "infonce_backward(Tensor grad_rows, Tensor grad_cols, Tensor x, Tensor y, Tensor? group, Tensor row_stats, "
-      "Tensor col_stats, float tau, bool drop_self, bool rows, bool cols, bool[2] output_mask) -> (Tensor dx, "
-      "Tensor dy)");
+      "Tensor col_stats, float tau, bool drop_self, bool rows, bool cols, bool[2] output_mask, "
+      "str matmul_precision='ieee') -> (Tensor dx, Tensor dy)");
 }

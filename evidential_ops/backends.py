@@ -56,9 +56,10 @@ class Backend(Protocol):
         """Opinions of the rows of s (N_q, N_g) over its columns, and of the columns over the rows."""
 
     def infonce(self, x: Tensor, y: Tensor, group: Tensor | None, tau: float, drop_self: bool, rows: bool,
-                cols: bool) -> tuple[Tensor, Tensor]:
+                cols: bool, precision: str = "ieee") -> tuple[Tensor, Tensor]:
         """InfoNCE row and column losses (K,), (K,) of s = x·yᵀ/τ (SPEC §2 "InfoNCE"); group (K,)
-        int64 or None; a direction not asked for comes back with 0 entries."""
+        int64 or None; a direction not asked for comes back with 0 entries; precision: the float32
+        products' matmul_precision ("ieee" or "tf32", CUDA)."""
 
 
 class ReferenceBackend:
@@ -88,8 +89,11 @@ class ReferenceBackend:
     def opinion(self, x, y, evidence, tau):
         return reference.opinion(x, y, evidence=evidence, tau=tau, compute_dtype=None)
 
-    def infonce(self, x, y, group, tau, drop_self, rows, cols):
-        s = reference.similarity(x, y, normalize=False, dtype=output_dtype(x.dtype))
+    def infonce(self, x, y, group, tau, drop_self, rows, cols, precision="ieee"):
+        # As `losses`: the forward's product at the call's precision (the backward's follow the
+        # switch when autograd runs them).
+        with matmul_precision(precision):
+            s = reference.similarity(x, y, normalize=False, dtype=output_dtype(x.dtype))
         row_losses, col_losses = reference.infonce_line_losses(s * (1.0 / tau), group, drop_self)
         return (row_losses if rows else row_losses[:0]), (col_losses if cols else col_losses[:0])
 
@@ -165,9 +169,9 @@ class KernelBackend:
         )
         return self._pick(rows, cols, config)
 
-    def infonce(self, x, y, group, tau, drop_self, rows, cols):
+    def infonce(self, x, y, group, tau, drop_self, rows, cols, precision="ieee"):
         self._check_no_functorch()
-        row_losses, col_losses, _, _ = self.ops.infonce_forward(x, y, group, tau, drop_self, rows, cols)
+        row_losses, col_losses, _, _ = self.ops.infonce_forward(x, y, group, tau, drop_self, rows, cols, precision)
         return (row_losses if rows else row_losses[:0]), (col_losses if cols else col_losses[:0])
 
     def opinion(self, x, y, evidence, tau) -> Opinion:

@@ -8,25 +8,26 @@ from torch import Tensor, nn
 
 from . import backends, checks
 from .autocast import autocast_inputs
-from .config import LossConfig
+from .config import MATMUL_PRECISIONS, LossConfig
 from .evidence import unit_rows
 from .losses import LossOutput, scaled
 
 
-def _reduction(direction: str, reduction: str) -> LossConfig:
-    # LossConfig carries the reductions shared with the evidential losses; its evidence fields are
-    # unused here.
+def _reduction(direction: str, reduction: str, matmul_precision: str) -> LossConfig:
+    # LossConfig carries the reductions and the product precision shared with the evidential
+    # losses; its evidence fields are unused here.
     return LossConfig(evidence="exp", tau=1.0, weights=(), enabled=(), direction=direction, reduction=reduction,
-                      check_finite=True, matmul_precision="ieee")
+                      check_finite=True, matmul_precision=matmul_precision)
 
 
-def _options(direction, reduction, drop_self, normalize, check_finite) -> LossConfig:
+def _options(direction, reduction, drop_self, normalize, check_finite, matmul_precision) -> LossConfig:
     checks.choice(direction, "direction", ("rows", "cols", "both"))
     checks.choice(reduction, "reduction", ("mean", "mean_of_directions", "sum", "none"))
     checks.flag(drop_self, "drop_self")
     checks.flag(normalize, "normalize")
     checks.flag(check_finite, "check_finite")
-    return _reduction(direction, reduction)
+    checks.choice(matmul_precision, "matmul_precision", MATMUL_PRECISIONS)
+    return _reduction(direction, reduction, matmul_precision)
 
 
 def _has_infonce_kernels(impl, device: torch.device) -> bool:
@@ -65,6 +66,7 @@ def infonce_loss(
     normalize: bool = False,
     backend: str = "auto",
     check_finite: bool = True,
+    matmul_precision: str = "ieee",
 ) -> LossOutput:
     """InfoNCE of the logits s = x·yᵀ/τ (SPEC §2 "InfoNCE"), differentiable in x, y (and a tensor τ).
 
@@ -88,6 +90,9 @@ def infonce_loss(
             ClipLoss); "sum"; "none" → (rows (K,), cols (K,)), empty for a direction not computed.
         backend: "auto" (fastest available for the device), "reference", "cpu", "triton", ...
         check_finite: reject NaN/Inf inputs (costs a read of x and y).
+        matmul_precision: "ieee" (default) or "tf32": the products of float32 inputs on CUDA
+            (cuBLAS strips of the triton backend, the reference's matmuls), ~3e-4 relative in s
+            (SPEC §5); the tile kernels, the CPU and 16-bit inputs are unaffected.
 
     Returns:
         A float32 scalar (float64 for float64 inputs), or the (rows, cols) pair for "none".
@@ -95,14 +100,14 @@ def infonce_loss(
     x, y = autocast_inputs(x, y)
     x, y = checks.embedding_pair(x, y, check_finite)
     kernel_tau, inv_tau = checks.temperature(tau, None, x)
-    config = _options(direction, reduction, drop_self, normalize, check_finite)
+    config = _options(direction, reduction, drop_self, normalize, check_finite, matmul_precision)
     ids = checks.group_ids(group, x.shape[0], x, drop_self)
     impl = _resolve(backend, x.device)
     if normalize:
         x, y = unit_rows(x, y)
     if inv_tau is not None:
         x = scaled(x, inv_tau, check_finite)
-    rows, cols = impl.infonce(x, y, ids, kernel_tau, drop_self, config.rows, config.cols)
+    rows, cols = impl.infonce(x, y, ids, kernel_tau, drop_self, config.rows, config.cols, config.matmul_precision)
     return config.reduce(rows, cols)
 
 
@@ -124,10 +129,11 @@ class InfoNCELoss(nn.Module):
         normalize: bool = False,
         backend: str = "auto",
         check_finite: bool = True,
+        matmul_precision: str = "ieee",
     ):
         super().__init__()
         checks.temperature_now(tau, None)
-        _options(direction, reduction, drop_self, normalize, check_finite)
+        _options(direction, reduction, drop_self, normalize, check_finite, matmul_precision)
         backends.check_name(backend)
         self.tau = tau
         self.drop_self = drop_self
@@ -136,13 +142,15 @@ class InfoNCELoss(nn.Module):
         self.normalize = normalize
         self.backend = backend
         self.check_finite = check_finite
+        self.matmul_precision = matmul_precision
 
     def forward(self, x: Tensor, y: Tensor, group: Tensor | None = None) -> LossOutput:
         return infonce_loss(
             x, y, tau=self.tau, group=group, drop_self=self.drop_self, direction=self.direction,
             reduction=self.reduction, normalize=self.normalize, backend=self.backend, check_finite=self.check_finite,
+            matmul_precision=self.matmul_precision,
         )
 
     def extra_repr(self) -> str:
         return (f"tau={self.tau}, drop_self={self.drop_self}, direction={self.direction!r}, "
-                f"reduction={self.reduction!r}, backend={self.backend!r}")
+                f"reduction={self.reduction!r}, backend={self.backend!r}, matmul_precision={self.matmul_precision!r}")

@@ -298,7 +298,7 @@ def _check_infonce_stats(stats: Tensor, name: str, k: int, like: Tensor) -> None
 
 def _register_infonce_fakes(namespace: str) -> None:
     @torch.library.register_fake(f"{namespace}::infonce_forward")
-    def _(x, y, group, tau, drop_self, rows, cols):
+    def _(x, y, group, tau, drop_self, rows, cols, matmul_precision="ieee"):
         _check_embeddings(x, y)
         _check_square(x.shape[0], y.shape[0])
         _check_group(group, x.shape[0], x)
@@ -308,7 +308,8 @@ def _register_infonce_fakes(namespace: str) -> None:
                 x.new_empty((stats, k), dtype=torch.float64), x.new_empty((stats, k), dtype=torch.float64))
 
     @torch.library.register_fake(f"{namespace}::infonce_backward")
-    def _(grad_rows, grad_cols, x, y, group, row_stats, col_stats, tau, drop_self, rows, cols, output_mask):
+    def _(grad_rows, grad_cols, x, y, group, row_stats, col_stats, tau, drop_self, rows, cols, output_mask,
+          matmul_precision="ieee"):
         _check_embeddings(x, y)
         _check_square(x.shape[0], y.shape[0])
         _check_group(group, x.shape[0], x)
@@ -325,18 +326,18 @@ def _register_infonce_autograd(namespace: str) -> None:
     ops = getattr(torch.ops, namespace)
 
     def setup(ctx, inputs, output):
-        x, y, group, tau, drop_self, rows, cols = inputs
+        x, y, group, tau, drop_self, rows, cols, matmul_precision = inputs
         _, _, row_stats, col_stats = output
         ctx.save_for_backward(x, y, group, row_stats, col_stats)
-        ctx.options = (tau, drop_self, rows, cols)
+        ctx.options = (tau, drop_self, rows, cols, matmul_precision)
 
     def backward(ctx, grad_rows, grad_cols, _grad_row_stats, _grad_col_stats):
         x, y, group, row_stats, col_stats = ctx.saved_tensors
-        tau, drop_self, rows, cols = ctx.options
+        tau, drop_self, rows, cols, matmul_precision = ctx.options
         mask = [bool(ctx.needs_input_grad[0]), bool(ctx.needs_input_grad[1])]
         dx, dy = ops.infonce_backward(grad_rows, grad_cols, x, y, group, row_stats, col_stats, tau, drop_self,
-                                      rows, cols, mask)
-        return (dx if mask[0] else None), (dy if mask[1] else None), None, None, None, None, None
+                                      rows, cols, mask, matmul_precision)
+        return (dx if mask[0] else None), (dy if mask[1] else None), None, None, None, None, None, None
 
     torch.library.register_autograd(f"{namespace}::infonce_forward", backward, setup_context=setup)
 

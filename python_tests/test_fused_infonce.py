@@ -438,6 +438,43 @@ def test_direct_op_calls_check_their_arguments(fused, gen):
                              [True, True])
 
 
+def test_matmul_precision_reaches_forward_and_backward(fused, gen):
+    """matmul_precision is an op argument, saved for the backward. "tf32" lets the float32 strips'
+    cuBLAS products (CUDA) round their operands to TF32's 10 mantissa bits (2⁻¹¹ relative each):
+    for unit vectors a logit moves by at most ε = 2·2⁻¹¹·Σ|x_k y_k|/τ <= 2⁻¹⁰/τ, a line's loss (its
+    sensitivities to the logits sum to 2) by 2ε. A gradient row dx_i = Σ_j G_ij y_j (G = ∂L/∂s, a
+    row (p − target)/τ) takes two directions' G, each row of whose softmax moves by at most 2ε in
+    sum (|Δp_j| <= 2ε·p_j), and the product G·y its own TF32 rounding of 2⁻¹⁰·Σ|G_ij| <= 2⁻¹⁰·2/τ a
+    direction: |Δdx_ik| <= ‖Δdx_i‖ <= 2·(2ε/τ + 2·2⁻¹⁰/τ). The CPU, the interpreter and the tile kernels ignore it: equal.
+    Anything else is a ValueError naming it, from the public API and from the ops themselves."""
+    x, y = random_pairs(64, 40, generator=gen, positive_cos=0.8)
+    tau = 0.1
+    results = {}
+    for precision in ("ieee", "tf32"):
+        xx, yy = x.to(fused.device).requires_grad_(), y.to(fused.device).requires_grad_()
+        rows, cols = eo.infonce_loss(xx, yy, tau=tau, reduction="none", backend=fused.name,
+                                     matmul_precision=precision)
+        (rows.sum() + cols.sum()).backward()
+        results[precision] = (rows.detach(), cols.detach(), xx.grad, yy.grad)
+    eps = 2.0**-10 / tau
+    exact = fused.device.type == "cpu"
+    for i, (a, b) in enumerate(zip(results["ieee"], results["tf32"])):
+        bound = 0.0 if exact else (2 * eps if i < 2 else 2 * (2 * eps / tau + 2 * 2.0**-10 / tau))
+        assert float((a - b).abs().max()) <= bound
+    with pytest.raises(ValueError, match="matmul_precision"):
+        eo.infonce_loss(x.to(fused.device), y.to(fused.device), backend=fused.name, matmul_precision="bf16")
+    with pytest.raises(ValueError, match="matmul_precision"):
+        eo.InfoNCELoss(matmul_precision="TF32")
+    ops = eo.backends.resolve(fused.name, fused.device).ops
+    xd, yd = x.to(fused.device), y.to(fused.device)
+    with pytest.raises(ValueError, match="matmul_precision"):
+        ops.infonce_forward(xd, yd, None, 0.1, False, True, True, "fp16")
+    rows, cols, row_stats, col_stats = ops.infonce_forward(xd, yd, None, 0.1, False, True, True, "tf32")
+    with pytest.raises(ValueError, match="matmul_precision"):
+        ops.infonce_backward(rows, cols, xd, yd, None, row_stats, col_stats, 0.1, False, True, True, [True, True],
+                             "fp16")
+
+
 def test_opcheck(fused, gen):
     x, y = random_pairs(20, 8, generator=gen)
     x, y = x.to(fused.device).requires_grad_(), y.to(fused.device).requires_grad_()

@@ -198,7 +198,9 @@ void check_infonce_stats(const Tensor& stats, const char* name, std::int64_t k, 
 
 std::tuple<Tensor, Tensor, Tensor, Tensor> infonce_forward(const Tensor& x_in, const Tensor& y_in,
                                                            const c10::optional<Tensor>& group, double tau,
-                                                           bool drop_self, bool rows, bool cols) {
+                                                           bool drop_self, bool rows, bool cols,
+                                                           const std::string& matmul_precision) {
+  tf32_requested(matmul_precision);  // checked and otherwise ignored: CPU products are exact
   auto [x, y] = compute_inputs(x_in, y_in);
   const std::int64_t k = x.size(0);
   check_square(k, y.size(0));
@@ -234,7 +236,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> infonce_forward(const Tensor& x_in, c
 std::tuple<Tensor, Tensor> infonce_backward(const Tensor& grad_rows, const Tensor& grad_cols, const Tensor& x_in,
                                             const Tensor& y_in, const c10::optional<Tensor>& group,
                                             const Tensor& row_stats, const Tensor& col_stats, double tau,
-                                            bool drop_self, bool rows, bool cols, std::array<bool, 2> output_mask) {
+                                            bool drop_self, bool rows, bool cols, std::array<bool, 2> output_mask,
+                                            const std::string& matmul_precision) {
+  tf32_requested(matmul_precision);
   auto [x, y] = compute_inputs(x_in, y_in);
   const std::int64_t k = x.size(0);
   check_square(k, y.size(0));

@@ -11,7 +11,11 @@ Same arguments, checks and messages as csrc/cpu/infonce_cpu.cpp. Two ways, the s
   strip to strip; the backward forms G over strips of its own lines in place and multiplies it with
   cuBLAS. On the H200 the tiles took 6.3 s at K = 65536, D = 1024 (bf16) against plain PyTorch's
   0.22 s: their FFMA products from widened inputs and, beyond D = 256, a read-modify-write of the
-  gradient per tile (bench/results/gpu_h200_second_lease.md).
+  gradient per tile (bench/results/gpu_h200_second_lease.md); the strips 0.215 s
+  (gpu_h200_third_lease.md).
+
+matmul_precision ("ieee" or "tf32") is the float32 strips' product precision; the tiles' products
+are IEEE whatever it says.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from .launch import (
     _launch,
     _output_dtype,
     _same_device,
+    _tf32,
     _type,
     _value,
     aligned_matrix,
@@ -92,16 +97,18 @@ def _line_args(own_line, other_line) -> tuple:
     return own_line if own_line is not None else other_line, other_line if other_line is not None else own_line
 
 
-def _strip_line_stats(own: Tensor, other: Tensor, group: Tensor | None, inv_tau: float, drop_self: bool) -> Tensor:
-    """(2, K) LSEs of own's lines against other's, from strips of other's rows: s = other[strip]·ownᵀ,
-    read by its columns (own's lines: K of them, enough programs), each line's running (max, sum)
-    carried from strip to strip in (4, K) float64 and finished in the last."""
+def _strip_line_stats(own: Tensor, other: Tensor, group: Tensor | None, inv_tau: float, drop_self: bool,
+                      precision: str) -> Tensor:
+    """(2, K) LSEs of own's lines against other's, from strips of other's rows: s = other[strip]·ownᵀ
+    (float32 products at `precision`), read by its columns (own's lines: K of them, enough
+    programs), each line's running (max, sum) carried from strip to strip in (4, K) float64 and
+    finished in the last."""
     k = own.shape[0]
     rows = _strip_rows(k, 4)
     strip = aligned_matrix(rows, k, torch.float32, own.device)
     state = torch.empty((4, k), dtype=torch.float64, device=own.device)
     out = torch.empty((NUM_LINE_STATS, k), dtype=torch.float64, device=own.device)
-    with _float32_products(own, "ieee"):
+    with _float32_products(own, precision):
         for j0 in range(0, k, rows):
             n = min(rows, k - j0)
             s = strip[:n]
@@ -148,11 +155,11 @@ def _line_stats(q: Tensor, c: Tensor, group: Tensor | None, inv_tau: float, drop
 
 
 def _strip_gradient(own: Tensor, other: Tensor, group: Tensor | None, own_line, other_line, inv_tau: float,
-                    drop_self: bool) -> Tensor:
+                    drop_self: bool, precision: str) -> Tensor:
     """∂L/∂own (K, D) in own's dtype from strips of own's rows: s = own[strip]·otherᵀ (cuBLAS), G
     over it (infonce_strip_grad_kernel; own_line/other_line as _gradient's own/other), then
     d own[strip] = G·other:
-    - float32: G in place, one IEEE product into the gradient rows;
+    - float32: G in place, one product into the gradient rows (both products at `precision`);
     - bfloat16: G as two bfloat16 parts (SPLIT), both products on the tensor cores added into one
       float32 buffer (launch._accumulate_product), rounded once;
     - float16: G in place and `other` widened once (K·D·4 bytes), one float32 product, rounded once
@@ -170,7 +177,8 @@ def _strip_gradient(own: Tensor, other: Tensor, group: Tensor | None, own_line, 
     total = torch.empty((rows, d), dtype=torch.float32, device=own.device) if wide else None
     out = torch.empty((k, d), dtype=own.dtype, device=own.device)
     own_args, other_args = _line_args(own_line, other_line)
-    with _float32_products(own if not wide else times, "ieee"):
+    # float16's widened product is IEEE whatever `precision` says: its inputs are not float32.
+    with _float32_products(own if not wide else times, precision if not wide else "ieee"):
         for i0 in range(0, k, rows):
             n = min(rows, k - i0)
             s = strip[:n]
@@ -207,7 +215,9 @@ def _check_line_values(stats: Tensor, tau: float) -> None:
              "ids at all, leaves a line without positives)")
 
 
-def infonce_forward(x: Tensor, y: Tensor, group: Tensor | None, tau: float, drop_self: bool, rows: bool, cols: bool):
+def infonce_forward(x: Tensor, y: Tensor, group: Tensor | None, tau: float, drop_self: bool, rows: bool, cols: bool,
+                    matmul_precision: str = "ieee"):
+    _tf32(x.dtype, matmul_precision)  # checked: the tiles' products are IEEE whatever it says
     _check_embeddings(x, y)
     _check_square(x.shape[0], y.shape[0])
     _check_group(group, x.shape[0], x)
@@ -216,8 +226,8 @@ def infonce_forward(x: Tensor, y: Tensor, group: Tensor | None, tau: float, drop
     zeros = lambda: torch.zeros((NUM_LINE_STATS, k), dtype=torch.float64, device=x.device)
     if uses_strips(x):
         q, c = x.contiguous(), y.contiguous()
-        row_stats = _strip_line_stats(q, c, group, inv_tau, drop_self) if rows else zeros()
-        col_stats = _strip_line_stats(c, q, group, inv_tau, drop_self) if cols else zeros()
+        row_stats = _strip_line_stats(q, c, group, inv_tau, drop_self, matmul_precision) if rows else zeros()
+        col_stats = _strip_line_stats(c, q, group, inv_tau, drop_self, matmul_precision) if cols else zeros()
     else:
         q, c, f64 = _inputs(x, y)
         row_stats = _line_stats(q, c, group, inv_tau, drop_self, f64) if rows else zeros()
@@ -253,7 +263,8 @@ def _gradient(q: Tensor, c: Tensor, group, own, other, inv_tau: float, drop_self
 
 def infonce_backward(grad_rows: Tensor, grad_cols: Tensor, x: Tensor, y: Tensor, group: Tensor | None,
                      row_stats: Tensor, col_stats: Tensor, tau: float, drop_self: bool, rows: bool, cols: bool,
-                     output_mask: list[bool]):
+                     output_mask: list[bool], matmul_precision: str = "ieee"):
+    _tf32(x.dtype, matmul_precision)
     _check_embeddings(x, y)
     k = x.shape[0]
     _check_square(k, y.shape[0])
@@ -279,8 +290,10 @@ def infonce_backward(grad_rows: Tensor, grad_cols: Tensor, x: Tensor, y: Tensor,
     row_line, col_line = line(row_stats, up_rows), line(col_stats, up_cols)
     if uses_strips(x):
         q, c = x.contiguous(), y.contiguous()
-        dx = _strip_gradient(q, c, group, row_line, col_line, inv_tau, drop_self) if need_dx else x.new_empty(0)
-        dy = _strip_gradient(c, q, group, col_line, row_line, inv_tau, drop_self) if need_dy else y.new_empty(0)
+        dx = _strip_gradient(q, c, group, row_line, col_line, inv_tau, drop_self, matmul_precision) \
+            if need_dx else x.new_empty(0)
+        dy = _strip_gradient(c, q, group, col_line, row_line, inv_tau, drop_self, matmul_precision) \
+            if need_dy else y.new_empty(0)
         return dx, dy
     q, c, f64 = _inputs(x, y)
     dx = _gradient(q, c, group, row_line, col_line, inv_tau, drop_self, f64, x.dtype) if need_dx else x.new_empty(0)
