@@ -5,13 +5,14 @@
 #
 #   DEADLINE_S=570 OUT=/some/dir bash bench/gpu_lease.sh          # carry: .whl (the peers' wheels)
 #
-# Order (what the second lease left open: bench/results/gpu_h200_second_lease.md):
+# Order (what the third lease left open: bench/results/gpu_h200_third_lease.md):
 # env and build; then the checks whose results do not depend on timing, side by side: the cuda and
 # triton tests (14 workers: Triton compiles dominate) beside, one after another, whether a C++ op's
 # ValueError crashes the process (bench/exception_probe.py) and the four sanitizers; then the
-# timings, alone on the GPU: K = 16384 at every precision (triton's blocks now have aligned rows),
-# the peers at K = 65536 and 16384 (bench/peer_bench.py: Inf-CL, plain InfoNCE, ours; InfoNCE now
-# on cuBLAS strips), what is live at a K = 65536 step's memory peak (bench/memory_peak.py), where
+# timings, alone on the GPU: K = 16384 at every precision (triton's G blocks now 16-byte columns,
+# its 16-bit inputs on float32 strips of s), the peers at K = 65536 and 16384 (bench/peer_bench.py:
+# Inf-CL, plain InfoNCE, ours; InfoNCE's tf32 cells now at TF32), what is live at a K = 65536
+# step's memory peak (bench/memory_peak.py: triton bf16 planned 61.9 MiB with s apart), where
 # each step's time goes kernel by kernel (bench/kernel_times.py), K = 1024 and 4096 with the eager
 # reference and its torch.compile (no lease has measured them), the K = 65536 bf16 and ieee cells.
 # The stages are gpu_session.sh's (sourced); wheels under .whl/ are installed first (gpu_session.sh).
