@@ -24,11 +24,11 @@
 #               torch.compile of it and the floor at the same precision (ieee, tf32, bf16); K = 65536
 #               without the K×K baselines (they need ~200 GiB); merged into one table
 #   autotune    the triton rows again with EO_TRITON_AUTOTUNE=1 (K = 16384)
-#   tiles16k    the triton ieee and tf32 rows (K = 16384) with the tile kernels' own s instead of
-#               cuBLAS strips (EO_TRITON_IEEE_STRIPS_ABOVE_D, EO_TRITON_STRIPS_ABOVE_D beyond D):
-#               measures launch.similarity_strips' choice
+#   tiles16k    the triton rows (K = 16384, every precision) with the tile kernels' own s instead
+#               of cuBLAS strips (EO_TRITON_IEEE_STRIPS_ABOVE_D, EO_TRITON_STRIPS_ABOVE_D and
+#               EO_TRITON_HALF_STRIPS_ABOVE_D beyond D): measures launch.similarity_strips' choice
 #   ncu         Nsight Compute on one triton TCL step, K = 16384, D = 1024 (bench/ncu_step.py), bf16
-#               (tile kernels) and tf32 (strip sweeps), its backward and its forward in separate runs:
+#               and tf32 (both strip sweeps), its backward and its forward in separate runs:
 #               tensor pipe beside issue activity, warp stalls
 #   exceptions  bench/exception_probe.py: does a C++ op's ValueError raise, or crash the process
 #   kernel_times  bench/kernel_times.py: each kernel's device time in one step, GPU idle, host time
@@ -180,8 +180,8 @@ stage_autotune() {
 }
 
 stage_tiles16k() {
-  EO_TRITON_STRIPS_ABOVE_D=1048576 EO_TRITON_IEEE_STRIPS_ABOVE_D=1048576 bench tiles16k --sizes 16384 \
-    --precisions ieee tf32 --repeats 3 --impls triton floor \
+  EO_TRITON_STRIPS_ABOVE_D=1048576 EO_TRITON_IEEE_STRIPS_ABOVE_D=1048576 EO_TRITON_HALF_STRIPS_ABOVE_D=1048576 \
+    bench tiles16k --sizes 16384 --precisions ieee tf32 bf16 --repeats 3 --impls triton floor \
     --name triton_tiles
 }
 

@@ -79,11 +79,11 @@ SIMILARITY_STRIPS_ABOVE_D = int(os.environ.get("EO_TRITON_STRIPS_ABOVE_D", "512"
 IEEE_SIMILARITY_STRIPS_ABOVE_D = int(os.environ.get("EO_TRITON_IEEE_STRIPS_ABOVE_D", "0"))
 # bfloat16 and float16 embeddings take s from cuBLAS strips (tensor-core products with a float32
 # result) wider than this, by default at every D. On the H200 (bench/results/gpu_h200_third_lease.md,
-# TCL, K = 16384, D = 1024) the bf16 step's tile kernels took 21.5 ms (stats_kernel, one launch of
-# 128 programs) and 17.7 ms (grad_block_kernel recomputing s, 40 launches), while the same kernels
-# reading s from float32 strips took 2.9 and 2.0 ms in the TF32 step, and a bf16 product of s
-# 0.7 ms at cuBLAS's measured 775 TFLOP/s. The tiles' sweeps are bound by their own issue (one
-# wave, half the stalls waiting on L1), not by D. EO_TRITON_HALF_STRIPS_ABOVE_D moves it.
+# TCL, K = 16384, D = 1024) the bf16 step's tile kernels took 21.5 ms (stats_kernel, one launch)
+# and 17.7 ms (grad_block_kernel recomputing s, 40 launches), while the same kernels reading s from
+# float32 strips took 2.9 and 2.0 ms in the TF32 step, and the floor's bf16 product of s 0.73 ms.
+# The tile stats sweep runs one wave of 128 programs at IPC 1.0, half its stalls waiting on L1
+# (ncu, the second lease): bound by its own issue, not by D. EO_TRITON_HALF_STRIPS_ABOVE_D moves it.
 HALF_SIMILARITY_STRIPS_ABOVE_D = int(os.environ.get("EO_TRITON_HALF_STRIPS_ABOVE_D", "0"))
 # A stored strip or block of s or G starts each row this many bytes apart (a multiple): cuBLAS's
 # sm_90 GEMMs read and write through the tensor memory accelerator, which needs 16-byte aligned
@@ -784,8 +784,8 @@ class BackwardPlan:
       against 2 GiB of G and the element work of 2.7e8 elements, ~4 GiB).
       3 GEMM-equivalents (2 for one gradient).
     - "strips, two passes" otherwise: dy from strips of columns, G recomputed. 4 GEMM-equivalents.
-      At K = 65536, D = 1024 (strips of 280 bfloat16 rows): dy read and written 234 times would be
-      117 GiB against 16 GiB for G once more.
+      At K = 65536, D = 1024 (strips of 280 bfloat16 rows with s recomputed, 93 with s from strips,
+      `s_apart`): dy read and written 234 times would be 117 GiB against 16 GiB for G once more.
     - "blocks" (float32 and float64 inputs, both gradients: dx and dy are their own accumulators):
       G of a (block_rows, block_cols) block at a time, row blocks in order and the column blocks of
       each in order; dx[rows] += G·y[cols] and dy[cols] += Gᵀ·x[rows] (the first product of each
@@ -800,15 +800,22 @@ class BackwardPlan:
     buffers and, where dy shares the pass, its float32 accumulator).
     `from_s` (any strip or block plan, where `strips_of_s` says so: similarity_strips): each strip
     or block of s is a cuBLAS product first, stored in place, and grad_block_kernel turns it into
-    G there: the same GEMM-equivalents and memory, without the tile kernel's operand re-reads.
-    16-bit inputs (`s_apart`) keep s in a float32 strip beside G's in the input dtype (s rounded
-    to 16 bits would move the logits s/τ by up to 2^-9·|s|/τ): 6 bytes an element, shorter strips.
+    G there: the same GEMM-equivalents, without the tile kernel's operand re-reads; float32 inputs
+    in the same memory. 16-bit inputs (`s_apart`) keep s in a float32 strip beside G's in the input
+    dtype (s rounded to 16 bits would move the logits s/τ by up to 2^-9·|s|/τ): 6 bytes an element,
+    shorter strips.
     """
 
     # Float32 inputs take the blocks: dx and dy accumulate in themselves (no extra memory), and the
     # fused kernel's FFMA products in float32 "ieee" spill kilobytes.
     FUSED_DTYPES = (torch.float16, torch.bfloat16)
     BLOCK_DTYPES = (torch.float32, torch.float64)
+
+    @classmethod
+    def fuses(cls, dtype: torch.dtype, d: int, need_dx: bool, need_dy: bool, fused: bool = True) -> bool:
+        """Whether the plan is "fused" (`fused`: the device has grad_fused_kernel's configuration):
+        G in registers, no stored strip and no cuBLAS product."""
+        return fused and need_dx and need_dy and dtype in cls.FUSED_DTYPES and _register_d(d) is not None
 
     def __init__(self, m: int, n: int, d: int, dtype: torch.dtype, need_dx: bool = True, need_dy: bool = True,
                  fused: bool = True, strips_of_s: bool = False):
@@ -819,7 +826,7 @@ class BackwardPlan:
         self.dy_in_pass = False
         self.from_s = self.s_apart = False
         self.block_rows = self.block_cols = 0
-        if fused and need_dx and need_dy and dtype in self.FUSED_DTYPES and self.block_d is not None:
+        if self.fuses(dtype, d, need_dx, need_dy, fused):
             self.kind, self.strip, self.recomputations = "fused", 0, 1
             self.extra_bytes = n * d * acc_size
         elif need_dx and need_dy and dtype in self.BLOCK_DTYPES:
@@ -867,7 +874,8 @@ def block_shape(m: int, n: int, elements: int, size: int | None = None) -> tuple
     reads and writes the fewest gradient rows again, (col_blocks − 1)·m + (row_blocks − 1)·n;
     then the fewest blocks (fewer launches), then the fewest row blocks (dy, beyond L2 at large
     K, is the gradient moved once per row block; dx stays per row block). With a size, cols is a
-    multiple of ROW_ALIGN_BYTES too (or n): a block's columns are the contiguous, summed-over
+    multiple of ROW_ALIGN_BYTES too (or n; the last column block is what is left of n, aligned
+    where n is): a block's columns are the contiguous, summed-over
     dimension of dx's product, and cuBLAS took its sm_80 align1 kernels for 3277 of them (an H200,
     K = 16384: 8 of the TF32 step's 19.3 ms of kernels), however its rows were aligned."""
     align = max(1, ROW_ALIGN_BYTES // size) if size else 1

@@ -9,7 +9,9 @@ hints (its `schema=` argument is not used in torch 2.11-2.13, and inference turn
   launches its Triton kernels directly (wrap_triton disabled, as triton_op's eager path does);
 - torch.compile / AOTAutograd: under FunctionalTensorMode the op decomposes into its
   implementation, whose launches go through `torch.library.wrap_triton`, so Inductor sees the
-  Triton kernels themselves (user-defined Triton kernels in the graph), like a triton_op. The
+  Triton kernels themselves (user-defined Triton kernels in the graph), like a triton_op; calls
+  that multiply with cuBLAS stay opaque (`_cublas_products`: by default those from float32 and
+  16-bit embeddings, but for TF32 ones at D <= 512 and 16-bit backwards fused in registers). The
   interpreter's kernels cannot be traced: there the ops stay opaque (the fakes trace them).
 - `EO_TRITON_OPAQUE=1` keeps the ops opaque on CUDA too (a fallback, should a PyTorch version
   reject the decomposition).
@@ -84,7 +86,14 @@ def _cublas_products(op, name: str, args: tuple, kwargs: dict) -> bool:
     if name.startswith("infonce"):
         return infonce_launch.strips_take(x.dtype)
     strips = launch.similarity_strips(x.dtype, x.shape[-1], bound["matmul_precision"])
-    return strips or (name == "loss_backward" and launch.follows_tf32_switch(x.dtype))
+    if name != "loss_backward":
+        return strips
+    # 16-bit inputs whose backward is one fused kernel (D within a register block) multiply nothing
+    # with cuBLAS: that call still decomposes.
+    mask = bound["output_mask"]
+    fused = launch.BackwardPlan.fuses(x.dtype, x.shape[-1], bool(mask[0]), bool(mask[1]),
+                                      configs.has_default("grad_fused", x.device))
+    return launch.follows_tf32_switch(x.dtype) or (strips and not fused)
 
 
 def _decomposition(fn, name: str):
