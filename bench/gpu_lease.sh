@@ -4,6 +4,7 @@
 # stopped at its limit still brings back what it measured).
 #
 #   DEADLINE_S=570 OUT=/some/dir bash bench/gpu_lease.sh          # carry: .whl (the peers' wheels)
+#   PART=1 ... then at once PART=2 ...                            # two calls of one warm machine
 #
 # Order (what the third lease left open: bench/results/gpu_h200_third_lease.md):
 # env and build; then the checks whose results do not depend on timing, side by side: the cuda and
@@ -70,24 +71,32 @@ run_for() {
 
 # The checks beside the tests: the exception probe, then each sanitizer under its own cap.
 beside_the_tests() {
-  run_for 100 exceptions stage_exceptions
+  run_for 60 exceptions stage_exceptions
   local tool
   for tool in memcheck racecheck synccheck initcheck; do run_for 40 "sanitize $tool" stage_sanitize "$tool"; done
 }
 
-run_for 30 env stage_env
-run_for 240 build stage_build || { pack; cat "$SUMMARY"; exit 1; }
-beside_the_tests &
-beside=$!
-run_for 240 tests stage_test "$ROOT/python_tests/test_cuda_backend.py" "$ROOT/python_tests/test_fused_backends.py" \
-  "$ROOT/python_tests/test_triton_backend.py" "$ROOT/python_tests/test_fused_infonce.py" -k "cuda or triton"
-wait "$beside"
-run_for 90 bench16k bench bench16k --sizes 16384 --precisions tf32 bf16 ieee --impls triton cuda floor --repeats 3
-run_for 120 peers stage_peers
-run_for 60 "memory peak" stage_memory_peak
-run_for 80 "kernel times" stage_kernel_times
-run_for 150 "bench small" bench bench_small --sizes 1024 4096 --precisions ieee tf32 bf16 --repeats 5
-run_for 120 bench64k bench bench64k --sizes 65536 --precisions bf16 ieee --impls triton cuda floor --repeats 3
+# PART=1: the checks and the K = 16384 timings; PART=2: the rest, on the machine part 1 leaves warm
+# (its build and logs kept: call it at once, before the machine is given back); unset: both.
+PART="${PART:-all}"
+if [[ $PART != 2 ]]; then
+  run_for 30 env stage_env
+  run_for 240 build stage_build || { pack; cat "$SUMMARY"; exit 1; }
+  beside_the_tests &
+  beside=$!
+  # 320 s: the third lease's tests took 177 s with 14 workers, then the two run alone 114 s.
+  run_for 320 tests stage_test "$ROOT/python_tests/test_cuda_backend.py" "$ROOT/python_tests/test_fused_backends.py" \
+    "$ROOT/python_tests/test_triton_backend.py" "$ROOT/python_tests/test_fused_infonce.py" -k "cuda or triton"
+  wait "$beside"
+  run_for 90 bench16k bench bench16k --sizes 16384 --precisions tf32 bf16 ieee --impls triton cuda floor --repeats 3
+  run_for 60 "memory peak" stage_memory_peak
+fi
+if [[ $PART != 1 ]]; then
+  run_for 120 peers stage_peers
+  run_for 80 "kernel times" stage_kernel_times
+  run_for 150 "bench small" bench bench_small --sizes 1024 4096 --precisions ieee tf32 bf16 --repeats 5
+  run_for 120 bench64k bench bench64k --sizes 65536 --precisions bf16 ieee --impls triton cuda floor --repeats 3
+fi
 pack
 echo
 echo "== summary"
