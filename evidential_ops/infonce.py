@@ -91,8 +91,9 @@ def infonce_loss(
         backend: "auto" (fastest available for the device), "reference", "cpu", "triton", ...
         check_finite: reject NaN/Inf inputs (costs a read of x and y).
         matmul_precision: "ieee" (default) or "tf32": the products of float32 inputs on CUDA
-            (cuBLAS strips of the triton backend, the reference's matmuls), ~3e-4 relative in s
-            (SPEC §5); the tile kernels, the CPU and 16-bit inputs are unaffected.
+            (the triton backend's cuBLAS strips, forward and backward; the reference's forward
+            matmul), s off by up to 2⁻⁹·Σ|x_k y_k| (SPEC §2 "InfoNCE"); the tile kernels, the CPU
+            and 16-bit inputs are unaffected.
 
     Returns:
         A float32 scalar (float64 for float64 inputs), or the (rows, cols) pair for "none".
