@@ -743,6 +743,28 @@ def test_triton_blocks_at_the_measured_sizes_keep_cublas_on_sm90_kernels():
             assert (cols * size) % launch.ROW_ALIGN_BYTES == 0 and rows * cols * size <= launch.strip_budget(k)
 
 
+@pytest.mark.parametrize("k", [131072, 262144])
+def test_triton_strips_keep_64_lines_of_bytes_beyond_k65536(k):
+    """Beyond K ≈ 70000 the per-line buffers alone near the 64 MiB the ops aim at: what they left
+    (launch.strip_budget) had shrunk to strips of 16 rows at K = 131072 and of one row at 262144
+    (a negative budget), a cuBLAS product and a sweep for every row. Now a strip or block gets at
+    least MIN_STRIP_BYTES_PER_LINE a line: forward strips of 128 float32 rows, backward strips of
+    85 (16-bit inputs, s apart: 6 bytes an element) or 256 bfloat16 rows, float32 blocks of
+    millions of elements; the extra memory O(K) within that floor and the per-line buffers."""
+    from evidential_ops.triton_backend import launch
+
+    d = 1024
+    floor = launch.MIN_STRIP_BYTES_PER_LINE * k
+    assert launch.strip_budget(k) == floor
+    assert launch.strip_rows(k, k, 4) == 128
+    plans = [launch.BackwardPlan(k, k, d, torch.bfloat16, strips_of_s=True), launch.BackwardPlan(k, k, d, torch.bfloat16),
+             launch.BackwardPlan(k, k, d, torch.float32, strips_of_s=True)]
+    assert [(p.kind, p.strip) for p in plans[:2]] == [("strips, two passes", 85), ("strips, two passes", 256)]
+    assert plans[2].kind == "blocks" and plans[2].block_rows * plans[2].block_cols >= 2**24
+    for plan in plans:
+        assert plan.extra_bytes <= floor
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 def test_triton_stored_strips_rows_are_16_byte_aligned(dtype):
     """cuBLAS's sm_90 GEMMs need 16-byte aligned rows (launch.ROW_ALIGN_BYTES); a block of 2731

@@ -55,6 +55,12 @@ STRIP_BUDGET_BYTES = int(float(_STRIP_MIB) * 2**20) if _STRIP_MIB else None
 # rows × 8 bytes = 1.1 MiB at K = 65536) and the allocator's rounding.
 PER_LINE_BYTES = 2 * (7 + 9 + 1 + 10) * 8
 STRIP_SPARE_BYTES = 2 * 2**20
+# A strip or block never gets less than this many bytes a line (64 lines of float64: 32 MiB at
+# K = 65536, where the budget above leaves 35). Beyond K ≈ 70000 the per-line buffers alone near
+# EXTRA_MEMORY_BYTES, and what they left shrank to strips of 16 rows at K = 131072 and to one row
+# at K = 262144 (a budget of -46 MiB: a cuBLAS product and a sweep for every row). The extra memory
+# grows as O(K) from there: PER_LINE_BYTES plus this, 944 bytes a line.
+MIN_STRIP_BYTES_PER_LINE = 64 * 8
 ACCUMULATOR_BUDGET_BYTES = 24 * 2**20
 # What a second backward pass costs beyond its G traffic, in bytes of device-memory time per element
 # of s: recomputing the element work (about 1.1 cycles an element in the static profile, on an
@@ -499,10 +505,12 @@ def similarity_product(a: Tensor, b: Tensor, out: Tensor) -> None:
 def strip_budget(lines: int, reserved: int = 0) -> int:
     """Bytes a strip may take in a problem of `lines` lines a direction: STRIP_BUDGET_BYTES where
     EO_TRITON_STRIP_MIB sets it, else what EXTRA_MEMORY_BYTES leaves beside the per-line buffers,
-    the spare and `reserved` bytes held with it (55 MiB at K = 16384, 35 MiB at K = 65536)."""
+    the spare and `reserved` bytes held with it (55 MiB at K = 16384, 35 MiB at K = 65536), and
+    at least MIN_STRIP_BYTES_PER_LINE a line (64 MiB at K = 131072)."""
     if STRIP_BUDGET_BYTES is not None:
         return STRIP_BUDGET_BYTES
-    return EXTRA_MEMORY_BYTES - STRIP_SPARE_BYTES - PER_LINE_BYTES * lines - reserved
+    left = EXTRA_MEMORY_BYTES - STRIP_SPARE_BYTES - PER_LINE_BYTES * lines - reserved
+    return max(left, MIN_STRIP_BYTES_PER_LINE * lines)
 
 
 def aligned_row_length(cols: int, size: int) -> int:
