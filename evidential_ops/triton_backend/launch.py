@@ -909,14 +909,14 @@ def _gradient_block(a: Tensor, b: Tensor, own_g: Tensor, other_g: Tensor, t_off:
                     s: Tensor | None = None) -> None:
     """g[:rows, :cols] = ∂L/∂s of own lines [row0, row0 + rows) against other lines [col0, col0 +
     cols) (grad_block_kernel; a strip where the columns are all of them). from_s: g holds that block
-    of s = a·bᵀ already (similarity_strips), overwritten by G; or, where `s` is given, s (float32)
-    is that block of its own, and G is written to g (16-bit inputs: BackwardPlan.s_apart)."""
+    of s = a·bᵀ already (similarity_strips), overwritten by G; or `s` holds it, G written to g
+    (which may be s itself: _strip_buffers)."""
     n_own, d = a.shape
     n_other = b.shape[0]
     variant = (bw.kind, tuple(bw.terms.stat_flags().values()), _tf32(a.dtype, precision), from_s)
 
     def run(config, out):
-        # a block of s is read at the block's rows, then overwritten (unless it is a block of its own)
+        # a block of s is read at the block's rows, then overwritten where it is g's own block
         src = (out if s is None else s) if from_s else a
         row_blocks = triton_cdiv(rows, config.block_m)
         col_blocks = triton_cdiv(cols, config.block_n)
@@ -986,8 +986,7 @@ def _strip_passes(x: Tensor, y: Tensor, t_off: int, bw: _Backward, plan: Backwar
         _block_pass(x, y, t_off, bw, plan, dx, dy, precision)
         return dx, dy
     if need_dx:
-        g = aligned_matrix(min(plan.strip, m), n, x.dtype, x.device)
-        s = aligned_matrix(min(plan.strip, m), n, torch.float32, x.device) if plan.s_apart else None
+        g, s = _strip_buffers(plan, min(plan.strip, m), n, x.dtype, x.device)
         dy_acc = None
         single = plan.dy_in_pass and plan.strip >= m  # dy one product of the one strip
         if plan.dy_in_pass and not single:
@@ -995,10 +994,9 @@ def _strip_passes(x: Tensor, y: Tensor, t_off: int, bw: _Backward, plan: Backwar
                 (n, d), dtype=_output_dtype(y.dtype), device=y.device)
         for row0 in range(0, m, plan.strip):
             rows = min(plan.strip, m - row0)
-            strip = g[:rows]
-            s_strip = s[:rows] if s is not None else None
+            strip, s_strip = g[:rows], s[:rows]
             if plan.from_s:
-                similarity_product(x[row0:row0 + rows], y, strip if s_strip is None else s_strip)
+                similarity_product(x[row0:row0 + rows], y, s_strip)
             _gradient_block(x, y, bw.row_g, bw.col_g, t_off, row0, rows, 0, n, strip, bw, precision, plan.from_s,
                             s_strip)
             torch.mm(strip, y, out=dx[row0:row0 + rows])
@@ -1010,18 +1008,25 @@ def _strip_passes(x: Tensor, y: Tensor, t_off: int, bw: _Backward, plan: Backwar
             dy.copy_(dy_acc)
         del g, s, strip, s_strip, dy_acc  # freed before the column pass allocates its strips: one at a time
     if need_dy and not plan.dy_in_pass:
-        g = aligned_matrix(min(plan.strip, n), m, y.dtype, y.device)
-        s = aligned_matrix(min(plan.strip, n), m, torch.float32, y.device) if plan.s_apart else None
+        g, s = _strip_buffers(plan, min(plan.strip, n), m, y.dtype, y.device)
         for col0 in range(0, n, plan.strip):
             cols = min(plan.strip, n - col0)
-            strip = g[:cols]
-            s_strip = s[:cols] if s is not None else None
+            strip, s_strip = g[:cols], s[:cols]
             if plan.from_s:
-                similarity_product(y[col0:col0 + cols], x, strip if s_strip is None else s_strip)
+                similarity_product(y[col0:col0 + cols], x, s_strip)
             _gradient_block(y, x, bw.col_g, bw.row_g, -t_off, col0, cols, 0, m, strip, bw, precision, plan.from_s,
                             s_strip)
             torch.mm(strip, x, out=dy[col0:col0 + cols])
     return dx, dy
+
+
+def _strip_buffers(plan: BackwardPlan, rows: int, cols: int, dtype: torch.dtype,
+                   device: torch.device) -> tuple[Tensor, Tensor]:
+    """(G's strip, s's strip) of a strips plan: s in a float32 strip of its own where the plan keeps
+    it apart (16-bit inputs: BackwardPlan.s_apart), else G's strip itself (s formed there, then
+    overwritten by G)."""
+    g = aligned_matrix(rows, cols, dtype, device)
+    return g, aligned_matrix(rows, cols, torch.float32, device) if plan.s_apart else g
 
 
 def _block_pass(x: Tensor, y: Tensor, t_off: int, bw: _Backward, plan: BackwardPlan, dx: Tensor, dy: Tensor,
