@@ -193,9 +193,8 @@ def _strip_gradient(own: Tensor, other: Tensor, group: Tensor | None, own_line, 
                 torch.mm(s, other, out=out[i0:i0 + n])
                 continue
             acc = total[:n]
-            if split:
-                acc.zero_()
-                _accumulate_product(acc, parts[0][:n], other)
+            if split:  # hi·other written, lo·other added: both on the tensor cores, float32 results
+                similarity_product(parts[0][:n], other.t(), acc)
                 _accumulate_product(acc, parts[1][:n], other)
             else:
                 torch.mm(s, times, out=acc)
