@@ -368,5 +368,14 @@ def schemas() -> dict[str, str]:
     return out
 
 
+def bound_arguments(op, args: tuple, kwargs: dict) -> dict:
+    """An op call's arguments by their schema names, defaults filled in (a dispatcher-level call
+    may leave trailing defaults out)."""
+    bound = {argument.name: argument.default_value for argument in op._schema.arguments}
+    bound.update(zip(bound, args))
+    bound.update(kwargs)
+    return bound
+
+
 if LAYOUT is not None:
     register_family(NAMESPACE)

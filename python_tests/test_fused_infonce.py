@@ -448,10 +448,7 @@ class _OpCalls(TorchDispatchMode):
         self.calls = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        bound = {argument.name: argument.default_value for argument in func._schema.arguments}
-        bound.update(zip(bound, args))
-        bound.update(kwargs or {})
-        self.calls.append((func.__name__, bound))
+        self.calls.append((func.__name__, eo.ops.bound_arguments(func, args, kwargs or {})))
         return func(*args, **(kwargs or {}))
 
 

@@ -77,9 +77,7 @@ def _cublas_products(op, name: str, args: tuple, kwargs: dict) -> bool:
     torch.library.opcheck), the forward would take its tile kernels (another summation order:
     line_stats failed opcheck's eager-vs-traced comparison there), and the InfoNCE ops would fall
     back to their tile kernels, 29-32x plain PyTorch's time there."""
-    bound = {argument.name: argument.default_value for argument in op._schema.arguments}
-    bound.update(zip(bound, args))
-    bound.update(kwargs)
+    bound = ops.bound_arguments(op, args, kwargs)
     x = bound.get("x")
     if not isinstance(x, torch.Tensor):
         return False
