@@ -1282,14 +1282,14 @@ def test_cublas_calls_stay_one_op_under_torch_compile(monkeypatch):
     wide, narrow = launch.SIMILARITY_STRIPS_ABOVE_D + 1, launch.SIMILARITY_STRIPS_ABOVE_D
 
     def backward(dtype, name="loss_backward", d=2):
-        x = torch.zeros(3, d, dtype=dtype)
+        x = torch.zeros(3, d, dtype=dtype, device=device())
         if name == "infonce_backward":
             return opaque(name, None, None, x, x, None, None, None, 0.05, False, True, True, [True, True])
         return opaque(name, None, None, x, x, None, None, None, "exp", 0.05, None, 1, True, True, 0, [True, True],
                       "tf32")
 
     def forward(dtype, d, *precision, **named):
-        x = torch.zeros(3, d, dtype=dtype)
+        x = torch.zeros(3, d, dtype=dtype, device=device())
         return (opaque("loss_forward", x, x, None, "exp", 0.05, None, 1, True, True, *precision, **named),
                 opaque("line_stats", x, x, 0, "exp", 0.05, 1, True, True, *precision, **named),
                 opaque("opinion", x, x, "exp", 0.05, *precision, **named))
@@ -1305,9 +1305,9 @@ def test_cublas_calls_stay_one_op_under_torch_compile(monkeypatch):
     assert forward(torch.float32, narrow, "tf32") == (False, False, False)
     assert forward(torch.float32, wide, matmul_precision="tf32") == (True, True, True)
     for dtype in (torch.float32, torch.bfloat16, torch.float16):
-        x = torch.zeros(3, 2, dtype=dtype)
+        x = torch.zeros(3, 2, dtype=dtype, device=device())
         assert opaque("infonce_forward", x, x, None, 0.05, False, True, True)
         assert backward(dtype, "infonce_backward")
-    x = torch.zeros(3, 2, dtype=torch.float64)
+    x = torch.zeros(3, 2, dtype=torch.float64, device=device())
     assert not opaque("infonce_forward", x, x, None, 0.05, False, True, True)
     assert not opaque("loss_forward_from_similarity", x, None, "exp", 0.05, None, 1, True, True)
