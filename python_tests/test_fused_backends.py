@@ -727,11 +727,17 @@ print("NOT RAISED")
 """
 
 
+# A fresh process compiles the whole step (Inductor and, for triton, every kernel): 150 s were not
+# enough beside 13 other workers on an H200 (the fourth lease); a hung run still ends at 600 s.
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("backend", [c.name for c in fused_cases() if c.device.type == "cuda"] or ["cuda"])
-def test_compiled_nan_on_cuda_is_a_device_side_assert_in_its_own_process(backend):
-    """Under torch.compile a NaN input on CUDA cannot raise a ValueError without a host read in
-    the graph: it is an asynchronous (device-side) assert, which ends the process's CUDA context.
-    Run in a subprocess so the rest of the suite keeps a working device."""
+def test_compiled_nan_on_cuda_fails_the_run_in_its_own_process(backend):
+    """Under torch.compile check_finite cannot read a value on the host: a NaN input is a device-side
+    assert (`torch._assert_async` in the graph), which ends the process's CUDA context. Inductor may
+    schedule that assert after the op, and the cuda op reads one overflow flag on the host where exp
+    evidence can overflow (every float32 call): its ValueError, from an α the NaN made infinite, may
+    come first (so on the H200's fourth lease). Either way the run fails, never a silent NaN. Run in a
+    subprocess so the rest of the suite keeps a working device."""
     import subprocess
     import sys
 
@@ -740,7 +746,10 @@ def test_compiled_nan_on_cuda_is_a_device_side_assert_in_its_own_process(backend
     run = subprocess.run([sys.executable, "-c", COMPILED_NAN_ON_CUDA.format(backend=backend)], capture_output=True,
                          text=True, timeout=600)
     assert run.returncode != 0 and "NOT RAISED" not in run.stdout
-    assert "assert" in run.stderr.lower(), run.stderr[-2000:]
+    last_line = run.stderr.strip().splitlines()[-1] if run.stderr.strip() else ""
+    device_assert = "device-side assert" in run.stderr or "assert" in last_line.lower()
+    overflow_read = last_line.startswith("ValueError: tau=0.05 is too small") and backend == "cuda"
+    assert device_assert or overflow_read, run.stderr[-2000:]
 
 
 def test_torch_compile_does_not_recompile_for_each_annealed_weight(fused, gen):
