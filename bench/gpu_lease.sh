@@ -6,16 +6,15 @@
 #   DEADLINE_S=570 OUT=/some/dir bash bench/gpu_lease.sh          # carry: .whl (the peers' wheels)
 #   PART=1 ... then at once PART=2 ...                            # two calls of one warm machine
 #
-# Order (what the third lease left open: bench/results/gpu_h200_third_lease.md):
-# env and build; then the checks whose results do not depend on timing, side by side: the cuda and
-# triton tests (14 workers: Triton compiles dominate) beside, one after another, whether a C++ op's
-# ValueError crashes the process (bench/exception_probe.py) and the four sanitizers; then the
-# timings, alone on the GPU: K = 16384 at every precision (triton's G blocks now 16-byte columns,
-# its 16-bit inputs on float32 strips of s), the peers at K = 65536 and 16384 (bench/peer_bench.py:
-# Inf-CL, plain InfoNCE, ours; InfoNCE's tf32 cells now at TF32), what is live at a K = 65536
-# step's memory peak (bench/memory_peak.py: triton bf16 planned 61.9 MiB with s apart), where
-# each step's time goes kernel by kernel (bench/kernel_times.py), K = 1024 and 4096 with the eager
-# reference and its torch.compile (no lease has measured them), the K = 65536 bf16 and ieee cells.
+# Order (what the fourth lease left open: bench/results/gpu_h200_fourth_lease.md): env and build;
+# then the checks whose results do not depend on timing, side by side: the cuda and triton tests
+# (14 workers: Triton compiles dominate; the two that poison a process's CUDA context run alone
+# after) beside, one after another, whether a C++ op's ValueError crashes the process
+# (bench/exception_probe.py) and the four sanitizers. Then the timings, alone on the GPU: K = 16384
+# at every precision, where each step's time goes kernel by kernel (bench/kernel_times.py), what is
+# live at a K = 65536 step's memory peak (bench/memory_peak.py), K = 1024 and 4096 with the eager
+# reference and its torch.compile (only part of K = 1024 measured yet), the K = 65536 bf16 and ieee
+# cells, the peers (bench/peer_bench.py: Inf-CL, plain InfoNCE, ours) and the largest K.
 # The stages are gpu_session.sh's (sourced); wheels under .whl/ are installed first (gpu_session.sh).
 # Writes $OUT/lease.tgz (every log and table) and $OUT/summary.txt.
 set -uo pipefail
@@ -70,13 +69,19 @@ run_for() {
 }
 
 # The checks beside the tests: the exception probe, then each sanitizer under its own cap.
+# The fourth lease's caps (60 s, 40 s each) cut the probe after 3 of its 6 cases and memcheck and
+# racecheck before their end, beside 14 test workers: these fit in the tests' own time.
 beside_the_tests() {
-  run_for 60 exceptions stage_exceptions
-  local tool
-  for tool in memcheck racecheck synccheck initcheck; do run_for 40 "sanitize $tool" stage_sanitize "$tool"; done
+  run_for 100 exceptions stage_exceptions
+  local tool cap
+  for tool in memcheck racecheck synccheck initcheck; do
+    cap=50
+    [[ $tool == memcheck || $tool == racecheck ]] && cap=80
+    run_for $cap "sanitize $tool" stage_sanitize "$tool"
+  done
 }
 
-# PART=1: the checks and the K = 16384 timings; PART=2: the rest, on the machine part 1 leaves warm
+# PART=1: the build and the checks (tests, probe, sanitizers); PART=2: the timings, on the machine part 1 leaves warm
 # (its build and logs kept: call it at once, before the machine is given back); unset: both.
 PART="${PART:-all}"
 if [[ $PART != 2 ]]; then
@@ -84,18 +89,19 @@ if [[ $PART != 2 ]]; then
   run_for 240 build stage_build || { pack; cat "$SUMMARY"; exit 1; }
   beside_the_tests &
   beside=$!
-  # 320 s: the third lease's tests took 177 s with 14 workers, then the two run alone 114 s.
-  run_for 320 tests stage_test "$ROOT/python_tests/test_cuda_backend.py" "$ROOT/python_tests/test_fused_backends.py" \
+  # 420 s: the fourth lease's tests took 286 s with 14 workers beside the sanitizers, and the two
+  # run alone took 114 s on the third (the fourth's cap of 320 s cut them).
+  run_for 420 tests stage_test "$ROOT/python_tests/test_cuda_backend.py" "$ROOT/python_tests/test_fused_backends.py" \
     "$ROOT/python_tests/test_triton_backend.py" "$ROOT/python_tests/test_fused_infonce.py" -k "cuda or triton"
   wait "$beside"
-  run_for 90 bench16k bench bench16k --sizes 16384 --precisions tf32 bf16 ieee --impls triton cuda floor --repeats 3
-  run_for 60 "memory peak" stage_memory_peak
 fi
 if [[ $PART != 1 ]]; then
-  run_for 120 peers stage_peers
+  run_for 90 bench16k bench bench16k --sizes 16384 --precisions tf32 bf16 ieee --impls triton cuda floor --repeats 3
   run_for 80 "kernel times" stage_kernel_times
+  run_for 60 "memory peak" stage_memory_peak
   run_for 150 "bench small" bench bench_small --sizes 1024 4096 --precisions ieee tf32 bf16 --repeats 5
   run_for 120 bench64k bench bench64k --sizes 65536 --precisions bf16 ieee --impls triton cuda floor --repeats 3
+  run_for 120 peers stage_peers
   # Beyond K = 65536 (the issue asks for the largest K each fused backend reaches; the K×K floor
   # would need 128 GiB at 262144): TCL, bf16, one timed step each.
   run_for 120 "bench largest K" bench bench_largest --sizes 131072 262144 --cases tcl --precisions bf16 \
