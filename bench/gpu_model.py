@@ -588,14 +588,12 @@ def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dic
     acc_bytes = 8 if e_in == 8 else 4
     per_sm_g = occupancy(bwd_row["resources"].get("registers", 255), 32 * gr.num_warps, c)
     bwd_note = f"{bwd_cycles:.2f} cycles/element ({bwd_pipe})"
-    # exp evidence launches grad_block_kernel's two variants (p = α/S as a product, or scaled: the
-    # device flag picks one, the other exits at once); the profile is the product's
-    variants = 2 if evidence == "exp" and e_in != 8 else 1
-    if variants == 2:
-        bwd_note += "; 2 launches a strip or block (SCALED_P 0 and 1, one exits at once)"
-    if variants == 2 and plan.kind != "fused":  # formed for grad_block_kernel's launches only
-        out.append(Kernel("backward", "p flag: a line strength beyond 2^126 (launch._scaled_p_flag, torch)", 6,
-                          dram={"1/S of both directions": 2 * k * 8}))
+    # exp evidence: grad_block_kernel has two variants (p = α/S as a product, or scaled); an eager
+    # step reads the device flag once and launches the one it selects (_Backward.scaled_variants);
+    # the profile is the product's
+    if evidence == "exp" and e_in != 8 and plan.kind != "fused":  # grad_block_kernel's launches only
+        out.append(Kernel("backward", "p flag: a line strength beyond 2^126 (launch._scaled_p_flag, torch, one "
+                          "host read)", 6, dram={"1/S of both directions": 2 * k * 8}, syncs=1))
     if plan.kind == "fused":
         fu = defaults.get("grad_fused", gr)
         grid = _ceil_div(k, fu.block_m)
@@ -612,8 +610,7 @@ def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dic
         out.append(Kernel("backward", "dy cast float32 → input dtype", 1,
                           dram={"accumulator read": kd * acc_bytes, "written": kd * e_in}))
     elif plan.kind == "blocks":
-        out.extend(_block_backward(plan, k, d, e_in, gr, per_sm_g, bwd_cycles, bwd_note, c, operand_traffic,
-                                   variants))
+        out.extend(_block_backward(plan, k, d, e_in, gr, per_sm_g, bwd_cycles, bwd_note, c, operand_traffic))
     else:
         strips = _ceil_div(k, plan.strip)
         g_bytes = plan.strip * k * e_in
@@ -634,7 +631,7 @@ def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dic
                 flops, what = 2.0 * kk * d, "(s recomputed)"
             (l2 if g_bytes <= l2_bytes else dram)["G written, strip by strip"] = kk * e_in
             out.append(Kernel("backward", f"grad_block_kernel: G of {strips} strips of {plan.strip} {lines} {what}",
-                              strips * variants, flops=flops, elements=kk, cycles_per_element=bwd_cycles,
+                              strips, flops=flops, elements=kk, cycles_per_element=bwd_cycles,
                               l2=l2, dram=dram, fill=min(1.0, grid / c["sms"]),
                               note=f"{gr.name()}, {grid} programs a strip, {per_sm_g}/SM; {bwd_note}"))
             operand = kd * e_in
@@ -675,7 +672,7 @@ def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dic
 
 
 def _block_backward(plan, k: int, d: int, e_in: int, gr, per_sm: int, cycles: float, note: str, c: dict,
-                    operand_traffic, variants: int = 1) -> list:
+                    operand_traffic) -> list:
     """launch._block_pass: per (block_rows, block_cols) block of G, row blocks in order and the
     column blocks of each in order: s of the block (cuBLAS where plan.from_s, else recomputed in
     grad_block_kernel), G over it, then dx[rows] += G·y[cols] and dy[cols] += Gᵀ·x[rows] (the
@@ -704,7 +701,7 @@ def _block_backward(plan, k: int, d: int, e_in: int, gr, per_sm: int, cycles: fl
         flops, what = 2.0 * kk * d, "(s recomputed)"
     (l2 if where_g == "l2" else dram)["G written, block by block"] = kk * e_in
     grid = _ceil_div(rows, gr.block_m) * _ceil_div(cols, gr.block_n)
-    out.append(Kernel("backward", f"grad_block_kernel: G of {shape} {what}", blocks * variants, flops=flops,
+    out.append(Kernel("backward", f"grad_block_kernel: G of {shape} {what}", blocks, flops=flops,
                       elements=kk,
                       cycles_per_element=cycles, l2=l2, dram=dram, fill=min(1.0, grid / c["sms"]),
                       note=f"{gr.name()}, {grid} programs a block, {per_sm}/SM; {note}"))

@@ -12,6 +12,7 @@ possible at all for the inputs' dtype, evidence and τ (as the CUDA backend).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import sys
@@ -752,6 +753,7 @@ class _Backward:
         # exp evidence with float32 element math: which variant of grad_block_kernel does the work
         self.scaled_p = self.kind == 0 and not _compute_f64(like.dtype)
         self._scaled_flag = None
+        self._scaled_variants = None
 
     def scaled_flag(self) -> Tensor:
         """grad_block_kernel's device flag (`_scaled_p_flag`), formed for its first launch only: the
@@ -760,6 +762,23 @@ class _Backward:
             self._scaled_flag = _scaled_p_flag(self.row_g, self.col_g) if self.scaled_p else \
                 torch.zeros(1, dtype=torch.int32, device=self.row_g.device)
         return self._scaled_flag
+
+    def scaled_variants(self) -> tuple[int, ...]:
+        """The SCALED_P variants of grad_block_kernel to launch: (0,) without exp evidence in float32
+        element math; in eager mode the one variant the device flag selects, read on the host once a
+        backward; both where values cannot be read (tracing, fake or meta tensors, CUDA graph capture):
+        each launch then finds the flag on the device, and the one that does not match exits at once.
+        Both variants at every block doubled the gradient launches of a host-bound step (an H200,
+        triton TCL bf16 K = 16384: 112 of its 414 launches, 15.0 ms of GPU idle in 27.6 ms); the read
+        is one synchronisation at the backward's start, where the GPU has only the line constants
+        left to run."""
+        if not self.scaled_p:
+            return (0,)
+        if self._scaled_variants is None:
+            flag = self.scaled_flag()
+            readable = not _tracing(flag) and flag.device.type != "meta"
+            self._scaled_variants = (int(flag.item()),) if readable else (0, 1)
+        return self._scaled_variants
 
 
 # A line strength beyond this makes 1/S subnormal in float32 (and α beyond FLT_MAX needs it)
@@ -875,6 +894,8 @@ class BackwardPlan:
         self.gemm_equivalents = self.recomputations + int(need_dx) + int(need_dy)
 
 
+# Cached: the search takes 1.2 ms of host time (CPython), at every backward of the same shape.
+@functools.lru_cache(maxsize=256)
 def block_shape(m: int, n: int, elements: int, size: int | None = None) -> tuple[int, int]:
     """(rows, cols) of the G blocks of BackwardPlan "blocks" for an (m, n) problem, at most
     `elements` a block, stored in rows aligned_row_length(cols, size) apart for `size`-byte
@@ -921,9 +942,8 @@ def _gradient_block(a: Tensor, b: Tensor, own_g: Tensor, other_g: Tensor, t_off:
         row_blocks = triton_cdiv(rows, config.block_m)
         col_blocks = triton_cdiv(cols, config.block_n)
         col_programs = _column_programs(row_blocks, col_blocks, a.device)
-        # p = α/S as a product; for exp evidence also the variant with p from mantissas and
-        # exponents, whichever the device flag selects doing the work (the other exits at once)
-        for scaled_p in (0, 1) if bw.scaled_p else (0,):
+        # p = α/S as a product, or (exp evidence) from mantissas and exponents: bw.scaled_variants
+        for scaled_p in bw.scaled_variants():
             _launch(kernels.grad_block_kernel, (row_blocks, col_programs),
                     src, b, src.stride(0), src.stride(1), b.stride(0), b.stride(1), out, out.stride(0),
                     out.stride(1), own_g, n_own, other_g, n_other, row0, rows, col0, cols, col_programs,
