@@ -10,8 +10,10 @@
 # then the checks whose results do not depend on timing, side by side: the cuda and triton tests
 # (14 workers: Triton compiles dominate; the two that poison a process's CUDA context run alone
 # after) beside, one after another, whether a C++ op's ValueError crashes the process
-# (bench/exception_probe.py) and the four sanitizers. Then the timings, alone on the GPU: K = 16384
-# at every precision, where each step's time goes kernel by kernel (bench/kernel_times.py), what is
+# (bench/exception_probe.py) and the four sanitizers. Then, alone on the GPU: Nsight Compute on the element kernels
+# of both backends (stage_ncu_element: they took ~3x the model's issue bound), K = 16384
+# at every precision, where each step's time goes kernel by kernel (bench/kernel_times.py) and on
+# the host (bench/host_profile.py: the triton step left the GPU idle 7-15 ms at K = 16384), what is
 # live at a K = 65536 step's memory peak (bench/memory_peak.py), K = 1024 and 4096 with the eager
 # reference and its torch.compile (only part of K = 1024 measured yet), the K = 65536 bf16 and ieee
 # cells, the peers (bench/peer_bench.py: Inf-CL, plain InfoNCE, ours) and the largest K.
@@ -97,6 +99,8 @@ if [[ $PART != 2 ]]; then
 fi
 if [[ $PART != 1 ]]; then
   run_for 90 bench16k bench bench16k --sizes 16384 --precisions tf32 bf16 ieee --impls triton cuda floor --repeats 3
+  run_for 60 "host profile" stage_host_profile
+  run_for 100 "ncu element" stage_ncu_element
   run_for 80 "kernel times" stage_kernel_times
   run_for 60 "memory peak" stage_memory_peak
   run_for 150 "bench small" bench bench_small --sizes 1024 4096 --precisions ieee tf32 bf16 --repeats 5

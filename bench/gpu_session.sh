@@ -30,8 +30,11 @@
 #   ncu         Nsight Compute on one triton TCL step, K = 16384, D = 1024 (bench/ncu_step.py), bf16
 #               and tf32 (both strip sweeps), its backward and its forward in separate runs:
 #               tensor pipe beside issue activity, warp stalls
+#   ncu_element Nsight Compute on the element kernels of both backends (TCL, TF32, K = 16384):
+#               issue, pipes, occupancy, stalls, instruction mix
 #   exceptions  bench/exception_probe.py: does a C++ op's ValueError raise, or crash the process
 #   kernel_times  bench/kernel_times.py: each kernel's device time in one step, GPU idle, host time
+#   host_profile  bench/host_profile.py: cProfile of the triton step's host side (bf16, tf32)
 #   memory_peak bench/memory_peak.py: what is live at a K = 65536 step's memory peak, by call site
 #   peers       bench/peer_bench.py: Inf-CL, plain InfoNCE, our InfoNCE and TCL (carry .whl)
 #   demo        `python -m evidential_ops demo --method tcl --device cuda`, then on the CPU
@@ -201,6 +204,27 @@ stage_ncu() {
   done
 }
 
+# stage_ncu_element: why the element kernels take ~3x their static issue bound (the fourth lease:
+# cuda forward_stats_kernel 2.97 ms and gradient_kernel 2.68 ms at TF32, K = 16384, against 1.14
+# and 0.98 predicted, bench/results/gpu_model_vs_h200.md; triton's stats_kernel 2.90 ms): issue
+# activity, pipe use, occupancy and what the warps stall on, one launch of each kernel, TF32 strips.
+stage_ncu_element() {
+  need_build || return 1
+  local backend part kernels
+  for backend in cuda triton; do
+    kernels='forward_stats_kernel|gradient_kernel'
+    [[ $backend == triton ]] && kernels='stats_kernel|grad_block_kernel'
+    for part in forward backward; do
+      in_out ncu --profile-from-start off --clock-control none --kernel-name regex:"$kernels" --launch-count 2 \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy \
+        --section LaunchStats --section InstructionStats \
+        "$PY" "$ROOT/bench/ncu_step.py" --backend "$backend" --case tcl --precision tf32 --part "$part" \
+        >"$OUT/ncu_element_${backend}_$part.log" 2>&1
+      note "ncu element $backend $part: exit $? ($(grep -cE "$kernels" "$OUT/ncu_element_${backend}_$part.log") kernel lines)"
+    done
+  done
+}
+
 # stage_demo [devices...]: cuda, then cpu, by default
 stage_demo() {
   need_build || return 1
@@ -228,6 +252,14 @@ stage_exceptions() {
   local rc=$?
   note "exceptions: $(head -n 6 "$OUT/exceptions.log" | tr -s ' ' | tr '\n' ';')"
   return $rc
+}
+
+# stage_host_profile: what the triton step's host does while the GPU idles (bench/host_profile.py)
+stage_host_profile() {
+  need_build || return 1
+  in_out "$PY" "$ROOT/bench/host_profile.py" --backend triton --precisions bf16 tf32 --k 16384 --d 1024 \
+    >"$OUT/host_profile.log" 2>&1
+  note "host profile: exit $? ($(grep '^== ' "$OUT/host_profile.log" | tr '\n' ';'))"
 }
 
 stage_kernel_times() {

@@ -1,0 +1,84 @@
+#!/usr/bin/env python3
+"""Where a fused backend's training step spends its host time (GPU machines).
+
+    python bench/host_profile.py --backend triton --precisions bf16 tf32 --k 16384 --d 1024
+
+On an H200 (bench/results/gpu_h200_fourth_lease.md) the triton TCL step at K = 16384 left the GPU
+idle for 15.0 ms of 27.6 (bf16, 414 launches) and 7.2 of 20.2 (tf32, 254 launches): its host
+enqueues more slowly than the GPU runs. This profiles the Python side of a few steps (after a
+warm-up that compiles every kernel) with cProfile and prints, per precision, the host time of a
+step, then the functions that take most of it by their own time and by their cumulative time: how
+much is Triton's launcher (JITFunction.run), cuBLAS calls through torch, our own planning and
+launching (evidential_ops), and waiting for the device (the forward's overflow-check read).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import sys
+import time
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+from device_bench import PRECISIONS  # noqa: E402  (the inputs' dtype and the float32 products' precision)
+
+import evidential_ops as eo  # noqa: E402
+from evidential_ops.benchmark import LOSS_CASES, make_inputs  # noqa: E402
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", default="triton")
+    parser.add_argument("--case", default="tcl", choices=list(LOSS_CASES))
+    parser.add_argument("--precisions", nargs="+", default=["bf16", "tf32"], choices=list(PRECISIONS))
+    parser.add_argument("--k", type=int, default=16384)
+    parser.add_argument("--d", type=int, default=1024)
+    parser.add_argument("--steps", type=int, default=3, help="profiled steps (after one warm-up)")
+    parser.add_argument("--top", type=int, default=25, help="functions listed by each order")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("host_profile: no CUDA device")
+        return 1
+    for precision in args.precisions:
+        dtype, matmul = PRECISIONS[precision]
+        x, y = make_inputs(args.k, args.d, dtype=dtype, device="cuda")
+
+        def step():
+            x.grad = y.grad = None
+            eo.evidential_loss(x, y, backend=args.backend, check_finite=False, matmul_precision=matmul,
+                               **LOSS_CASES[args.case].keywords).backward()
+
+        step()
+        torch.cuda.synchronize()
+        profiler = cProfile.Profile()
+        start = time.perf_counter()
+        profiler.enable()
+        for _ in range(args.steps):
+            step()
+        profiler.disable()
+        host = (time.perf_counter() - start) / args.steps
+        torch.cuda.synchronize()
+        device = (time.perf_counter() - start) / args.steps
+        print(f"\n== {args.backend} {args.case} {precision} K = {args.k}, D = {args.d}: host {host * 1e3:.2f} ms a "
+              f"step under cProfile (until the device is done: {device * 1e3:.2f} ms), {args.steps} steps")
+        for order in ("tottime", "cumulative"):
+            text = io.StringIO()
+            stats = pstats.Stats(profiler, stream=text)
+            stats.sort_stats(order).print_stats(args.top)
+            lines = text.getvalue().splitlines()
+            table = next((i for i, line in enumerate(lines) if line.lstrip().startswith("ncalls")), 0)
+            print(f"-- by {order} (per {args.steps} steps)")
+            print("\n".join(lines[table:]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
