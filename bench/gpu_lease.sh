@@ -71,10 +71,11 @@ run_for() {
 }
 
 # The checks beside the tests: the exception probe, then each sanitizer under its own cap.
-# The fourth lease's caps (60 s, 40 s each) cut the probe after 3 of its 6 cases and memcheck and
-# racecheck before their end, beside 14 test workers: these fit in the tests' own time.
+# The fourth lease's caps (60 s, 40 s each) cut the probe after 3 of its 6 cases (about 20 s a
+# case beside 14 test workers) and memcheck and racecheck before their end: these fit in the
+# tests' own time.
 beside_the_tests() {
-  run_for 100 exceptions stage_exceptions
+  run_for 130 exceptions stage_exceptions
   local tool cap
   for tool in memcheck racecheck synccheck initcheck; do
     cap=50
