@@ -715,6 +715,40 @@ def test_triton_backward_takes_p_as_a_product_unless_a_line_strength_exceeds_2_1
             _backward_against_reference(gen, 113, 203, tau=tau)
 
 
+@pytest.mark.parametrize("tau", [0.05, 0.01])
+def test_triton_backward_launches_one_p_variant_in_eager_mode_and_both_where_values_are_unreadable(
+        gen, monkeypatch, tau):
+    """exp evidence: in eager mode the backward reads the scaled-p flag once on the host and launches
+    only the grad_block_kernel variant it selects (0 at τ = 0.05, 1 at τ = 0.01 with near-duplicate
+    positives); where values cannot be read (tracing, CUDA graph capture: launch._tracing) it
+    launches both at every block, the one not selected exiting at once, with the same gradients
+    bit for bit (the same kernel does the work, over the same blocks)."""
+    from evidential_ops.triton_backend import kernels, launch
+
+    variants, original = [], launch._launch
+
+    def record(kernel, grid, *args, **meta):
+        if kernel is kernels.grad_block_kernel:
+            variants.append(meta["SCALED_P"])
+        original(kernel, grid, *args, **meta)
+
+    monkeypatch.setattr(launch, "_launch", record)
+    # blocks of 57 × 32 (test_triton_backward_paths_match_the_reference "blocks")
+    monkeypatch.setattr(launch, "STRIP_BUDGET_BYTES", 16 * launch.aligned_row_length(113, 4) * 4)
+    gen.manual_seed(5)
+    eager = _backward_against_reference(gen, 113, 203, tau=tau)
+    blocks = len(variants)
+    assert blocks > 1 and variants == [int(tau == 0.01)] * blocks
+    variants.clear()
+    tracing = launch._tracing
+    monkeypatch.setattr(launch, "_tracing", lambda t: True if t.dtype == torch.int32 else tracing(t))
+    gen.manual_seed(5)
+    unreadable = _backward_against_reference(gen, 113, 203, tau=tau)
+    assert variants == [0, 1] * blocks
+    for got, want in zip(unreadable, eager):
+        assert torch.equal(got, want)
+
+
 def test_triton_block_shape_fits_its_budget_where_a_full_column_does_not():
     """launch.block_shape for budgets below one full column (113 elements) as well: 100 elements
     give blocks of 11 × 9 (split into 13 column blocks), not 1 × 1; every shape fits its budget."""
