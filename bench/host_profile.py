@@ -28,10 +28,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-from device_bench import PRECISIONS  # noqa: E402  (the inputs' dtype and the float32 products' precision)
+from device_bench import PRECISIONS, each_gpu_step  # noqa: E402
 
-import evidential_ops as eo  # noqa: E402
-from evidential_ops.benchmark import LOSS_CASES, make_inputs  # noqa: E402
+from evidential_ops.benchmark import LOSS_CASES  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -47,22 +46,16 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("host_profile: no CUDA device")
         return 1
-    for precision in args.precisions:
-        dtype, matmul = PRECISIONS[precision]
-        x, y = make_inputs(args.k, args.d, dtype=dtype, device="cuda")
-
-        def step():
-            x.grad = y.grad = None
-            eo.evidential_loss(x, y, backend=args.backend, check_finite=False, matmul_precision=matmul,
-                               **LOSS_CASES[args.case].keywords).backward()
-
-        step()
+    # the step bench/kernel_times.py times (evidential_ops.benchmark.step_function)
+    for precision, _, _, step, inputs in each_gpu_step(args.precisions, [args.case], [args.backend], args.k, args.d,
+                                                       torch.device("cuda")):
+        step(*inputs)
         torch.cuda.synchronize()
         profiler = cProfile.Profile()
         start = time.perf_counter()
         profiler.enable()
         for _ in range(args.steps):
-            step()
+            step(*inputs)
         profiler.disable()
         host = (time.perf_counter() - start) / args.steps
         torch.cuda.synchronize()
@@ -71,8 +64,7 @@ def main(argv=None) -> int:
               f"step under cProfile (until the device is done: {device * 1e3:.2f} ms), {args.steps} steps")
         for order in ("tottime", "cumulative"):
             text = io.StringIO()
-            stats = pstats.Stats(profiler, stream=text)
-            stats.sort_stats(order).print_stats(args.top)
+            pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(args.top)
             lines = text.getvalue().splitlines()
             table = next((i for i, line in enumerate(lines) if line.lstrip().startswith("ncalls")), 0)
             print(f"-- by {order} (per {args.steps} steps)")
