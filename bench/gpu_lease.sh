@@ -10,13 +10,13 @@
 # then the checks whose results do not depend on timing, side by side: the cuda and triton tests
 # (14 workers: Triton compiles dominate; the two that poison a process's CUDA context run alone
 # after) beside, one after another, whether a C++ op's ValueError crashes the process
-# (bench/exception_probe.py) and the four sanitizers. Then, alone on the GPU: Nsight Compute on the element kernels
-# of both backends (stage_ncu_element: they took ~3x the model's issue bound), K = 16384
-# at every precision, where each step's time goes kernel by kernel (bench/kernel_times.py) and on
-# the host (bench/host_profile.py: the triton step left the GPU idle 7-15 ms at K = 16384), what is
-# live at a K = 65536 step's memory peak (bench/memory_peak.py), K = 1024 and 4096 with the eager
-# reference and its torch.compile (only part of K = 1024 measured yet), the K = 65536 bf16 and ieee
-# cells, the peers (bench/peer_bench.py: Inf-CL, plain InfoNCE, ours) and the largest K.
+# (bench/exception_probe.py) and the four sanitizers. Then, alone on the GPU: K = 16384 at every
+# precision, the fused backends at K = 1024 and 4096 and at the largest K (cells the table still
+# lacks), the triton step's host side (bench/host_profile.py: the GPU idled 7-15 ms of its
+# K = 16384 steps), Nsight Compute on the element kernels of both backends (stage_ncu_element: they
+# took ~2.6x the model's issue bound), kernel by kernel (bench/kernel_times.py), the memory peak at
+# K = 65536 (bench/memory_peak.py), the eager reference and its torch.compile at K = 1024 and 4096,
+# then the K = 65536 cells and the peers (bench/peer_bench.py) measured before.
 # The stages are gpu_session.sh's (sourced); wheels under .whl/ are installed first (gpu_session.sh).
 # Writes $OUT/lease.tgz (every log and table) and $OUT/summary.txt.
 set -uo pipefail
@@ -99,18 +99,24 @@ if [[ $PART != 2 ]]; then
   wait "$beside"
 fi
 if [[ $PART != 1 ]]; then
+  # What the table still lacks comes first (K = 1024 and 4096 of the fused backends; the largest K),
+  # then the diagnostics, then the cells measured before.
   run_for 90 bench16k bench bench16k --sizes 16384 --precisions tf32 bf16 ieee --impls triton cuda floor --repeats 3
+  run_for 60 "bench small" bench bench_small --sizes 1024 4096 --precisions ieee tf32 bf16 --impls triton cuda floor \
+    --repeats 5
+  # Beyond K = 65536 (the issue asks for the largest K each fused backend reaches; the K×K floor
+  # would need 128 GiB at 262144): TCL, bf16, one timed step each.
+  run_for 90 "bench largest K" bench bench_largest --sizes 131072 262144 --cases tcl --precisions bf16 \
+    --impls cuda triton --repeats 1
   run_for 60 "host profile" stage_host_profile
   run_for 100 "ncu element" stage_ncu_element
   run_for 80 "kernel times" stage_kernel_times
   run_for 60 "memory peak" stage_memory_peak
-  run_for 150 "bench small" bench bench_small --sizes 1024 4096 --precisions ieee tf32 bf16 --repeats 5
+  # the eager reference and its torch.compile (a compile per case and precision: ieee alone)
+  run_for 150 "bench baselines" bench bench_baselines --sizes 1024 4096 --precisions ieee \
+    --impls reference compiled --repeats 5
   run_for 120 bench64k bench bench64k --sizes 65536 --precisions bf16 ieee --impls triton cuda floor --repeats 3
   run_for 120 peers stage_peers
-  # Beyond K = 65536 (the issue asks for the largest K each fused backend reaches; the K×K floor
-  # would need 128 GiB at 262144): TCL, bf16, one timed step each.
-  run_for 120 "bench largest K" bench bench_largest --sizes 131072 262144 --cases tcl --precisions bf16 \
-    --impls cuda triton --repeats 1
 fi
 pack
 echo
