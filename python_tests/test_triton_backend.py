@@ -764,6 +764,20 @@ def test_triton_block_shape_fits_its_budget_where_a_full_column_does_not():
             assert cols == 113 or size is None or (cols * size) % launch.ROW_ALIGN_BYTES == 0
 
 
+def test_triton_block_shape_takes_the_symbolic_sizes_of_a_dynamic_trace():
+    """block_shape's search is cached by its integer arguments; traced with dynamic shapes K comes
+    as a SymInt, which no cache can hash: the same shape as for the plain integer."""
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from evidential_ops.triton_backend import launch
+
+    env = ShapeEnv()
+    k = env.create_symintnode(env.create_symbol(113, ConstantSource("k")), hint=113)
+    budget = 16 * launch.aligned_row_length(113, 4)
+    assert launch.block_shape(k, k, budget, 4) == launch.block_shape(113, 113, budget, 4) == (57, 32)
+
+
 def test_triton_blocks_at_the_measured_sizes_keep_cublas_on_sm90_kernels():
     """The H200's third lease: blocks of 4096 × 3277 float32 at K = 16384 (a column count that is
     not a multiple of 4) ran dx's and dy's products on cuBLAS's sm_80 align1 kernels. At the

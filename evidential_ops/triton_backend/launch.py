@@ -894,8 +894,6 @@ class BackwardPlan:
         self.gemm_equivalents = self.recomputations + int(need_dx) + int(need_dy)
 
 
-# Cached: the search takes 1.2 ms of host time (CPython), at every backward of the same shape.
-@functools.lru_cache(maxsize=256)
 def block_shape(m: int, n: int, elements: int, size: int | None = None) -> tuple[int, int]:
     """(rows, cols) of the G blocks of BackwardPlan "blocks" for an (m, n) problem, at most
     `elements` a block, stored in rows aligned_row_length(cols, size) apart for `size`-byte
@@ -907,6 +905,14 @@ def block_shape(m: int, n: int, elements: int, size: int | None = None) -> tuple
     where n is): a block's columns are the contiguous, summed-over
     dimension of dx's product, and cuBLAS took its sm_80 align1 kernels for 3277 of them (an H200,
     K = 16384: 8 of the TF32 step's 19.3 ms of kernels), however its rows were aligned."""
+    # Traced with dynamic shapes, m and n are SymInts, which a cache cannot hash: int() specialises
+    # them, as the search's range() did.
+    return _block_shape(int(m), int(n), int(elements), size)
+
+
+# Cached: the search takes 1.2 ms of host time (CPython), at every backward of the same shape.
+@functools.lru_cache(maxsize=256)
+def _block_shape(m: int, n: int, elements: int, size: int | None) -> tuple[int, int]:
     align = max(1, ROW_ALIGN_BYTES // size) if size else 1
     best = None
     for col_blocks in range(1, min(n, 4096) + 1):
