@@ -3,7 +3,7 @@
 # the time left before a deadline, every log packed into one archive after each stage (so a call
 # stopped at its limit still brings back what it measured).
 #
-#   DEADLINE_S=570 OUT=/some/dir bash bench/gpu_lease.sh          # carry: .whl (the peers' wheels)
+#   DEADLINE_S=570 OUT=/some/dir bash bench/gpu_lease.sh          # the peers' wheels under .whl/
 #   PART=1 ... then at once PART=2 ...                            # two calls of one warm machine
 #
 # Order (what the fourth lease left open: bench/results/gpu_h200_fourth_lease.md): env and build;
@@ -13,8 +13,8 @@
 # (bench/exception_probe.py) and the four sanitizers. Then, alone on the GPU: K = 16384 at every
 # precision, the fused backends at K = 1024 and 4096 and at the largest K (cells the table still
 # lacks), the triton step's host side (bench/host_profile.py: the GPU idled 7-15 ms of its
-# K = 16384 steps), Nsight Compute on the element kernels of both backends (stage_ncu_element: they
-# took ~2.6x the model's issue bound), kernel by kernel (bench/kernel_times.py), the memory peak at
+# K = 16384 steps), Nsight Compute on the element kernels of both backends (stage_ncu_element: up
+# to 2.7x the model's issue bound), kernel by kernel (bench/kernel_times.py), the memory peak at
 # K = 65536 (bench/memory_peak.py), the eager reference and its torch.compile at K = 1024 and 4096,
 # then the K = 65536 cells and the peers (bench/peer_bench.py) measured before.
 # The stages are gpu_session.sh's (sourced); wheels under .whl/ are installed first (gpu_session.sh).

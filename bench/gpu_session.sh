@@ -36,7 +36,7 @@
 #   kernel_times  bench/kernel_times.py: each kernel's device time in one step, GPU idle, host time
 #   host_profile  bench/host_profile.py: cProfile of the triton step's host side (bf16, tf32)
 #   memory_peak bench/memory_peak.py: what is live at a K = 65536 step's memory peak, by call site
-#   peers       bench/peer_bench.py: Inf-CL, plain InfoNCE, our InfoNCE and TCL (carry .whl)
+#   peers       bench/peer_bench.py: Inf-CL, plain InfoNCE, our InfoNCE and TCL (wheels under .whl/)
 #   demo        `python -m evidential_ops demo --method tcl --device cuda`, then on the CPU
 #   distributed bench/distributed_check.py over NCCL (one process per GPU)
 #   ceilings    this GPU's real ceilings for the performance model (bench/gpu_model.py
@@ -62,7 +62,7 @@ touch "$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
 # Run from $OUT so that the installed package (with its CUDA kernels) is imported, not the checkout.
 in_out() { (cd "$OUT" && "$@"); }
-# Python packages the machine lacks travel as wheels under .whl/ (the device tool's carry): the
+# Python packages the machine lacks travel as wheels under .whl/ (copied with the checkout): the
 # peers' (inf-cl: pip download --no-deps -d .whl inf-cl==1.2.1).
 if compgen -G "$ROOT/.whl/*.whl" >/dev/null; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$ROOT"/.whl/*.whl &&
@@ -192,8 +192,8 @@ stage_ncu() {
   need_build || return 1
   local prec part
   # Hardware counters at the clocks the card runs at (--clock-control none: ncu would otherwise lock
-  # them to base), the profiled window the one part ncu_step.py brackets with cudaProfilerStart/Stop. 4 launches: a
-  # strip's exp-evidence gradient launches twice, one of them exiting at once (launch.py, scaled_p).
+  # them to base), the profiled window the one part ncu_step.py brackets with cudaProfilerStart/Stop. 4 launches:
+  # two strips' kernels (an eager exp-evidence backward launches one grad_block_kernel variant).
   for prec in bf16 tf32; do
     for part in backward forward; do
       in_out ncu --profile-from-start off --clock-control none --kernel-name regex:'stats_kernel|grad_block_kernel' \
@@ -204,8 +204,8 @@ stage_ncu() {
   done
 }
 
-# stage_ncu_element: why the element kernels take ~3x their static issue bound (the fourth lease:
-# cuda forward_stats_kernel 2.97 ms and gradient_kernel 2.68 ms at TF32, K = 16384, against 1.14
+# stage_ncu_element: why the element kernels take up to 2.7x their static issue bound (the fourth lease:
+# cuda forward_stats_kernel 2.99 ms and gradient_kernel 2.68 ms at TF32, K = 16384, against 1.14
 # and 0.98 predicted, bench/results/gpu_model_vs_h200.md; triton's stats_kernel 2.90 ms): issue
 # activity, pipe use, occupancy and what the warps stall on, one launch of each kernel, TF32 strips.
 stage_ncu_element() {

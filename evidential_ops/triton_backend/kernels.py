@@ -608,8 +608,9 @@ def grad_block_kernel(
     writes it, and no other program touches the tile.
 
     scaled_ptr: an int32 flag, 1 where some line strength exceeds 2^126 (launch._scaled_p_flag). The
-    kernel does its work only where the flag equals SCALED_P: exp evidence launches both variants,
-    and the one that does not match exits at once. SCALED_P = 0 forms p = α/S as a float32 product
+    kernel does its work only where the flag equals SCALED_P: an eager backward launches the variant
+    the flag selects (read on the host), a traced or captured one both, and the one that does not
+    match exits at once (launch._Backward.scaled_variants). SCALED_P = 0 forms p = α/S as a float32 product
     (what every input whose line strengths stay below 2^126 takes: cosine similarities at τ >= 0.0132
     with K <= 65536), SCALED_P = 1 from mantissas and exponents (`scaled_product_f32`), exact for α
     beyond FLT_MAX and 1/S below FLT_MIN; the other maps and float64 inputs take the product either
