@@ -932,19 +932,19 @@ def _block_shape(m: int, n: int, elements: int, size: int | None) -> tuple[int, 
 
 
 def _gradient_block(a: Tensor, b: Tensor, own_g: Tensor, other_g: Tensor, t_off: int, row0: int, rows: int,
-                    col0: int, cols: int, g: Tensor, bw: _Backward, precision: str, from_s: bool = False,
-                    s: Tensor | None = None) -> None:
+                    col0: int, cols: int, g: Tensor, bw: _Backward, precision: str, s: Tensor | None = None) -> None:
     """g[:rows, :cols] = ∂L/∂s of own lines [row0, row0 + rows) against other lines [col0, col0 +
-    cols) (grad_block_kernel; a strip where the columns are all of them). from_s: g holds that block
-    of s = a·bᵀ already (similarity_strips), overwritten by G; or `s` holds it, G written to g
-    (which may be s itself: _strip_buffers)."""
+    cols) (grad_block_kernel; a strip where the columns are all of them). `s`: that block of
+    s = a·bᵀ, formed already (similarity_strips), read there, G written to g (which may be s
+    itself: _strip_buffers, _block_pass); None: the kernel forms s from a and b."""
     n_own, d = a.shape
     n_other = b.shape[0]
+    from_s = s is not None
     variant = (bw.kind, tuple(bw.terms.stat_flags().values()), _tf32(a.dtype, precision), from_s)
 
     def run(config, out):
         # a block of s is read at the block's rows, then overwritten where it is g's own block
-        src = (out if s is None else s) if from_s else a
+        src = s if from_s else a
         row_blocks = triton_cdiv(rows, config.block_m)
         col_blocks = triton_cdiv(cols, config.block_n)
         col_programs = _column_programs(row_blocks, col_blocks, a.device)
@@ -1023,8 +1023,8 @@ def _strip_passes(x: Tensor, y: Tensor, t_off: int, bw: _Backward, plan: Backwar
             strip, s_strip = g[:rows], s[:rows]
             if plan.from_s:
                 similarity_product(x[row0:row0 + rows], y, s_strip)
-            _gradient_block(x, y, bw.row_g, bw.col_g, t_off, row0, rows, 0, n, strip, bw, precision, plan.from_s,
-                            s_strip)
+            _gradient_block(x, y, bw.row_g, bw.col_g, t_off, row0, rows, 0, n, strip, bw, precision,
+                            s_strip if plan.from_s else None)
             torch.mm(strip, y, out=dx[row0:row0 + rows])
             if single:
                 torch.mm(strip.t(), x, out=dy)
@@ -1040,8 +1040,8 @@ def _strip_passes(x: Tensor, y: Tensor, t_off: int, bw: _Backward, plan: Backwar
             strip, s_strip = g[:cols], s[:cols]
             if plan.from_s:
                 similarity_product(y[col0:col0 + cols], x, s_strip)
-            _gradient_block(y, x, bw.col_g, bw.row_g, -t_off, col0, cols, 0, m, strip, bw, precision, plan.from_s,
-                            s_strip)
+            _gradient_block(y, x, bw.col_g, bw.row_g, -t_off, col0, cols, 0, m, strip, bw, precision,
+                            s_strip if plan.from_s else None)
             torch.mm(strip, x, out=dy[col0:col0 + cols])
     return dx, dy
 
@@ -1070,7 +1070,7 @@ def _block_pass(x: Tensor, y: Tensor, t_off: int, bw: _Backward, plan: BackwardP
             if plan.from_s:
                 similarity_product(x[row0:row0 + rows], y[col0:col0 + cols], block)
             _gradient_block(x, y, bw.row_g, bw.col_g, t_off, row0, rows, col0, cols, block, bw, precision,
-                            plan.from_s)
+                            block if plan.from_s else None)
             if col0 == 0:
                 torch.mm(block, y[col0:col0 + cols], out=dx[row0:row0 + rows])
             else:
