@@ -311,6 +311,19 @@ def test_raw_features_overflow_names_the_fix_and_normalize_accepts_them(fused, g
     assert torch.isfinite(loss) and torch.isfinite(x.grad).all()
 
 
+def test_norms_that_leave_an_overflow_possible_without_one_give_the_reference_loss(fused, gen):
+    """Embeddings of norm 5 at τ = 0.05: the GPU backends' norm bound (2·25/τ = 1000 > 709 − ln K,
+    SPEC §1) cannot rule an overflow out, so their forward reads the flag, which must find none
+    (|s|/τ <= 500). Float32 s then carries 25× the unit-norm products' error:
+    25·gemm_allowance(D, τ) on top of the loss tolerance."""
+    need(fused)
+    x, y = (5 * t for t in random_pairs(24, 16, generator=gen, positive_cos=0.99))
+    want = eo.reference.evidential_loss(x.double(), y.double(), tau=0.05)
+    got = eo.evidential_loss(x.to(fused.device), y.to(fused.device), tau=0.05, backend=fused.name)
+    rtol = LOSS_RTOL["risk"] + 25 * gemm_allowance(16, 0.05)
+    torch.testing.assert_close(got.double().cpu(), want, rtol=rtol, atol=0)
+
+
 def test_tau_whose_inverse_overflows_is_an_error(fused):
     x = torch.zeros(4, 3, device=fused.device)
     with pytest.raises(ValueError, match="tau"):

@@ -600,6 +600,60 @@ def test_triton_float32_evidence_and_its_float64_widening(evidence):
     assert float(np.abs(p[kept] / 0.25 - 1).max()) <= 1.0 * 2.0**-23
 
 
+@pytest.mark.parametrize("scale, reads, raises", [(1.0, 0, False), (5.0, 1, False), (40.0, 1, True)],
+                         ids=["unit-norms", "norms-5", "norms-40"])
+@pytest.mark.parametrize("op", ["loss", "line_stats", "opinion"])
+def test_triton_overflow_flag_is_read_only_where_the_norm_bound_leaves_an_overflow_possible(
+        gen, monkeypatch, scale, reads, raises, op):
+    """exp evidence at τ = 0.05 (an overflow possible for float32 inputs): unit-norm embeddings
+    bound |s|/τ by 2·1·1/0.05 = 40, far below 709 − ln K, and the flag is not read; at norms 5
+    the bound (2·25/0.05 = 1000) leaves it possible, the flag is read and no line overflows
+    (|s|/τ <= 500: the loss matches the reference); at norms 40 the positives do (|s_ii|/τ ≈ 31700),
+    and the flag's read raises the error naming τ."""
+    from evidential_ops.triton_backend import launch
+
+    checks = []
+    real_check = launch._overflow_check
+    monkeypatch.setattr(launch, "_overflow_check", lambda stats, message: (checks.append(1), real_check(stats, message)))
+    x, y = (scale * t for t in random_pairs(24, 16, generator=gen, positive_cos=0.99))
+    x, y = x.to(device()), y.to(device())
+    backend = eo.backends.resolve("triton", x.device)
+    mask = eo.ops.terms_mask(eo.checks.loss_config(evidence="exp", tau=0.05, weights=None, direction="both",
+                                                   reduction="mean"))
+    call = {"loss": lambda: eo.evidential_loss(x, y, tau=0.05, backend="triton"),
+            "line_stats": lambda: backend.ops.line_stats(x, y, 0, "exp", 0.05, mask, True, True),
+            "opinion": lambda: eo.opinion(x, y, tau=0.05, backend="triton")}[op]
+    if raises:
+        with pytest.raises(ValueError, match="tau=0.05"):
+            call()
+    elif op == "loss":
+        want = eo.reference.evidential_loss(x.double().cpu(), y.double().cpu(), tau=0.05)
+        torch.testing.assert_close(call().double().cpu(), want, rtol=1e-4, atol=0)
+    else:
+        call()
+    assert len(checks) == reads
+
+
+def test_triton_norm_bound_is_twice_the_largest_norms_product_and_rules_out_nothing_unbounded(gen, monkeypatch):
+    """B = 2·max‖a_i‖·max‖b_j‖ in float64; an infinite or NaN embedding, or D beyond
+    MAX_BOUNDED_D, leaves every overflow possible; exp_tanh evidence never overflows."""
+    from evidential_ops.triton_backend import norm_bound
+
+    a = torch.randn(7, 5, dtype=torch.float32, generator=gen)
+    b = torch.randn(9, 5, dtype=torch.float32, generator=gen)
+    want = 2.0 * float(a.double().norm(dim=1).max()) * float(b.double().norm(dim=1).max())
+    bound = norm_bound.NormBound(a.to(device()), b.to(device()))
+    assert bound.value() == pytest.approx(want, rel=1e-15)
+    assert bound.rules_out_overflow(0, 1.0, 7) and not bound.rules_out_overflow(0, 1e4, 7)
+    for bad in (math.inf, math.nan):
+        a_bad = a.clone()
+        a_bad[3, 2] = bad
+        assert not norm_bound.NormBound(a_bad.to(device()), b.to(device())).rules_out_overflow(0, 1.0, 7)
+        assert not norm_bound.overflow_possible_below(bad, 3, 1.0, 7)  # exp_tanh: α <= e + 1
+    monkeypatch.setattr(norm_bound, "MAX_BOUNDED_D", 4)
+    assert not norm_bound.NormBound(a.to(device()), b.to(device())).rules_out_overflow(0, 1.0, 7)
+
+
 # ----------------------------------------------------------------------------- backward plans
 
 

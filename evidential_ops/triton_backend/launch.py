@@ -6,7 +6,8 @@ decomposed (registration.py) into these calls, so they never read a tensor's val
 while tracing. Value checks (finite weights, a line strength that overflowed double) run on the
 host in eager mode (a ValueError, like the C++ kernels) and as `torch._assert_async` in a graph
 (evidential_ops.checks.require); the overflow check reads the device only where an overflow is
-possible at all for the inputs' dtype, evidence and τ (as the CUDA backend).
+possible at all for the inputs' dtype, evidence and τ, and the embeddings' norms, read ahead of
+the strips, do not rule it out (norm_bound.py; as the CUDA backend).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ..checks import values_unreadable
 from ..config import EVIDENCE_KINDS, MATMUL_PRECISIONS
 from ..config import TERMS as TERM_NAMES
 from . import configs, kernels
+from .norm_bound import NormBound, overflow_possible_below
 
 NUM_LINE_STATS = kernels.NUM_LINE_STATS
 NUM_GRADIENT_FIELDS = kernels.NUM_GRADIENT_FIELDS
@@ -614,12 +616,23 @@ def _overflow_possible(kind: int, dtype: torch.dtype, inv_tau: float, n: int) ->
     """Whether Σα of a line of n candidates can overflow double for inputs of `dtype`, from what the
     host knows (csrc/cuda/evidential_cuda.cpp overflow_possible): if not, no device read."""
     largest = {torch.float64: sys.float_info.max, torch.float16: 65504.0}.get(dtype, 3.4028234663852886e38)
-    largest *= inv_tau  # may be inf: then possible
-    if kind == 0:  # exp: α <= e^{s/τ} + 1
-        return largest + math.log(n) > 709.0
-    if kind in (1, 2):  # relu, softplus: α <= s/τ + 2
-        return n * (largest + 2.0) > 1e307
-    return False  # exp_tanh: α <= e + 1
+    return overflow_possible_below(largest, kind, inv_tau, n)
+
+
+def _norm_bound(source: "_Source", kind: int, inv_tau: float, n: int) -> NormBound | None:
+    """The embeddings' norm bound on |s| started ahead of the strips (norm_bound.py), where the
+    dtype leaves an overflow possible and the flag would be read on the host: eager, embeddings."""
+    if source.from_s or _tracing(source.a) or not _overflow_possible(kind, source.dtype, inv_tau, n):
+        return None
+    return NormBound(source.a, source.b)
+
+
+def _flag_read_needed(bound: NormBound | None, kind: int, dtype: torch.dtype, inv_tau: float, n: int) -> bool:
+    """Whether the overflow check must look at the statistics: an overflow is possible for the
+    dtype and the norm bound, where there is one, does not rule it out."""
+    if bound is not None:
+        return not bound.rules_out_overflow(kind, inv_tau, n)
+    return _overflow_possible(kind, dtype, inv_tau, n)
 
 
 def _overflow_check(stats: list[Tensor], message: str) -> None:
@@ -681,10 +694,12 @@ def line_stats(x: Tensor, y: Tensor, target_offset: int, evidence: str, tau: flo
     _check_strip(x.shape[0], y.shape[0], target_offset)
     kind, inv_tau = _evidence_index(evidence), _inverse_tau(tau)
     selection = _Terms(terms)
-    row_stats, col_stats = _line_statistics(_Source(x, y), target_offset, kind, inv_tau, selection, True, rows, cols,
+    source = _Source(x, y)
+    bound = _norm_bound(source, kind, inv_tau, y.shape[0]) if rows else None
+    row_stats, col_stats = _line_statistics(source, target_offset, kind, inv_tau, selection, True, rows, cols,
                                             precision)
     # Columns of a strip are partial: only the caller's sum over every strip can be checked.
-    if rows and _overflow_possible(kind, x.dtype, inv_tau, y.shape[0]):
+    if rows and _flag_read_needed(bound, kind, x.dtype, inv_tau, y.shape[0]):
         _overflow_check([row_stats], _tau_message(tau, evidence))
     return row_stats, col_stats
 
@@ -712,14 +727,16 @@ def _forward(source: _Source, target_scale, evidence, tau, weights, terms, rows,
     kind, inv_tau = _evidence_index(evidence), _inverse_tau(tau)
     selection = _Terms(terms)
     w = _Weights(weights, selection, like)
+    bound = _norm_bound(source, kind, inv_tau, k) if rows or cols else None
     row_stats, col_stats = _line_statistics(source, 0, kind, inv_tau, selection, True, rows, cols, precision)
     out_dtype = _output_dtype(like.dtype)
     zeros = torch.zeros(k, dtype=out_dtype, device=like.device)
     row_losses = _line_losses(row_stats, scale, 0, k, w, selection).to(out_dtype) if rows else zeros
     col_losses = _line_losses(col_stats, scale, 0, k, w, selection).to(out_dtype) if cols else zeros.clone()
-    # After every launch of the forward: its one host read (eager, where the host cannot rule an
-    # overflow out) then waits for the queue instead of holding the per-line kernels back.
-    if _overflow_possible(kind, source.dtype, inv_tau, k):
+    # After every launch of the forward: its one host read (eager, where neither the dtype nor the
+    # embeddings' norms rule an overflow out) then waits for the queue instead of holding the
+    # per-line kernels back.
+    if _flag_read_needed(bound, kind, source.dtype, inv_tau, k):
         _overflow_check([row_stats] * rows + [col_stats] * cols, _tau_message(tau, evidence))
     return row_losses, col_losses, row_stats, col_stats
 
@@ -1160,8 +1177,10 @@ def loss_backward_from_similarity(grad_rows, grad_cols, s, target_scale, row_sta
 def _opinion(source: _Source, evidence: str, tau: float, out_dtype: torch.dtype, precision: str):
     _value(source.n_own >= 1 and source.n_other >= 1, "opinions need at least one query and candidate")
     kind, inv_tau = _evidence_index(evidence), _inverse_tau(tau)
+    longest = max(source.n_own, source.n_other)
+    bound = _norm_bound(source, kind, inv_tau, longest)
     row_stats, col_stats = _line_statistics(source, 0, kind, inv_tau, None, False, True, True, precision)
-    if _overflow_possible(kind, source.dtype, inv_tau, max(source.n_own, source.n_other)):
+    if _flag_read_needed(bound, kind, source.dtype, inv_tau, longest):
         _overflow_check([row_stats, col_stats], _tau_message(tau, evidence))
     # No targets: rest is the whole sum S.
     return row_stats[1].log().to(out_dtype), col_stats[1].log().to(out_dtype)

@@ -1,0 +1,72 @@
+"""The embeddings' norm bound on |s|, read ahead so that the forward's overflow check need not wait
+for the forward (SPEC §1 "The overflow check without a wait"; csrc/cuda/evidential_cuda.cpp
+NormBound is the cuda backend's).
+
+The forward's overflow check reads a flag of its line statistics on the host: a wait for every
+kernel queued before it, after which the GPU idles until the host has queued the next work (1.3 to
+1.5 ms a TCL step at K = 16384 on an H200, bench/results/gpu_h200_fourth_lease.md). Every computed
+similarity obeys |s_ij| <= B = 2·max_i ‖a_i‖·max_j ‖b_j‖ (Cauchy–Schwarz; the factor 2 covers the
+product's rounding), and B can be had before the strips: a few small kernels at the start of the
+forward, their result copied to pinned host memory without waiting. Reading it after the strips
+waits for those kernels only. Where B rules an overflow out (unit-norm embeddings: B = 2), the
+flag is not read at all.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+# Cauchy–Schwarz bounds the exact a_i·b_j by ‖a_i‖‖b_j‖; the product cuBLAS or a tile computes
+# differs from it by its operands' rounding (TF32: 2^-11 relative each) and a float32 sum of D
+# terms (at most D·2^-24 of Σ|a_ik b_jk| <= ‖a_i‖‖b_j‖), and the norms (float64 sums) by D·2^-53:
+# below a factor 1.002 up to D = 2^14, below 2 up to D = 2^22 (MAX_BOUNDED_D: wider embeddings
+# are not bounded this way).
+PRODUCT_ROUNDING_FACTOR = 2.0
+MAX_BOUNDED_D = 2**22
+
+
+def overflow_possible_below(largest: float, kind: int, inv_tau: float, n: int) -> bool:
+    """Whether Σα of a line of n candidates can overflow double when every |s| <= `largest`
+    (evidence `kind`: 0 exp, 1 relu, 2 softplus, 3 exp_tanh): the host's own judgement, no device
+    read (csrc/cuda/evidential_cuda.cpp overflow_possible)."""
+    if kind not in (0, 1, 2):  # exp_tanh: α <= e + 1
+        return False
+    scaled = largest * inv_tau  # may be inf (or NaN for a NaN bound): then possible
+    if not scaled <= math.inf:
+        return True
+    if kind == 0:  # exp: α <= e^{s/τ} + 1
+        return scaled + math.log(n) > 709.0
+    return n * (scaled + 2.0) > 1e307  # relu, softplus: α <= s/τ + 2
+
+
+class NormBound:
+    """B = PRODUCT_ROUNDING_FACTOR · max_i ‖a_i‖ · max_j ‖b_j‖ for embeddings a (M, D), b (N, D),
+    started on a's device when constructed and read (`value`) later. On CUDA the result is copied
+    to pinned host memory behind an event, so that `value` waits for those kernels alone, not for
+    what the stream has queued after them; on the CPU it is computed at once."""
+
+    def __init__(self, a: Tensor, b: Tensor):
+        self._d = a.shape[1]
+        norms = [torch.linalg.vector_norm(t, dim=1, dtype=torch.float64).amax() for t in (a, b)]
+        product = norms[0] * norms[1]
+        self._ready = None
+        if a.is_cuda:
+            self._host = torch.empty((), dtype=torch.float64, pin_memory=True)
+            self._host.copy_(product, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record(torch.cuda.current_stream(a.device))
+        else:
+            self._host = product
+
+    def value(self) -> float:
+        """B in float64 (NaN or inf where an embedding is not finite)."""
+        if self._ready is not None:
+            self._ready.synchronize()
+        return PRODUCT_ROUNDING_FACTOR * float(self._host)
+
+    def rules_out_overflow(self, kind: int, inv_tau: float, n: int) -> bool:
+        """Whether B alone shows that no line of n candidates can overflow (then no flag read)."""
+        return self._d <= MAX_BOUNDED_D and not overflow_possible_below(self.value(), kind, inv_tau, n)
