@@ -21,14 +21,16 @@
 // line statistics and per-line work in float64.
 //
 // Synchronisation: none in the hot path, except the τ overflow check (SPEC §1): where Σα could
-// overflow double for the given evidence, dtype and τ (always for "exp"), the forward ops read
-// one flag on the host, so that an overflow is the ValueError naming τ that the CPU raises;
+// overflow double for the given evidence, dtype and τ (always for "exp") and the embeddings' norm
+// bound (NormBound, read ahead without a wait) does not rule it out, the forward ops read one flag
+// on the host, so that an overflow is the ValueError naming τ that the CPU raises;
 // line_losses (the distributed loss's per-step op) always reads one. During CUDA graph capture
 // these reads are skipped and an overflowed line's loss is +inf, as it is for relu/softplus with
 // an infinite similarity (the host cannot foresee that one; the CPU raises). Weights passed on
 // the device (KernelBackend passes them on the CPU) are copied to the host.
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/Exceptions.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
@@ -40,6 +42,8 @@
 #include <cfloat>
 #include <climits>
 #include <cmath>
+#include <limits>
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -76,16 +80,53 @@ double largest_similarity(at::ScalarType type) {
   }
 }
 
-// Whether Σα of some line of n candidates can overflow double for these inputs, judged on the host
-// from what it knows (evidence, dtype range, τ): if not, the overflow check needs no device read.
-bool overflow_possible(int evidence, at::ScalarType s_type, double inv_tau, std::int64_t n) {
-  const double largest = largest_similarity(s_type) * inv_tau;  // may be +inf: then possible
-  switch (evidence) {
-    case 0: return largest + std::log(static_cast<double>(n)) > 709.0;         // exp: α ≤ e^{s/τ} + 1
-    case 1: case 2: return static_cast<double>(n) * (largest + 2.0) > 1e307;   // relu, softplus: α ≤ s/τ + 2
-    default: return false;                                                     // exp_tanh: α ≤ e + 1
-  }
+// Whether Σα of some line of n candidates can overflow double when every |s| <= largest, judged on
+// the host from what it knows (evidence, τ): if not, the overflow check needs no device read.
+bool overflow_possible_below(int evidence, double largest, double inv_tau, std::int64_t n) {
+  if (evidence != 0 && evidence != 1 && evidence != 2) return false;  // exp_tanh: α ≤ e + 1
+  const double scaled = largest * inv_tau;  // may be +inf, or NaN for a NaN bound: then possible
+  if (!(scaled <= std::numeric_limits<double>::infinity())) return true;
+  if (evidence == 0) return scaled + std::log(static_cast<double>(n)) > 709.0;  // exp: α ≤ e^{s/τ} + 1
+  return static_cast<double>(n) * (scaled + 2.0) > 1e307;                       // relu, softplus: α ≤ s/τ + 2
 }
+
+// The same for any similarity the dtype can hold.
+bool overflow_possible(int evidence, at::ScalarType s_type, double inv_tau, std::int64_t n) {
+  return overflow_possible_below(evidence, largest_similarity(s_type), inv_tau, n);
+}
+
+// The embeddings' norm bound on |s| (SPEC §1 "The overflow check without a wait";
+// evidential_ops/triton_backend/norm_bound.py is the triton backend's): every product cuBLAS forms
+// obeys |s_ij| <= B = 2·max_i ‖x_i‖·max_j ‖y_j‖ (Cauchy–Schwarz; the 2 covers the operands'
+// TF32 rounding and a float32 sum of D terms up to D = 2^22). Started ahead of the strips, its
+// result copied to pinned host memory behind an event, it is read after them waiting for its own
+// few kernels only, where the flag's read waits for the whole forward and leaves the GPU idle
+// until the host has queued the next work. Where B rules an overflow out (unit-norm embeddings:
+// B = 2), the flag is not read.
+class NormBound {
+ public:
+  static constexpr double kProductRoundingFactor = 2.0;
+  static constexpr std::int64_t kMaxBoundedD = std::int64_t{1} << 22;
+
+  NormBound(const Tensor& x, const Tensor& y) : d_(x.size(1)) {
+    const Tensor product = at::linalg_vector_norm(x, 2, at::IntArrayRef{1}, false, at::kDouble).amax() *
+                           at::linalg_vector_norm(y, 2, at::IntArrayRef{1}, false, at::kDouble).amax();
+    host_ = at::empty({}, at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
+    host_.copy_(product, /*non_blocking=*/true);
+    ready_.record(at::cuda::getCurrentCUDAStream());
+  }
+
+  bool rules_out_overflow(int evidence, double inv_tau, std::int64_t n) {
+    if (d_ > kMaxBoundedD) return false;
+    ready_.synchronize();
+    return !overflow_possible_below(evidence, kProductRoundingFactor * host_.item<double>(), inv_tau, n);
+  }
+
+ private:
+  std::int64_t d_;
+  Tensor host_;
+  at::cuda::CUDAEvent ready_;
+};
 
 bool stream_is_capturing() {
   return c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
@@ -334,12 +375,25 @@ std::pair<Tensor, Tensor> accumulate_stats(const Source& src, int evidence, doub
   return {row_stats, col_stats};
 }
 
+// The norm bound of embeddings, started where the overflow check would read the flag: an overflow
+// possible for the dtype, the values readable (not under CUDA graph capture). Before the strips.
+void start_norm_bound(std::optional<NormBound>& bound, const Source& src, bool any_line, int evidence,
+                      double inv_tau, std::int64_t longest) {
+  if (src.from_embeddings && any_line && overflow_possible(evidence, src.value_type(), inv_tau, longest) &&
+      !stream_is_capturing()) {
+    bound.emplace(src.x, src.y);
+  }
+}
+
 // The overflow check of the forward ops (SPEC §1): a ValueError naming τ, as on the CPU. One
-// device-to-host read when an overflow is possible at all (see overflow_possible).
+// device-to-host read when an overflow is possible at all (see overflow_possible) and the
+// embeddings' norm bound, where there is one, does not rule it out.
 void check_finite_strengths(const Tensor& row_stats, bool rows, const Tensor& col_stats, bool cols, int evidence,
-                            at::ScalarType value_type, double inv_tau, double tau, const std::string& evidence_name) {
+                            at::ScalarType value_type, double inv_tau, double tau, const std::string& evidence_name,
+                            std::optional<NormBound>& bound) {
   const std::int64_t longest = std::max(row_stats.size(1), col_stats.size(1));
   if (!(rows || cols) || !overflow_possible(evidence, value_type, inv_tau, longest) || stream_is_capturing()) return;
+  if (bound && bound->rules_out_overflow(evidence, inv_tau, longest)) return;
   Tensor flag = rows && cols ? at::logical_or(overflow_flag(row_stats), overflow_flag(col_stats))
                              : overflow_flag(rows ? row_stats : col_stats);
   TORCH_CHECK_VALUE(!flag.item<bool>(), tau_overflow_message(tau, evidence_name));
@@ -387,14 +441,18 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> forward_impl(const Source& src, const
   check_target_scale(target_scale, src.rows, like);
   const LossOptions o = loss_options(evidence, tau, weights, terms, like);
   const c10::cuda::CUDAGuard guard(like.device());
+  std::optional<NormBound> bound;
+  start_norm_bound(bound, src, rows || cols, o.evidence, o.inv_tau, std::max(src.rows, src.cols));
   auto [row_stats, col_stats] =
       accumulate_stats(src, o.evidence, o.inv_tau, Targets{true, 0}, term_flags(o.terms), rows, cols);
-  check_finite_strengths(row_stats, rows, col_stats, cols, o.evidence, src.value_type(), o.inv_tau, tau, evidence);
   const Tensor scale = scale_vector(target_scale);
   const std::int64_t k = src.rows;
   const at::ScalarType out_type = compute_type(like.scalar_type());
   Tensor row_losses = finalise_losses(line_spec(row_stats, scale, 0, k), rows, o.weights, like).to(out_type);
   Tensor col_losses = finalise_losses(line_spec(col_stats, scale, 0, k), cols, o.weights, like).to(out_type);
+  // After every launch of the forward: a read of the flag then holds none of its kernels back.
+  check_finite_strengths(row_stats, rows, col_stats, cols, o.evidence, src.value_type(), o.inv_tau, tau, evidence,
+                         bound);
   return {row_losses, col_losses, row_stats, col_stats};
 }
 
@@ -451,10 +509,12 @@ std::tuple<Tensor, Tensor> line_stats(const Tensor& x, const Tensor& y, std::int
   const int kind = evidence_index(evidence);
   const double inv_tau = checked_inverse_tau(tau);
   const c10::cuda::CUDAGuard guard(x.device());
+  std::optional<NormBound> bound;
+  start_norm_bound(bound, src, rows, kind, inv_tau, std::max(src.rows, src.cols));
   auto [row_stats, col_stats] =
       accumulate_stats(src, kind, inv_tau, Targets{true, target_offset}, term_flags(selection), rows, cols);
   // Columns of a strip are partial: only the caller's sum over every strip can overflow-check them.
-  check_finite_strengths(row_stats, rows, col_stats, false, kind, src.value_type(), inv_tau, tau, evidence);
+  check_finite_strengths(row_stats, rows, col_stats, false, kind, src.value_type(), inv_tau, tau, evidence, bound);
   return {row_stats, col_stats};
 }
 
@@ -635,9 +695,11 @@ std::tuple<Tensor, Tensor> opinion_impl(const Source& src, const std::string& ev
   const int kind = evidence_index(evidence);
   const double inv_tau = checked_inverse_tau(tau);
   const c10::cuda::CUDAGuard guard(src.like().device());
+  std::optional<NormBound> bound;
+  start_norm_bound(bound, src, true, kind, inv_tau, std::max(src.rows, src.cols));
   auto [row_stats, col_stats] =
       accumulate_stats(src, kind, inv_tau, Targets{false, 0}, TermFlags{false, false, false}, true, true);
-  check_finite_strengths(row_stats, true, col_stats, true, kind, src.value_type(), inv_tau, tau, evidence);
+  check_finite_strengths(row_stats, true, col_stats, true, kind, src.value_type(), inv_tau, tau, evidence, bound);
   // No targets: rest is the whole sum S.
   const at::ScalarType out_type = compute_type(src.like().scalar_type());
   return {row_stats[generic::kRest].log().to(out_type), col_stats[generic::kRest].log().to(out_type)};
