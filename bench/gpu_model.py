@@ -13,8 +13,9 @@ What a step does is derived from the code, per backend:
   from the header), and per strip or block the cuBLAS products (the backward recomputes s), the
   element kernels, the partial-sum reductions; the K×D buffers (dy in float32 for bfloat16 inputs,
   or where that buffer exceeds the budget a second backward sweep over sᵀ that writes dy once; dx[r]
-  read and written once per column block), the launches of the per-line work and the overflow check's
-  host read where `overflow_possible` says one is needed.
+  read and written once per column block), the launches of the per-line work and, where
+  `overflow_possible` says an overflow is possible, the overflow check's norm bound read ahead,
+  which rules it out for the model's unit-norm inputs (no flag read).
 - Triton (evidential_ops/triton_backend/launch.py): the one-pass or two-pass forward chosen as
   `_line_statistics` chooses it (PARTIAL_BUDGET_BYTES, the SM count), the tile sizes of
   configs.DEFAULTS_BY_ARCH, the backward as `launch.BackwardPlan` plans it (grad_fused_kernel, or
@@ -365,6 +366,16 @@ def plan_gradient_blocks(m: int, n: int, d: int, tile_bytes: int, half_bytes: in
                 total_bytes=total, sizes=sizes)
 
 
+def norm_bound_kernel(k: int, d: int, e_in: int, evidence: str, tau: float, rule: str) -> "Kernel":
+    """The overflow check of a forward whose dtype leaves an overflow possible, for the model's
+    unit-norm inputs (SPEC §1 "The overflow check without a wait"): the norm bound B read ahead
+    (two row norms and their maxima, a product, a copy to pinned memory: 6 launches, x and y read
+    once) rules it out, and the flag is not read: no wait."""
+    return Kernel("forward", "norm bound B = 2·max‖x‖·max‖y‖ read ahead (no flag read)", 6,
+                  dram={"x and y read": 2 * k * d * e_in},
+                  note=f"{evidence} evidence, τ = {tau}: {rule}; B/τ = {2 / tau:g}")
+
+
 def cuda_overflow_possible(evidence: str, value_bytes: int, inv_tau: float, n: int) -> bool:
     """evidential_cuda.cpp overflow_possible (value type float32 or float64)."""
     largest = (1.7976931348623157e308 if value_bytes == 8 else 3.4028234663852886e38) * inv_tau
@@ -427,8 +438,7 @@ def cuda_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dict,
                             "column statistics read-modify-write": strips * slots * k * 16},
                       fill=min(1.0, reduce_blocks / c["sms"]), note=f"{reduce_blocks} working block(s) per launch"))
     if cuda_overflow_possible(evidence, e_prod, 1.0 / tau, k):
-        out.append(Kernel("forward", "overflow check (isinf, any, one host read)", 7, dram={"statistics": 4 * k * 8},
-                          syncs=1, note=f"{evidence} evidence, τ = {tau}: overflow_possible"))
+        out.append(norm_bound_kernel(k, d, e_in, evidence, tau, "overflow_possible"))
     out.append(Kernel("forward", "line losses and casts", 4, dram={"statistics": 2 * 7 * k * 8}))
     # ---- backward: 2-D blocks, column blocks inside row blocks (strip_plan.h plan_gradient_blocks)
     # Half inputs whose float32 dy accumulator would exceed the budget take dy from a second sweep
@@ -578,8 +588,7 @@ def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dic
         out.append(Kernel("forward", "reduce_partials_kernel", 1, dram={"partials read": partial_bytes,
                                                                         "column statistics": ns * k * 8}))
     if launch._overflow_possible(EVIDENCE_KINDS.index(evidence), _torch_dtype(precision), 1.0 / tau, k):
-        out.append(Kernel("forward", "overflow check (isinf, any, one host read)", 8, dram={"statistics": 4 * k * 8},
-                          syncs=1, note=f"{evidence} evidence, τ = {tau}: _overflow_possible"))
+        out.append(norm_bound_kernel(k, d, e_in, evidence, tau, "_overflow_possible"))
     out.append(Kernel("forward", "line losses and casts", 4, dram={"statistics": 2 * 7 * k * 8}))
     # ---- backward (launch.loss_backward as launch.BackwardPlan plans it)
     out.append(Kernel("backward", "line constants (upstream casts, line_gradient_kernel)", 4,
