@@ -11,7 +11,7 @@ OUT ?=
 METHOD ?= tcl
 PYTEST_ARGS ?=
 
-.PHONY: install demo test bench ctest nvcc-check triton-aot-check static-profile gpu-model triton-test clean
+.PHONY: install demo test bench ctest nvcc-check cuda-host-check triton-aot-check static-profile gpu-model triton-test clean
 
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || { \
@@ -27,7 +27,7 @@ install:
 demo: install
 	$(PYTHON) -m evidential_ops demo --method $(METHOD) $(if $(OUT),--out $(OUT))
 
-test: install ctest nvcc-check triton-aot-check static-profile gpu-model
+test: install ctest nvcc-check cuda-host-check triton-aot-check static-profile gpu-model
 	$(PYTHON) -m pytest python_tests -q $(PYTEST_ARGS)
 	$(MAKE) triton-test PYTHON="$(PYTHON)"
 	$(PYTHON) -m pytest bench -q --benchmark-disable
@@ -46,6 +46,12 @@ ctest:
 # skipped, saying so, where nvcc is missing. Needs no GPU.
 nvcc-check:
 	bash csrc/tests/nvcc_check.sh
+
+# The CUDA backend's host code (csrc/cuda/*.cpp, module.cpp) compiled, syntax only, against the
+# installed torch's CUDA headers, with the cuBLAS/cuSPARSE/cuSOLVER headers fetched once into
+# build/cuda-host-headers. Needs no GPU and no CUDA torch; skipped, saying so, without nvcc.
+cuda-host-check:
+	PYTHON=$(PYTHON) bash csrc/tests/cuda_host_check.sh
 
 # Every Triton kernel configuration compiled ahead of time for sm_90 and sm_80 (registers and
 # spills printed; a spill in a default configuration on sm_90 fails). Needs no GPU; skipped,
