@@ -635,15 +635,20 @@ def test_triton_overflow_flag_is_read_only_where_the_norm_bound_leaves_an_overfl
 
 
 def test_triton_norm_bound_is_twice_the_largest_norms_product_and_rules_out_nothing_unbounded(gen, monkeypatch):
-    """B = 2·max‖a_i‖·max‖b_j‖ in float64; an infinite or NaN embedding, or D beyond
-    MAX_BOUNDED_D, leaves every overflow possible; exp_tanh evidence never overflows."""
+    """B = 2·max‖a_i‖·max‖b_j‖, the norms of float32 inputs in float32: within (D + 2)·2^-24 each
+    of the float64 ones (D = 5 squares summed, a square root), 2^-8 each for bfloat16 inputs (the
+    norms rounded to bfloat16, beside which their float32 sums' error is negligible); an infinite or NaN embedding, or D
+    beyond MAX_BOUNDED_D, leaves every overflow possible; exp_tanh evidence never overflows."""
     from evidential_ops.triton_backend import norm_bound
 
     a = torch.randn(7, 5, dtype=torch.float32, generator=gen)
     b = torch.randn(9, 5, dtype=torch.float32, generator=gen)
     want = 2.0 * float(a.double().norm(dim=1).max()) * float(b.double().norm(dim=1).max())
     bound = norm_bound.NormBound(a.to(device()), b.to(device()))
-    assert bound.value() == pytest.approx(want, rel=1e-15)
+    assert bound.value() == pytest.approx(want, rel=2 * 7 * 2.0**-24)
+    a16, b16 = a.bfloat16(), b.bfloat16()
+    want16 = 2.0 * float(a16.double().norm(dim=1).max()) * float(b16.double().norm(dim=1).max())
+    assert norm_bound.NormBound(a16.to(device()), b16.to(device())).value() == pytest.approx(want16, rel=2 * 2.0**-8)
     assert bound.rules_out_overflow(0, 1.0, 7) and not bound.rules_out_overflow(0, 1e4, 7)
     for bad in (math.inf, math.nan):
         a_bad = a.clone()

@@ -98,7 +98,7 @@ bool overflow_possible(int evidence, at::ScalarType s_type, double inv_tau, std:
 // The embeddings' norm bound on |s| (SPEC §1 "The overflow check without a wait";
 // evidential_ops/triton_backend/norm_bound.py is the triton backend's): every product cuBLAS forms
 // obeys |s_ij| <= B = 2·max_i ‖x_i‖·max_j ‖y_j‖ (Cauchy–Schwarz; the 2 covers the operands'
-// TF32 rounding and a float32 sum of D terms up to D = 2^22). Started ahead of the strips, its
+// TF32 rounding, a float32 sum of D terms and the norms' own rounding up to D = 2^22). Started ahead of the strips, its
 // result copied to pinned host memory behind an event, it is read after them waiting for its own
 // few kernels only, where the flag's read waits for the whole forward and leaves the GPU idle
 // until the host has queued the next work. Where B rules an overflow out (unit-norm embeddings:
@@ -109,8 +109,10 @@ class NormBound {
   static constexpr std::int64_t kMaxBoundedD = std::int64_t{1} << 22;
 
   NormBound(const Tensor& x, const Tensor& y) : d_(x.size(1)) {
-    const Tensor product = at::linalg_vector_norm(x, 2, at::IntArrayRef{1}, false, at::kDouble).amax() *
-                           at::linalg_vector_norm(y, 2, at::IntArrayRef{1}, false, at::kDouble).amax();
+    // In the inputs' own dtype (float32 accumulation): a dtype argument would convert a copy of x
+    // and y first, 512 MiB at K = 65536, D = 1024 in float64.
+    const Tensor product = at::linalg_vector_norm(x, 2, at::IntArrayRef{1}).amax().to(at::kDouble) *
+                           at::linalg_vector_norm(y, 2, at::IntArrayRef{1}).amax().to(at::kDouble);
     host_ = at::empty({}, at::TensorOptions().dtype(at::kDouble).pinned_memory(true));
     host_.copy_(product, /*non_blocking=*/true);
     ready_.record(at::cuda::getCurrentCUDAStream());

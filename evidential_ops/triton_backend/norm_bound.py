@@ -21,9 +21,12 @@ from torch import Tensor
 
 # Cauchy–Schwarz bounds the exact a_i·b_j by ‖a_i‖‖b_j‖; the product cuBLAS or a tile computes
 # differs from it by its operands' rounding (TF32: 2^-11 relative each) and a float32 sum of D
-# terms (at most D·2^-24 of Σ|a_ik b_jk| <= ‖a_i‖‖b_j‖), and the norms (float64 sums) by D·2^-53:
-# below a factor 1.002 up to D = 2^14, below 2 up to D = 2^22 (MAX_BOUNDED_D: wider embeddings
-# are not bounded this way).
+# terms (at most D·2^-24 of Σ|a_ik b_jk| <= ‖a_i‖‖b_j‖), and the computed norms from the true ones
+# by their float32 sums of squares (D·2^-24) and, for 16-bit inputs, their rounding to the input
+# type (2^-8 at most): below a factor 1.01 up to D = 2^14, below 2 up to D = 2^22 (MAX_BOUNDED_D:
+# wider embeddings are not bounded this way). The norms are taken in the inputs' own dtype (float32
+# accumulation; float64 for float64 inputs): a dtype argument would make a converted copy of x and
+# y first, K·D·8 bytes at float64 (512 MiB at K = 65536, D = 1024), beyond the memory the ops keep to.
 PRODUCT_ROUNDING_FACTOR = 2.0
 MAX_BOUNDED_D = 2**22
 
@@ -50,7 +53,7 @@ class NormBound:
 
     def __init__(self, a: Tensor, b: Tensor):
         self._d = a.shape[1]
-        norms = [torch.linalg.vector_norm(t, dim=1, dtype=torch.float64).amax() for t in (a, b)]
+        norms = [torch.linalg.vector_norm(t, dim=1).amax().double() for t in (a, b)]
         product = norms[0] * norms[1]
         self._ready = None
         if a.is_cuda:
