@@ -207,20 +207,28 @@ stage_ncu() {
 # stage_ncu_element: why the element kernels take up to 2.7x their static issue bound (the fourth lease:
 # cuda forward_stats_kernel 2.99 ms and gradient_kernel 2.68 ms at TF32, K = 16384, against 1.14
 # and 0.98 predicted, bench/results/gpu_model_vs_h200.md; triton's stats_kernel 2.90 ms): issue
-# activity, pipe use, occupancy and what the warps stall on, one launch of each kernel, TF32 strips.
+# activity, pipe use, occupancy and what the warps stall on, one launch of each kernel, TF32 strips;
+# and per SASS instruction where the stalls were sampled (SourceCounters, printed from the report
+# as CSV: ncu_element_<backend>_<part>_sass.csv), to tell the float64 line sums, the warp staging
+# and the element functions apart. The reports themselves stay out of $OUT (their size).
 stage_ncu_element() {
   need_build || return 1
-  local backend part kernels
+  local backend part kernels report
   for backend in cuda triton; do
     kernels='forward_stats_kernel|gradient_kernel'
     [[ $backend == triton ]] && kernels='stats_kernel|grad_block_kernel'
     for part in forward backward; do
+      report="/tmp/ncu_element_${backend}_$part"
       in_out ncu --profile-from-start off --clock-control none --kernel-name regex:"$kernels" --launch-count 2 \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section Occupancy \
-        --section LaunchStats --section InstructionStats \
+        --section LaunchStats --section InstructionStats --section SourceCounters -f -o "$report" \
         "$PY" "$ROOT/bench/ncu_step.py" --backend "$backend" --case tcl --precision tf32 --part "$part" \
-        >"$OUT/ncu_element_${backend}_$part.log" 2>&1
+        >"$OUT/ncu_element_${backend}_$part.run.log" 2>&1
+      ncu --import "$report.ncu-rep" >"$OUT/ncu_element_${backend}_$part.log" 2>&1
       note "ncu element $backend $part: exit $? ($(grep -cE "$kernels" "$OUT/ncu_element_${backend}_$part.log") kernel lines)"
+      ncu --import "$report.ncu-rep" --page source --print-source sass --csv \
+        >"$OUT/ncu_element_${backend}_${part}_sass.csv" 2>&1
+      note "ncu element $backend $part, SASS page: exit $? ($(wc -l <"$OUT/ncu_element_${backend}_${part}_sass.csv") lines)"
     done
   done
 }
