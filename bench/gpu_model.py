@@ -598,11 +598,16 @@ def triton_step(loss: str, precision: str, k: int, d: int, c: dict, profile: dic
     per_sm_g = occupancy(bwd_row["resources"].get("registers", 255), 32 * gr.num_warps, c)
     bwd_note = f"{bwd_cycles:.2f} cycles/element ({bwd_pipe})"
     # exp evidence: grad_block_kernel has two variants (p = α/S as a product, or scaled); an eager
-    # step reads the device flag once and launches the one it selects (_Backward.scaled_variants);
-    # the profile is the product's
+    # step launches one (_Backward.scaled_variants): the product where the forward's norm bound
+    # rules the other out (the model's unit-norm inputs: B = 2), else the one the device flag,
+    # read once, selects; the profile is the product's
     if evidence == "exp" and e_in != 8 and plan.kind != "fused":  # grad_block_kernel's launches only
-        out.append(Kernel("backward", "p flag: a line strength beyond 2^126 (launch._scaled_p_flag, torch, one "
-                          "host read)", 6, dram={"1/S of both directions": 2 * k * 8}, syncs=1))
+        if launch._scaled_p_ruled_out(2.0, 1.0 / tau, k):
+            out.append(Kernel("backward", "p flag ruled out by the forward's norm bound (a zero flag)", 1,
+                              dram={"flag": 4}))
+        else:
+            out.append(Kernel("backward", "p flag: a line strength beyond 2^126 (launch._scaled_p_flag, torch, one "
+                              "host read)", 6, dram={"1/S of both directions": 2 * k * 8}, syncs=1))
     if plan.kind == "fused":
         fu = defaults.get("grad_fused", gr)
         grid = _ceil_div(k, fu.block_m)

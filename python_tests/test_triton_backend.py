@@ -666,6 +666,23 @@ def test_triton_norm_bound_is_twice_the_largest_norms_product_and_rules_out_noth
     assert not norm_bound.NormBound(a.to(device()), b.to(device())).rules_out_overflow(0, 1.0, 7)
 
 
+def test_triton_backward_recalls_the_bound_its_forward_read_of_the_same_unchanged_embeddings(gen):
+    """norm_bound.recalled: the B a forward read, for the backward of the very same embeddings;
+    nothing for other tensors of equal values, or once one of them changed in place (its version
+    counter); and a recalled B rules the scaled p out only where B/τ + ln 2n < 126·ln 2 (87.3:
+    2·20 + ln 131072 = 51.8 does, 2·43 + ln 48 = 89.9 does not)."""
+    from evidential_ops.triton_backend import launch, norm_bound
+
+    x, y = (t.to(device()) for t in random_pairs(24, 16, generator=gen, positive_cos=0.9))
+    eo.evidential_loss(x, y, tau=0.05, backend="triton")
+    assert norm_bound.recalled(x, y) == pytest.approx(2.0, rel=1e-6)
+    assert norm_bound.recalled(x.clone(), y) is None and norm_bound.recalled(y, x) is None
+    x.mul_(1.0)
+    assert norm_bound.recalled(x, y) is None
+    assert launch._scaled_p_ruled_out(2.0, 20.0, 65536) and not launch._scaled_p_ruled_out(2.0, 43.0, 24)
+    assert not launch._scaled_p_ruled_out(math.nan, 20.0, 24) and not launch._scaled_p_ruled_out(None, 20.0, 24)
+
+
 # ----------------------------------------------------------------------------- backward plans
 
 
@@ -761,15 +778,22 @@ def test_triton_backward_paths_match_the_reference(gen, monkeypatch, path):
 def test_triton_backward_takes_p_as_a_product_unless_a_line_strength_exceeds_2_126(gen, monkeypatch, tau):
     """exp evidence: grad_block_kernel's two variants, p = α/S as one float32 product (SCALED_P 0)
     or from mantissas and exponents (1), the device flag (launch._scaled_p_flag) choosing. At
-    τ = 0.05 (α <= e^20) every line takes the product; at τ = 0.01 the near-duplicate positives'
-    α = e^99 lies beyond FLT_MAX and the flag is set. Both against the float64 reference (hard
-    regime, every term, K = 113, D = 203); and at τ = 0.01 the product forced is not finite (what
-    the second variant is for)."""
-    from evidential_ops.triton_backend import launch
+    τ = 0.05 (α <= e^20) every line takes the product: the forward's norm bound (B/τ = 40, unit
+    norms) rules the scaled variant out and no flag is formed; without the bound the flag is
+    formed and 0. At τ = 0.01 (B/τ = 200, not ruled out) the near-duplicate positives' α = e^99
+    lies beyond FLT_MAX and the flag is set. Both against the float64 reference (hard regime,
+    every term, K = 113, D = 203); and at τ = 0.01 the product forced is not finite (what the
+    second variant is for)."""
+    from evidential_ops.triton_backend import launch, norm_bound
 
     flags = []
     original = launch._scaled_p_flag
     monkeypatch.setattr(launch, "_scaled_p_flag", lambda *a: flags.append(original(*a)) or flags[-1])
+    gen.manual_seed(5)
+    _backward_against_reference(gen, 113, 203, tau=tau)
+    assert [int(f) for f in flags] == ([1] if tau == 0.01 else [])
+    flags.clear()
+    monkeypatch.setattr(norm_bound, "recalled", lambda a, b: None)
     gen.manual_seed(5)
     _backward_against_reference(gen, 113, 203, tau=tau)
     assert [int(f) for f in flags] == [int(tau == 0.01)]
@@ -784,12 +808,13 @@ def test_triton_backward_takes_p_as_a_product_unless_a_line_strength_exceeds_2_1
 @pytest.mark.parametrize("tau", [0.05, 0.01])
 def test_triton_backward_launches_one_p_variant_in_eager_mode_and_both_where_values_are_unreadable(
         gen, monkeypatch, tau):
-    """exp evidence: in eager mode the backward reads the scaled-p flag once on the host and launches
-    only the grad_block_kernel variant it selects (0 at τ = 0.05, 1 at τ = 0.01 with near-duplicate
-    positives); where values cannot be read (tracing, CUDA graph capture: launch._tracing) it
-    launches both at every block, the one not selected exiting at once, with the same gradients
-    bit for bit (the same kernel does the work, over the same blocks)."""
-    from evidential_ops.triton_backend import kernels, launch
+    """exp evidence: in eager mode the backward launches one grad_block_kernel variant, 0 at τ = 0.05
+    (the forward's norm bound rules 1 out: no flag read), 1 at τ = 0.01 with near-duplicate
+    positives (the flag read on the host once); where values cannot be read (tracing, CUDA graph
+    capture: launch._tracing, and no bound recalled) it launches both at every block, the one not
+    selected exiting at once, with the same gradients bit for bit (the same kernel does the work,
+    over the same blocks)."""
+    from evidential_ops.triton_backend import kernels, launch, norm_bound
 
     variants, original = [], launch._launch
 
@@ -808,6 +833,7 @@ def test_triton_backward_launches_one_p_variant_in_eager_mode_and_both_where_val
     variants.clear()
     tracing = launch._tracing
     monkeypatch.setattr(launch, "_tracing", lambda t: True if t.dtype == torch.int32 else tracing(t))
+    monkeypatch.setattr(norm_bound, "recalled", lambda a, b: None)
     gen.manual_seed(5)
     unreadable = _backward_against_reference(gen, 113, 203, tau=tau)
     assert variants == [0, 1] * blocks

@@ -27,6 +27,7 @@ from ..checks import values_unreadable
 from ..config import EVIDENCE_KINDS, MATMUL_PRECISIONS
 from ..config import TERMS as TERM_NAMES
 from . import configs, kernels
+from . import norm_bound
 from .norm_bound import NormBound, overflow_possible_below
 
 NUM_LINE_STATS = kernels.NUM_LINE_STATS
@@ -126,6 +127,11 @@ def _launch(kernel, grid, *args, **meta):
 def _tracing(t: Tensor) -> bool:
     """No host read of `t`'s values, no benchmark launch: tracing, fake, or CUDA graph capture."""
     return values_unreadable(t)
+
+
+def _readable(t: Tensor) -> bool:
+    """Whether `t`'s values can be read on the host now: not traced, fake or captured, not meta."""
+    return not _tracing(t) and t.device.type != "meta"
 
 
 def _value(condition: bool, message: str) -> None:
@@ -622,7 +628,7 @@ def _overflow_possible(kind: int, dtype: torch.dtype, inv_tau: float, n: int) ->
 def _norm_bound(source: "_Source", kind: int, inv_tau: float, n: int) -> NormBound | None:
     """The embeddings' norm bound on |s| started ahead of the strips (norm_bound.py), where the
     dtype leaves an overflow possible and the flag would be read on the host: eager, embeddings."""
-    if source.from_s or _tracing(source.a) or not _overflow_possible(kind, source.dtype, inv_tau, n):
+    if source.from_s or not _readable(source.a) or not _overflow_possible(kind, source.dtype, inv_tau, n):
         return None
     return NormBound(source.a, source.b)
 
@@ -755,7 +761,7 @@ class _Backward:
     """What a backward op needs before its tiles: options and both directions' line constants."""
 
     def __init__(self, m, n, target_offset, grad_rows, grad_cols, target_scale, row_stats, col_stats, evidence, tau,
-                 weights, terms, rows, cols, like):
+                 weights, terms, rows, cols, like, bound: float | None = None):
         _check_strip(m, n, target_offset)
         scale = _check_target_scale(target_scale, n, like)
         row_stats = _check_line_stats(row_stats, "row_stats", m, like)
@@ -767,8 +773,10 @@ class _Backward:
         w = _Weights(weights, self.terms, like)
         self.row_g = _line_gradients(row_stats, scale, target_offset, n, w, self.terms, up_rows)
         self.col_g = _line_gradients(col_stats, scale, 0, n, w, self.terms, up_cols)
-        # exp evidence with float32 element math: which variant of grad_block_kernel does the work
+        # exp evidence with float32 element math: which variant of grad_block_kernel does the work;
+        # none but the product where the forward's norm bound keeps every line strength small
         self.scaled_p = self.kind == 0 and not _compute_f64(like.dtype)
+        self.scaled_p_ruled_out = self.scaled_p and _scaled_p_ruled_out(bound, self.inv_tau, max(m, n))
         self._scaled_flag = None
         self._scaled_variants = None
 
@@ -776,8 +784,8 @@ class _Backward:
         """grad_block_kernel's device flag (`_scaled_p_flag`), formed for its first launch only: the
         fused and from-similarity kernels do not read it."""
         if self._scaled_flag is None:
-            self._scaled_flag = _scaled_p_flag(self.row_g, self.col_g) if self.scaled_p else \
-                torch.zeros(1, dtype=torch.int32, device=self.row_g.device)
+            self._scaled_flag = _scaled_p_flag(self.row_g, self.col_g) if self.scaled_p and not self.scaled_p_ruled_out \
+                else torch.zeros(1, dtype=torch.int32, device=self.row_g.device)
         return self._scaled_flag
 
     def scaled_variants(self) -> tuple[int, ...]:
@@ -787,19 +795,29 @@ class _Backward:
         each launch then finds the flag on the device, and the one that does not match exits at once.
         Both variants at every block doubled the gradient launches of a host-bound step (an H200,
         triton TCL bf16 K = 16384: 112 of its 414 launches, 15.0 ms of GPU idle in 27.6 ms); the read
-        is one synchronisation at the backward's start, where the GPU has only the line constants
-        left to run."""
-        if not self.scaled_p:
+        is one synchronisation at the backward's start. No read where the forward's norm bound rules
+        the scaled variant out (`_scaled_p_ruled_out`: unit-norm embeddings at τ >= 0.027)."""
+        if not self.scaled_p or self.scaled_p_ruled_out:
             return (0,)
         if self._scaled_variants is None:
             flag = self.scaled_flag()
-            readable = not _tracing(flag) and flag.device.type != "meta"
-            self._scaled_variants = (int(flag.item()),) if readable else (0, 1)
+            self._scaled_variants = (int(flag.item()),) if _readable(flag) else (0, 1)
         return self._scaled_variants
 
 
 # A line strength beyond this makes 1/S subnormal in float32 (and α beyond FLT_MAX needs it)
 SCALED_P_ABOVE = 2.0**126
+
+
+def _scaled_p_ruled_out(bound: float | None, inv_tau: float, n: int) -> bool:
+    """Whether the norm bound B of the forward's embeddings (norm_bound.recalled) keeps every line
+    strength of exp evidence below SCALED_P_ABOVE: S = Σα <= n·(e^{B/τ} + 1) <= 2n·e^{B/τ}, so
+    B/τ + ln 2n < ln SCALED_P_ABOVE (87.3) suffices (unit norms: B/τ = 2/τ and ln 2n <= 11.8 up
+    to n = 65536: every τ >= 0.027). Then the flag would be 0 and is neither formed nor read."""
+    if bound is None:
+        return False
+    scaled = bound * inv_tau  # NaN or inf: not ruled out
+    return scaled <= math.inf and scaled + math.log(2.0 * n) < math.log(SCALED_P_ABOVE)
 
 
 def _scaled_p_flag(row_g: Tensor, col_g: Tensor) -> Tensor:
@@ -1141,8 +1159,9 @@ def loss_backward(grad_rows, grad_cols, x, y, target_scale, row_stats, col_stats
                   cols, target_offset, output_mask, precision="ieee"):
     _check_embeddings(x, y)
     m, n = x.shape[0], y.shape[0]
+    bound = norm_bound.recalled(x, y) if _readable(x) else None
     bw = _Backward(m, n, target_offset, grad_rows, grad_cols, target_scale, row_stats, col_stats, evidence, tau,
-                   weights, terms, rows, cols, x)
+                   weights, terms, rows, cols, x, bound)
     plan = BackwardPlan(m, n, x.shape[1], x.dtype, bool(output_mask[0]), bool(output_mask[1]),
                         configs.has_default("grad_fused", x.device),
                         similarity_strips(x.dtype, x.shape[1], precision, x))

@@ -14,6 +14,7 @@ flag is not read at all.
 
 from __future__ import annotations
 
+import collections
 import math
 
 import torch
@@ -29,6 +30,24 @@ from torch import Tensor
 # y first, K·D·8 bytes at float64 (512 MiB at K = 65536, D = 1024), beyond the memory the ops keep to.
 PRODUCT_ROUNDING_FACTOR = 2.0
 MAX_BOUNDED_D = 2**22
+
+# The bounds the latest forwards read, for their backwards (`recalled`): the backward of exp
+# evidence in float32 element math then knows without a device read whether a line strength can
+# exceed 2^126 (launch._Backward.scaled_variants). A key holds each embedding's address, version
+# counter, shape, strides, dtype and device as the forward saw them: autograd keeps a forward's
+# inputs alive until its backward, so no other tensor takes their address meanwhile, and an
+# in-place change bumps the version. A few entries: forwards whose backwards are still to come.
+_RECENT: collections.OrderedDict = collections.OrderedDict()
+RECENT_BOUNDS = 16
+
+
+def _key(a: Tensor, b: Tensor) -> tuple:
+    return tuple((t.data_ptr(), t._version, tuple(t.shape), t.stride(), t.dtype, t.device) for t in (a, b))
+
+
+def recalled(a: Tensor, b: Tensor) -> float | None:
+    """The bound B a recent forward of these very embeddings read (unchanged since), or None."""
+    return _RECENT.get(_key(a, b))
 
 
 def overflow_possible_below(largest: float, kind: int, inv_tau: float, n: int) -> bool:
@@ -53,6 +72,7 @@ class NormBound:
 
     def __init__(self, a: Tensor, b: Tensor):
         self._d = a.shape[1]
+        self._key = _key(a, b)
         norms = [torch.linalg.vector_norm(t, dim=1).amax().double() for t in (a, b)]
         product = norms[0] * norms[1]
         self._ready = None
@@ -65,10 +85,17 @@ class NormBound:
             self._host = product
 
     def value(self) -> float:
-        """B in float64 (NaN or inf where an embedding is not finite)."""
+        """B in float64 (NaN or inf where an embedding is not finite), remembered for the backward
+        (`recalled`)."""
         if self._ready is not None:
             self._ready.synchronize()
-        return PRODUCT_ROUNDING_FACTOR * float(self._host)
+        value = PRODUCT_ROUNDING_FACTOR * float(self._host)
+        if self._d <= MAX_BOUNDED_D:
+            _RECENT[self._key] = value
+            _RECENT.move_to_end(self._key)
+            while len(_RECENT) > RECENT_BOUNDS:
+                _RECENT.popitem(last=False)
+        return value
 
     def rules_out_overflow(self, kind: int, inv_tau: float, n: int) -> bool:
         """Whether B alone shows that no line of n candidates can overflow (then no flag read)."""
