@@ -102,6 +102,7 @@ if [[ $PART != 1 ]]; then
   # What the table still lacks comes first (K = 1024 and 4096 of the fused backends; the largest K),
   # then the diagnostics, then the cells measured before.
   run_for 90 bench16k bench bench16k --sizes 16384 --precisions tf32 bf16 ieee --impls triton cuda floor --repeats 3
+  run_for 45 "strips 256 MiB" stage_strips256
   run_for 60 "bench small" bench bench_small --sizes 1024 4096 --precisions ieee tf32 bf16 --impls triton cuda floor \
     --repeats 5
   # Beyond K = 65536 (the issue asks for the largest K each fused backend reaches; the K×K floor

@@ -27,11 +27,13 @@
 #   tiles16k    the triton rows (K = 16384, every precision) with the tile kernels' own s instead
 #               of cuBLAS strips (EO_TRITON_IEEE_STRIPS_ABOVE_D, EO_TRITON_STRIPS_ABOVE_D and
 #               EO_TRITON_HALF_STRIPS_ABOVE_D beyond D): measures launch.similarity_strips' choice
+#   strips256   the triton TCL rows (K = 16384, tf32 and bf16) with 256 MiB strips and blocks
+#               (EO_TRITON_STRIP_MIB): fewer launches of a host-bound step, at more memory
 #   ncu         Nsight Compute on one triton TCL step, K = 16384, D = 1024 (bench/ncu_step.py), bf16
 #               and tf32 (both strip sweeps), its backward and its forward in separate runs:
 #               tensor pipe beside issue activity, warp stalls
 #   ncu_element Nsight Compute on the element kernels of both backends (TCL, TF32, K = 16384):
-#               issue, pipes, occupancy, stalls, instruction mix
+#               issue, pipes, occupancy, stalls, instruction mix, stalls per SASS instruction
 #   exceptions  bench/exception_probe.py: does a C++ op's ValueError raise, or crash the process
 #   kernel_times  bench/kernel_times.py: each kernel's device time in one step, GPU idle, host time
 #   host_profile  bench/host_profile.py: cProfile of the triton step's host side (bf16, tf32)
@@ -180,6 +182,15 @@ stage_bench64k() {
 stage_autotune() {
   EO_TRITON_AUTOTUNE=1 bench autotune --sizes 16384 --precisions ieee bf16 --repeats 3 --impls triton \
     --name triton_autotuned
+}
+
+# stage_strips256: the triton TCL step at K = 16384 with 256 MiB strips and blocks instead of the
+# default budget's ~55 MiB (EO_TRITON_STRIP_MIB): about 5x fewer strips, so 5x fewer launches of
+# the host-bound steps (the fourth lease: 19.7 ms to enqueue at tf32, 29.5 at bf16, against 13.1
+# and 12.6 ms of kernels). Whether the launches are what bounds it, at 4x the extra memory.
+stage_strips256() {
+  EO_TRITON_STRIP_MIB=256 bench strips256 --sizes 16384 --cases tcl --precisions tf32 bf16 --repeats 3 \
+    --impls triton --name triton_strips256
 }
 
 stage_tiles16k() {
