@@ -167,6 +167,12 @@ __global__ void __launch_bounds__(gradient_threads(kFloat32),
     const float inv_tau_lo = static_cast<float>(a.inv_tau - static_cast<double>(inv_tau_f));  // rare elements' x
     const bool of_tanh = tanh_evidence<kEvidence>(a.evidence);  // uniform over the launch
     const std::int64_t s_step = 32 * a.s.col_stride;  // from column cc to cc + 1
+    // s of the row after the one being evaluated, loaded a row ahead (load_row_values)
+    float ahead[kColumns] = {};
+    if (range.begin < range.end) {
+      load_row_values<SStored, kColumns>(ahead, a.s, range.begin * a.s.row_stride + j0 * a.s.col_stride, s_step,
+                                         columns);
+    }
     for (std::int64_t chunk = range.begin; chunk < range.end; chunk += kRowChunk) {
       const int n = static_cast<int>(range.end - chunk < kRowChunk ? range.end - chunk : kRowChunk);
       if (static_cast<int>(threadIdx.x) < n) {
@@ -185,12 +191,17 @@ __global__ void __launch_bounds__(gradient_threads(kFloat32),
       for (int r = 0; columns > 0 && r < n;
            ++r, s_at += a.s.row_stride, grad_at += a.grad_ld, ++target_delta, row_bit <<= 1) {
         const kn::LineGradientF32 row = row_lines[r];
+        float values[kColumns];  // this row's s, loaded a row ago
+#pragma unroll
+        for (int cc = 0; cc < kColumns; ++cc) values[cc] = ahead[cc];
+        if (chunk + r + 1 < range.end) {  // the thread's next row
+          load_row_values<SStored, kColumns>(ahead, a.s, s_at + a.s.row_stride, s_step, columns);
+        }
 #pragma unroll
         for (int cc = 0; cc < kColumns; ++cc) {
           if (cc >= columns) break;
           const bool on = target_delta == 32 * cc;
-          const float s = load_similarity<float, SStored>(a.s, s_at + cc * s_step);
-          const kn::EvidenceValueF32 v = evidence_of<kEvidence>(a.evidence, s * inv_tau_f);
+          const kn::EvidenceValueF32 v = evidence_of<kEvidence>(a.evidence, values[cc] * inv_tau_f);
           const bool refined = on || !(v.alpha < kInfinityF);  // NaN too: NaN either way
           float g = 0.0f;
           if (!refined) {

@@ -62,6 +62,20 @@ __device__ __forceinline__ T load_similarity(const SimilarityView& s, std::int64
   }
 }
 
+// One row's s values at a thread's columns, as float (the float32 element math): the first
+// `columns` of kColumns, `step` elements apart from `at`; 0 beyond. The float32 element loops load
+// the row after the one they evaluate with this: loaded where it was used, each element's value
+// headed its own chain of dependent work and the compiler issued its load right there, so that
+// every row waited out kColumns load latencies one after another (`cuobjdump -sass` of the sm_90
+// forward_stats_kernel and gradient_kernel: LDG, then its first use, then the next column's LDG
+// only after that element's work); a row ahead, the load is in flight during a row's element work.
+template <typename Stored, int kColumns>
+__device__ __forceinline__ void load_row_values(float (&v)[kColumns], const SimilarityView& s, std::int64_t at,
+                                                std::int64_t step, int columns) {
+#pragma unroll
+  for (int cc = 0; cc < kColumns; ++cc) v[cc] = cc < columns ? load_similarity<float, Stored>(s, at + cc * step) : 0.0f;
+}
+
 // ∂L/∂s into a buffer of type Stored, or (AnyStored) of the given kind: double -> float (-> half),
 // the CPU kernels' roundings; a float value goes to half directly.
 template <typename Stored = AnyStored, typename T>

@@ -233,6 +233,13 @@ __global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(
 #pragma unroll
     for (int k = 0; k < kStatSlots; ++k) column[c][k] = 0.0;
   }
+  // Float32 path: s of the row after the one being evaluated, loaded a row ahead (load_row_values).
+  float ahead[kColumns] = {};
+  if constexpr (kFloat32) {
+    if (range.begin < range.end) {
+      load_row_values<Stored, kColumns>(ahead, a.s, range.begin * a.s.row_stride + first_offset, column_step, columns);
+    }
+  }
 
   for (std::int64_t chunk = range.begin; chunk < range.end; chunk += kRowChunk) {
     const int n = static_cast<int>(range.end - chunk < kRowChunk ? range.end - chunk : kRowChunk);
@@ -257,18 +264,24 @@ __global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(
         double row[kStatSlots];
 #pragma unroll
         for (int k = 0; k < kStatSlots; ++k) row[k] = 0.0;
+        float values[kColumns];  // float32 path: this row's s, loaded a row ago
+        if constexpr (kFloat32) {
+#pragma unroll
+          for (int cc = 0; cc < kColumns; ++cc) values[cc] = ahead[cc];
+          if (line + 1 < a.s.row0 + range.end) {  // the thread's next row
+            load_row_values<Stored, kColumns>(ahead, a.s, at0 + a.s.row_stride, column_step, columns);
+          }
+        }
 #pragma unroll
         for (int cc = 0; cc < kColumns; ++cc) {
           if (cc >= columns) break;
           const std::int64_t j = j0 + 32 * cc;
-          const std::int64_t at = at0 + cc * column_step;
           const bool target = target_delta == 32 * cc;
           double c[kStatSlots];
 #pragma unroll
           for (int k = 0; k < kStatSlots; ++k) c[k] = 0.0;
           if constexpr (kFloat32) {
-            const float s = load_similarity<float, Stored>(a.s, at);
-            const kn::EvidenceValueF32 v = evidence_of<kEvidence>(a.evidence, s * inv_tau_f);
+            const kn::EvidenceValueF32 v = evidence_of<kEvidence>(a.evidence, values[cc] * inv_tau_f);
             if (target || !(v.alpha < kInfinityF)) {  // NaN too: it comes out NaN either way
               rare |= row_bit << cc;  // added after the stage's rows; adds nothing here
             } else if (of_tanh) {
@@ -283,7 +296,7 @@ __global__ void __launch_bounds__(forward_threads(kFloat32), forward_min_blocks(
             }
           } else {
             const double alpha =
-                evidence_of(a.evidence, load_similarity<double>(a.s, at) * a.inv_tau).alpha;
+                evidence_of(a.evidence, load_similarity<double>(a.s, at0 + cc * column_step) * a.inv_tau).alpha;
             const kn::ElementForward f = kn::element_forward<kKl, kFmse, kLogdet>(alpha);
             const double scaled = alpha * kn::kSquareScale;
             add_element<kKl, kFmse, kLogdet>(targets, line, j, target, alpha, scaled * scaled, f, c);
