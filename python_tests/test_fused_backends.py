@@ -324,6 +324,18 @@ def test_norms_that_leave_an_overflow_possible_without_one_give_the_reference_lo
     torch.testing.assert_close(got.double().cpu(), want, rtol=rtol, atol=0)
 
 
+def test_float16_embeddings_whose_float32_products_overflow_name_tau(fused, gen):
+    """float16 embeddings of norm 1000 at τ = 100: their products are summed in float32 (|s| up to
+    1e6, far beyond float16's 65504), so |s|/τ reaches 1e4 > 709 and Σα overflows double: the
+    error naming τ, never a NaN loss (the triton backend once bounded such s by 65504 and skipped
+    the check)."""
+    need(fused, dtype=torch.float16)
+    x, y = (1000 * t for t in random_pairs(16, 32, generator=gen, positive_cos=0.99))
+    x, y = x.half().to(fused.device), y.half().to(fused.device)
+    with pytest.raises(ValueError, match="tau=100"):
+        eo.evidential_loss(x, y, tau=100.0, backend=fused.name)
+
+
 def test_tau_whose_inverse_overflows_is_an_error(fused):
     x = torch.zeros(4, 3, device=fused.device)
     with pytest.raises(ValueError, match="tau"):

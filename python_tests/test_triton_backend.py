@@ -638,6 +638,20 @@ def test_triton_overflow_flag_is_read_only_where_the_norm_bound_leaves_an_overfl
     assert len(checks) == reads
 
 
+def test_triton_float16_embeddings_take_their_float32_products_range_for_the_overflow_check(gen):
+    """float16 embeddings' s is a float32 sum (tl.dot and cuBLAS strips alike): at τ = 100 the
+    dtype's bound is float32's, an overflow is possible and checked, and norms of 1000 (|s|/τ up to
+    1e4) raise the error naming τ; only a given float16 s is bounded by 65504 (65504/100 + ln 16 <
+    709: nothing to check). test_fused_backends.py holds every backend to the same error."""
+    from evidential_ops.triton_backend import launch
+
+    assert launch._overflow_possible(0, torch.float16, 0.01, 16)
+    assert not launch._overflow_possible(0, torch.float16, 0.01, 16, from_s=True)
+    x, y = (1000 * t for t in random_pairs(16, 32, generator=gen, positive_cos=0.99))
+    with pytest.raises(ValueError, match="tau=100"):
+        eo.evidential_loss(x.half().to(device()), y.half().to(device()), tau=100.0, backend="triton")
+
+
 def test_triton_norm_bound_is_twice_the_largest_norms_product_and_rules_out_nothing_unbounded(
         gen, monkeypatch):
     """B = 2·max‖a_i‖·max‖b_j‖, the norms of float32 inputs in float32: within (D + 2)·2^-24 each
@@ -666,21 +680,64 @@ def test_triton_norm_bound_is_twice_the_largest_norms_product_and_rules_out_noth
     assert not norm_bound.NormBound(a.to(device()), b.to(device())).rules_out_overflow(0, 1.0, 7)
 
 
-def test_triton_backward_recalls_the_bound_its_forward_read_of_the_same_unchanged_embeddings(gen):
-    """norm_bound.recalled: the B a forward read, for the backward of the very same embeddings;
-    nothing for other tensors of equal values, or once one of them changed in place (its version
-    counter); and a recalled B rules the scaled p out only where B/τ + ln 2n < 126·ln 2 (87.3:
-    2·20 + ln 131072 = 51.8 does, 2·43 + ln 48 = 89.9 does not)."""
+def test_triton_backward_recalls_the_bound_its_forward_read_of_the_same_unchanged_tensors(gen):
+    """norm_bound.recalled: the B a loss forward read, for the backward of the very same embeddings
+    and statistics; nothing for an equal-valued clone, swapped embeddings, statistics not that
+    forward's, after `forget`, once an embedding changed in place, or for inference tensors (no
+    version counter: the forward and opinions still run). A recalled B rules the scaled p out only
+    where B/τ + ln 2n < 126·ln 2 (87.3: 2·20 + ln 131072 = 51.8 does, 2·43 + ln 48 = 89.9 does not)."""
     from evidential_ops.triton_backend import launch, norm_bound
 
     x, y = (t.to(device()) for t in random_pairs(24, 16, generator=gen, positive_cos=0.9))
-    eo.evidential_loss(x, y, tau=0.05, backend="triton")
-    assert norm_bound.recalled(x, y) == pytest.approx(2.0, rel=1e-6)
-    assert norm_bound.recalled(x.clone(), y) is None and norm_bound.recalled(y, x) is None
+    backend = eo.backends.resolve("triton", x.device)
+    config = eo.checks.loss_config(evidence="exp", tau=0.05, weights=None, direction="both", reduction="mean")
+    weights, mask = backend.weights(config, x), eo.ops.terms_mask(config)
+
+    def forward(a, b):
+        return backend.ops.loss_forward(a, b, None, "exp", 0.05, weights, mask, True, True)[2:]
+
+    row_stats, col_stats = forward(x, y)
+    assert norm_bound.recalled(x, y, row_stats, col_stats) == pytest.approx(2.0, rel=1e-6)
+    assert norm_bound.recalled(x.clone(), y, row_stats, col_stats) is None
+    assert norm_bound.recalled(y, x, row_stats, col_stats) is None
+    assert norm_bound.recalled(x, y, row_stats.clone(), col_stats) is None
+    again = forward(x, y)
+    assert norm_bound.recalled(x, y, *again) == pytest.approx(2.0, rel=1e-6)
+    norm_bound.forget(x, y, *again)
+    assert norm_bound.recalled(x, y, *again) is None
     x.mul_(1.0)
-    assert norm_bound.recalled(x, y) is None
+    assert norm_bound.recalled(x, y, row_stats, col_stats) is None
+    with torch.inference_mode():
+        xi, yi = x.clone(), y.clone()
+        assert norm_bound.recalled(xi, yi, *forward(xi, yi)) is None
+        assert torch.isfinite(eo.evidential_loss(xi, yi, tau=0.05, backend="triton"))
+        assert torch.isfinite(eo.opinion(xi, yi, tau=0.05, backend="triton").row_uncertainty).all()
     assert launch._scaled_p_ruled_out(2.0, 20.0, 65536) and not launch._scaled_p_ruled_out(2.0, 43.0, 24)
     assert not launch._scaled_p_ruled_out(math.nan, 20.0, 24) and not launch._scaled_p_ruled_out(None, 20.0, 24)
+
+
+def test_triton_strip_backward_recalls_no_bound(gen, monkeypatch):
+    """The backward of a strip of rows (line_stats: the distributed loss, whose column statistics
+    are summed over every strip's rows) never takes a bound: the strip's own embeddings bound its
+    rows, not the columns' sums."""
+    from evidential_ops.triton_backend import norm_bound
+
+    asked = []
+    monkeypatch.setattr(norm_bound, "recalled", lambda *tensors: asked.append(1))
+    x, y = (t.to(device()) for t in random_pairs(24, 16, generator=gen, positive_cos=0.9))
+    backend = eo.backends.resolve("triton", x.device)
+    config = eo.checks.loss_config(evidence="exp", tau=0.05, weights=None, direction="both", reduction="mean")
+    weights, mask = backend.weights(config, x), eo.ops.terms_mask(config)
+    ones = torch.ones(24, dtype=torch.float64, device=x.device)
+    strip = x[8:16]
+    row_stats, col_stats = backend.ops.line_stats(strip, y, 8, "exp", 0.05, mask, True, True)
+    backend.ops.loss_backward(ones[:8], ones, strip, y, None, row_stats, col_stats, "exp", 0.05, weights, mask, True,
+                              True, 8, [True, True])
+    assert asked == []
+    row_stats, col_stats = backend.ops.loss_forward(x, y, None, "exp", 0.05, weights, mask, True, True)[2:]
+    backend.ops.loss_backward(ones, ones, x, y, None, row_stats, col_stats, "exp", 0.05, weights, mask, True, True, 0,
+                              [True, True])
+    assert asked == [1]
 
 
 # ----------------------------------------------------------------------------- backward plans
@@ -793,7 +850,7 @@ def test_triton_backward_takes_p_as_a_product_unless_a_line_strength_exceeds_2_1
     _backward_against_reference(gen, 113, 203, tau=tau)
     assert [int(f) for f in flags] == ([1] if tau == 0.01 else [])
     flags.clear()
-    monkeypatch.setattr(norm_bound, "recalled", lambda a, b: None)
+    monkeypatch.setattr(norm_bound, "recalled", lambda *tensors: None)
     gen.manual_seed(5)
     _backward_against_reference(gen, 113, 203, tau=tau)
     assert [int(f) for f in flags] == [int(tau == 0.01)]
@@ -833,7 +890,7 @@ def test_triton_backward_launches_one_p_variant_in_eager_mode_and_both_where_val
     variants.clear()
     tracing = launch._tracing
     monkeypatch.setattr(launch, "_tracing", lambda t: True if t.dtype == torch.int32 else tracing(t))
-    monkeypatch.setattr(norm_bound, "recalled", lambda a, b: None)
+    monkeypatch.setattr(norm_bound, "recalled", lambda *tensors: None)
     gen.manual_seed(5)
     unreadable = _backward_against_reference(gen, 113, 203, tau=tau)
     assert variants == [0, 1] * blocks

@@ -98,7 +98,7 @@ bool overflow_possible(int evidence, at::ScalarType s_type, double inv_tau, std:
 // The embeddings' norm bound on |s| (SPEC §1 "The overflow check without a wait";
 // evidential_ops/triton_backend/norm_bound.py is the triton backend's): every product cuBLAS forms
 // obeys |s_ij| <= B = 2·max_i ‖x_i‖·max_j ‖y_j‖ (Cauchy–Schwarz; the 2 covers the operands'
-// TF32 rounding, a float32 sum of D terms and the norms' own rounding up to D = 2^22). Started ahead of the strips, its
+// TF32 rounding, a float32 sum of D terms and the norms' own rounding up to D = 2^20: SPEC §1). Started ahead of the strips, its
 // result copied to pinned host memory behind an event, it is read after them waiting for its own
 // few kernels only, where the flag's read waits for the whole forward and leaves the GPU idle
 // until the host has queued the next work. Where B rules an overflow out (unit-norm embeddings:
@@ -106,7 +106,7 @@ bool overflow_possible(int evidence, at::ScalarType s_type, double inv_tau, std:
 class NormBound {
  public:
   static constexpr double kProductRoundingFactor = 2.0;
-  static constexpr std::int64_t kMaxBoundedD = std::int64_t{1} << 22;
+  static constexpr std::int64_t kMaxBoundedD = std::int64_t{1} << 20;
 
   NormBound(const Tensor& x, const Tensor& y) : d_(x.size(1)) {
     // In the inputs' own dtype (float32 accumulation): a dtype argument would convert a copy of x
@@ -381,8 +381,8 @@ std::pair<Tensor, Tensor> accumulate_stats(const Source& src, int evidence, doub
 // possible for the dtype, the values readable (not under CUDA graph capture). Before the strips.
 void start_norm_bound(std::optional<NormBound>& bound, const Source& src, bool any_line, int evidence,
                       double inv_tau, std::int64_t longest) {
-  if (src.from_embeddings && any_line && overflow_possible(evidence, src.value_type(), inv_tau, longest) &&
-      !stream_is_capturing()) {
+  if (src.from_embeddings && any_line && src.x.size(1) <= NormBound::kMaxBoundedD &&
+      overflow_possible(evidence, src.value_type(), inv_tau, longest) && !stream_is_capturing()) {
     bound.emplace(src.x, src.y);
   }
 }

@@ -618,27 +618,37 @@ def strip_programs(col_blocks: int, sms: int) -> int:
     return max(1, min(col_blocks, sms))
 
 
-def _overflow_possible(kind: int, dtype: torch.dtype, inv_tau: float, n: int) -> bool:
+def _overflow_possible(kind: int, dtype: torch.dtype, inv_tau: float, n: int, from_s: bool = False) -> bool:
     """Whether Σα of a line of n candidates can overflow double for inputs of `dtype`, from what the
-    host knows (csrc/cuda/evidential_cuda.cpp overflow_possible): if not, no device read."""
-    largest = {torch.float64: sys.float_info.max, torch.float16: 65504.0}.get(dtype, 3.4028234663852886e38)
+    host knows (csrc/cuda/evidential_cuda.cpp overflow_possible): if not, no device read. The
+    largest s is its dtype's: a given s's own, else the product's, float64 for float64 embeddings
+    and float32 for the others (16-bit products are summed in float32: a float16 x·yᵀ is not
+    bounded by 65504; at τ >= 92 that bound skipped the check, and an overflowed Σα came out NaN)."""
+    if dtype == torch.float64:
+        largest = sys.float_info.max
+    elif dtype == torch.float16 and from_s:
+        largest = 65504.0
+    else:
+        largest = 3.4028234663852886e38
     return overflow_possible_below(largest, kind, inv_tau, n)
 
 
 def _norm_bound(source: "_Source", kind: int, inv_tau: float, n: int) -> NormBound | None:
     """The embeddings' norm bound on |s| started ahead of the strips (norm_bound.py), where the
-    dtype leaves an overflow possible and the flag would be read on the host: eager, embeddings."""
-    if source.from_s or not _readable(source.a) or not _overflow_possible(kind, source.dtype, inv_tau, n):
+    dtype leaves an overflow possible and the flag would be read on the host: eager, embeddings,
+    D within norm_bound.MAX_BOUNDED_D."""
+    if source.from_s or source.d > norm_bound.MAX_BOUNDED_D or not _readable(source.a) or \
+            not _overflow_possible(kind, source.dtype, inv_tau, n):
         return None
     return NormBound(source.a, source.b)
 
 
-def _flag_read_needed(bound: NormBound | None, kind: int, dtype: torch.dtype, inv_tau: float, n: int) -> bool:
+def _flag_read_needed(bound: NormBound | None, kind: int, source: "_Source", inv_tau: float, n: int) -> bool:
     """Whether the overflow check must look at the statistics: an overflow is possible for the
     dtype and the norm bound, where there is one, does not rule it out."""
     if bound is not None:
         return not bound.rules_out_overflow(kind, inv_tau, n)
-    return _overflow_possible(kind, dtype, inv_tau, n)
+    return _overflow_possible(kind, source.dtype, inv_tau, n, source.from_s)
 
 
 def _overflow_check(stats: list[Tensor], message: str) -> None:
@@ -705,7 +715,7 @@ def line_stats(x: Tensor, y: Tensor, target_offset: int, evidence: str, tau: flo
     row_stats, col_stats = _line_statistics(source, target_offset, kind, inv_tau, selection, True, rows, cols,
                                             precision)
     # Columns of a strip are partial: only the caller's sum over every strip can be checked.
-    if rows and _flag_read_needed(bound, kind, x.dtype, inv_tau, y.shape[0]):
+    if rows and _flag_read_needed(bound, kind, source, inv_tau, y.shape[0]):
         _overflow_check([row_stats], _tau_message(tau, evidence))
     return row_stats, col_stats
 
@@ -742,8 +752,14 @@ def _forward(source: _Source, target_scale, evidence, tau, weights, terms, rows,
     # After every launch of the forward: its one host read (eager, where neither the dtype nor the
     # embeddings' norms rule an overflow out) then waits for the queue instead of holding the
     # per-line kernels back.
-    if _flag_read_needed(bound, kind, source.dtype, inv_tau, k):
+    if _flag_read_needed(bound, kind, source, inv_tau, k):
         _overflow_check([row_stats] * rows + [col_stats] * cols, _tau_message(tau, evidence))
+    # For the backward's choice of grad_block_kernel variant (_Backward.scaled_variants)
+    if not source.from_s and _readable(source.a):
+        if bound is not None:
+            norm_bound.remember(source.a, source.b, row_stats, col_stats, bound.value())
+        else:
+            norm_bound.forget(source.a, source.b, row_stats, col_stats)
     return row_losses, col_losses, row_stats, col_stats
 
 
@@ -1159,7 +1175,10 @@ def loss_backward(grad_rows, grad_cols, x, y, target_scale, row_stats, col_stats
                   cols, target_offset, output_mask, precision="ieee"):
     _check_embeddings(x, y)
     m, n = x.shape[0], y.shape[0]
-    bound = norm_bound.recalled(x, y) if _readable(x) else None
+    # The bound of a loss forward (square, both directions' statistics its own); not a strip's of
+    # line_stats, whose column statistics the caller sums over every strip's rows
+    square = m == n and target_offset == 0
+    bound = norm_bound.recalled(x, y, row_stats, col_stats) if square and _readable(x) else None
     bw = _Backward(m, n, target_offset, grad_rows, grad_cols, target_scale, row_stats, col_stats, evidence, tau,
                    weights, terms, rows, cols, x, bound)
     plan = BackwardPlan(m, n, x.shape[1], x.dtype, bool(output_mask[0]), bool(output_mask[1]),
@@ -1199,7 +1218,7 @@ def _opinion(source: _Source, evidence: str, tau: float, out_dtype: torch.dtype,
     longest = max(source.n_own, source.n_other)
     bound = _norm_bound(source, kind, inv_tau, longest)
     row_stats, col_stats = _line_statistics(source, 0, kind, inv_tau, None, False, True, True, precision)
-    if _flag_read_needed(bound, kind, source.dtype, inv_tau, longest):
+    if _flag_read_needed(bound, kind, source, inv_tau, longest):
         _overflow_check([row_stats, col_stats], _tau_message(tau, evidence))
     # No targets: rest is the whole sum S.
     return row_stats[1].log().to(out_dtype), col_stats[1].log().to(out_dtype)
