@@ -224,7 +224,7 @@ stage_ncu() {
 # and the element functions apart. The reports themselves stay out of $OUT (their size).
 stage_ncu_element() {
   need_build || return 1
-  local backend part kernels report
+  local backend part kernels report status
   for backend in cuda triton; do
     kernels='forward_stats_kernel|gradient_kernel'
     [[ $backend == triton ]] && kernels='stats_kernel|grad_block_kernel'
@@ -235,8 +235,9 @@ stage_ncu_element() {
         --section LaunchStats --section InstructionStats --section SourceCounters -f -o "$report" \
         "$PY" "$ROOT/bench/ncu_step.py" --backend "$backend" --case tcl --precision tf32 --part "$part" \
         >"$OUT/ncu_element_${backend}_$part.run.log" 2>&1
+      status=$?
       ncu --import "$report.ncu-rep" >"$OUT/ncu_element_${backend}_$part.log" 2>&1
-      note "ncu element $backend $part: exit $? ($(grep -cE "$kernels" "$OUT/ncu_element_${backend}_$part.log") kernel lines)"
+      note "ncu element $backend $part: exit $status ($(grep -cE "$kernels" "$OUT/ncu_element_${backend}_$part.log") kernel lines)"
       ncu --import "$report.ncu-rep" --page source --print-source sass --csv \
         >"$OUT/ncu_element_${backend}_${part}_sass.csv" 2>&1
       note "ncu element $backend $part, SASS page: exit $? ($(wc -l <"$OUT/ncu_element_${backend}_${part}_sass.csv") lines)"

@@ -3,8 +3,8 @@
 # against the installed torch's CUDA headers, syntax only: no GPU, no CUDA torch, no link. A CPU
 # torch wheel ships ATen/cuda and c10/cuda headers; what it lacks is added under
 # build/cuda-host-headers: the CUDA runtime headers of the nvcc install, the cuBLAS, cuSPARSE and
-# cuSOLVER headers (ATen/cuda/CUDAContext.h includes them) taken from the nvidia-* wheels (pip
-# download, headers kept, wheels deleted: ~1 GB downloaded once, 2 MB kept), and the one header
+# cuSOLVER headers (ATen/cuda/CUDAContext.h includes them) taken from the nvidia-* wheels of CUDA
+# 13.0.2 (pip download, headers kept, wheels deleted: ~1 GB downloaded once, 2 MB kept), and the one header
 # a CUDA torch build generates (c10/cuda/impl/cuda_cmake_macros.h). Without this check the host
 # code is first compiled on a GPU machine, where a typo costs the session's device time.
 # Exits non-zero on a compile error or a warning in the project's own files; skips (exit 0, saying
@@ -36,11 +36,14 @@ for needed in "$torch_include/ATen/cuda/CUDAContext.h" "$python_include/Python.h
   fi
 done
 headers=build/cuda-host-headers
-if [[ ! -f "$headers/include/cusparse.h" || ! -f "$headers/include/cublas_v2.h" || ! -f "$headers/include/cusolverDn.h" ]]; then
+CUDA_HOST_WHEELS=(nvidia-cublas==13.1.0.3 nvidia-cusparse==12.6.3.3 nvidia-cusolver==12.0.4.66)
+if [[ "$(cat "$headers/wheels.txt" 2>/dev/null)" != "${CUDA_HOST_WHEELS[*]}" ]]; then
   echo "cuda-host-check: fetching the cuBLAS, cuSPARSE and cuSOLVER headers (pip download, ~1 GB once)"
   rm -rf "$headers" && mkdir -p "$headers/include" "$headers/wheels"
-  if ! "$PYTHON" -m pip download --quiet --no-deps -d "$headers/wheels" nvidia-cublas nvidia-cusparse \
-      nvidia-cusolver >"$headers/pip.log" 2>&1; then
+  # The versions CUDA 13.0.2 ships (cuda-toolkit==13.0.2, which the GPU machines' torch 2.11.0+cu130
+  # requires), not the newest: headers of a later toolkit could declare what nvcc 13.0's lack.
+  if ! "$PYTHON" -m pip download --quiet --no-deps -d "$headers/wheels" "${CUDA_HOST_WHEELS[@]}" \
+      >"$headers/pip.log" 2>&1; then
     echo "cuda-host-check: the nvidia-* wheels cannot be downloaded here: skipping ($(tail -n 1 "$headers/pip.log"))"
     rm -rf "$headers"
     exit 0
@@ -57,6 +60,7 @@ for wheel in glob.glob(os.path.join(sys.argv[1], "wheels", "*.whl")):
                     f.write(z.read(name))
 EOF
   rm -rf "$headers/wheels" "$headers/pip.log"
+  echo "${CUDA_HOST_WHEELS[*]}" >"$headers/wheels.txt"
 fi
 generated=()
 if [[ ! -f "$torch_include/c10/cuda/impl/cuda_cmake_macros.h" ]]; then
