@@ -46,6 +46,15 @@ from evidential_ops.benchmark import (
 PRECISIONS = {"ieee": (torch.float32, "ieee"), "tf32": (torch.float32, "tf32"), "bf16": (torch.bfloat16, "ieee")}
 
 
+def add_step_arguments(parser) -> None:
+    """The options naming one training step of the GPU diagnostics (ncu_step.py, host_profile.py):
+    --backend, --case, --k, --d (TCL on triton at K = 16384, D = 1024 by default)."""
+    parser.add_argument("--backend", default="triton")
+    parser.add_argument("--case", default="tcl", choices=list(LOSS_CASES))
+    parser.add_argument("--k", type=int, default=16384)
+    parser.add_argument("--d", type=int, default=1024)
+
+
 def write_gpu_records(path: str, records: list[dict]) -> None:
     """records with the GPU's name and torch's version, as JSON at path: written after every
     measured step, so that a run stopped at its limit keeps what it measured."""

@@ -28,18 +28,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-from device_bench import PRECISIONS, each_gpu_step  # noqa: E402
-
-from evidential_ops.benchmark import LOSS_CASES  # noqa: E402
+from device_bench import PRECISIONS, add_step_arguments, each_gpu_step  # noqa: E402
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backend", default="triton")
-    parser.add_argument("--case", default="tcl", choices=list(LOSS_CASES))
+    add_step_arguments(parser)
     parser.add_argument("--precisions", nargs="+", default=["bf16", "tf32"], choices=list(PRECISIONS))
-    parser.add_argument("--k", type=int, default=16384)
-    parser.add_argument("--d", type=int, default=1024)
     parser.add_argument("--steps", type=int, default=3, help="profiled steps (after one warm-up)")
     parser.add_argument("--top", type=int, default=25, help="functions listed by each order")
     args = parser.parse_args(argv)

@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-from device_bench import PRECISIONS  # noqa: E402  (the inputs' dtype and the float32 products' precision)
+from device_bench import PRECISIONS, add_step_arguments  # noqa: E402  (PRECISIONS: inputs' dtype, products')
 
 import evidential_ops as eo  # noqa: E402
 from evidential_ops.benchmark import LOSS_CASES, make_inputs  # noqa: E402
@@ -38,11 +38,8 @@ from evidential_ops.benchmark import LOSS_CASES, make_inputs  # noqa: E402
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backend", default="triton")
-    parser.add_argument("--case", default="tcl", choices=list(LOSS_CASES))
+    add_step_arguments(parser)
     parser.add_argument("--precision", default="bf16", choices=list(PRECISIONS))
-    parser.add_argument("--k", type=int, default=16384)
-    parser.add_argument("--d", type=int, default=1024)
     parser.add_argument("--part", default="backward", choices=["forward", "backward"],
                         help="what runs inside the profiled window")
     parser.add_argument("--warmup", type=int, default=1, help="steps before the profiled one (compiling the kernels)")
