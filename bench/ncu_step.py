@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
-from device_bench import PRECISIONS, add_step_arguments  # noqa: E402  (PRECISIONS: inputs' dtype, products')
+from device_bench import PRECISIONS, add_step_arguments  # noqa: E402  (inputs' dtype, products' precision)
 
 import evidential_ops as eo  # noqa: E402
 from evidential_ops.benchmark import LOSS_CASES, make_inputs  # noqa: E402

@@ -789,10 +789,10 @@ class _Backward:
         w = _Weights(weights, self.terms, like)
         self.row_g = _line_gradients(row_stats, scale, target_offset, n, w, self.terms, up_rows)
         self.col_g = _line_gradients(col_stats, scale, 0, n, w, self.terms, up_cols)
-        # exp evidence with float32 element math: which variant of grad_block_kernel does the work;
-        # none but the product where the forward's norm bound keeps every line strength small
-        self.scaled_p = self.kind == 0 and not _compute_f64(like.dtype)
-        self.scaled_p_ruled_out = self.scaled_p and _scaled_p_ruled_out(bound, self.inv_tau, max(m, n))
+        # exp evidence with float32 element math: which variant of grad_block_kernel does the work
+        # is a question, unless the forward's norm bound keeps every line strength small
+        self.scaled_p = self.kind == 0 and not _compute_f64(like.dtype) and \
+            not _scaled_p_ruled_out(bound, self.inv_tau, max(m, n))
         self._scaled_flag = None
         self._scaled_variants = None
 
@@ -800,8 +800,8 @@ class _Backward:
         """grad_block_kernel's device flag (`_scaled_p_flag`), formed for its first launch only: the
         fused and from-similarity kernels do not read it."""
         if self._scaled_flag is None:
-            self._scaled_flag = _scaled_p_flag(self.row_g, self.col_g) if self.scaled_p and not self.scaled_p_ruled_out \
-                else torch.zeros(1, dtype=torch.int32, device=self.row_g.device)
+            self._scaled_flag = _scaled_p_flag(self.row_g, self.col_g) if self.scaled_p else \
+                torch.zeros(1, dtype=torch.int32, device=self.row_g.device)
         return self._scaled_flag
 
     def scaled_variants(self) -> tuple[int, ...]:
@@ -813,7 +813,7 @@ class _Backward:
         triton TCL bf16 K = 16384: 112 of its 414 launches, 15.0 ms of GPU idle in 27.6 ms); the read
         is one synchronisation at the backward's start. No read where the forward's norm bound rules
         the scaled variant out (`_scaled_p_ruled_out`: unit-norm embeddings at τ >= 0.027)."""
-        if not self.scaled_p or self.scaled_p_ruled_out:
+        if not self.scaled_p:
             return (0,)
         if self._scaled_variants is None:
             flag = self.scaled_flag()
