@@ -635,10 +635,8 @@ def _overflow_possible(kind: int, dtype: torch.dtype, inv_tau: float, n: int, fr
 
 def _norm_bound(source: "_Source", kind: int, inv_tau: float, n: int) -> NormBound | None:
     """The embeddings' norm bound on |s| started ahead of the strips (norm_bound.py), where the
-    dtype leaves an overflow possible and the flag would be read on the host: eager, embeddings,
-    D within norm_bound.MAX_BOUNDED_D."""
-    if source.from_s or source.d > norm_bound.MAX_BOUNDED_D or not _readable(source.a) or \
-            not _overflow_possible(kind, source.dtype, inv_tau, n):
+    dtype leaves an overflow possible and the flag would be read on the host: eager, embeddings."""
+    if source.from_s or not _readable(source.a) or not _overflow_possible(kind, source.dtype, inv_tau, n):
         return None
     return NormBound(source.a, source.b)
 

@@ -102,14 +102,16 @@ class NormBound:
     """B = PRODUCT_ROUNDING_FACTOR · max_i ‖a_i‖ · max_j ‖b_j‖ for embeddings a (M, D), b (N, D),
     started on a's device when constructed and read (`value`) later. On CUDA the result is copied
     to pinned host memory behind an event, so that `value` waits for those kernels alone, not for
-    what the stream has queued after them; on the CPU it is computed at once."""
+    what the stream has queued after them; on the CPU it is computed at once. Beyond MAX_BOUNDED_D
+    nothing is computed and B is inf."""
 
     def __init__(self, a: Tensor, b: Tensor):
-        self._d = a.shape[1]
-        self._value = None
+        self._value = None if a.shape[1] <= MAX_BOUNDED_D else math.inf
+        self._ready = None
+        if self._value is not None:
+            return
         norms = [torch.linalg.vector_norm(t, dim=1).amax().double() for t in (a, b)]
         product = norms[0] * norms[1]
-        self._ready = None
         if a.is_cuda:
             self._host = torch.empty((), dtype=torch.float64, pin_memory=True)
             self._host.copy_(product, non_blocking=True)
@@ -123,7 +125,7 @@ class NormBound:
         if self._value is None:
             if self._ready is not None:
                 self._ready.synchronize()
-            self._value = PRODUCT_ROUNDING_FACTOR * float(self._host) if self._d <= MAX_BOUNDED_D else math.inf
+            self._value = PRODUCT_ROUNDING_FACTOR * float(self._host)
         return self._value
 
     def rules_out_overflow(self, kind: int, inv_tau: float, n: int) -> bool:
