@@ -4,8 +4,8 @@
 # torch wheel ships ATen/cuda and c10/cuda headers; what it lacks is added under
 # build/cuda-host-headers: the CUDA runtime headers of the nvcc install, the cuBLAS, cuSPARSE and
 # cuSOLVER headers (ATen/cuda/CUDAContext.h includes them) taken from the nvidia-* wheels of CUDA
-# 13.0.2 (pip download, headers kept, wheels deleted: ~1 GB downloaded once, 2 MB kept), and the one header
-# a CUDA torch build generates (c10/cuda/impl/cuda_cmake_macros.h). Without this check the host
+# 13.0.2 (pip download, headers kept, wheels deleted: ~1 GB downloaded once, 2 MB kept), and the
+# one header a CUDA torch build generates (c10/cuda/impl/cuda_cmake_macros.h). Without this check the host
 # code is first compiled on a GPU machine, where a typo costs the session's device time.
 # Exits non-zero on a compile error or a warning in the project's own files; skips (exit 0, saying
 # so) where nvcc or the headers cannot be had.
